@@ -1,0 +1,2 @@
+"""inkling_cache."""
+__version__ = "0.1.0"

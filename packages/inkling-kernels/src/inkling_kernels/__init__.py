@@ -1,0 +1,2 @@
+"""inkling_kernels."""
+__version__ = "0.1.0"

@@ -1,0 +1,2 @@
+"""inkling_model."""
+__version__ = "0.1.0"

@@ -1,0 +1,2 @@
+"""inkling_vllm."""
+__version__ = "0.1.0"
