@@ -1,0 +1,175 @@
+"""Vectorised fp32 PyTorch references: the test oracle and the CPU path.
+
+Semantics (design brief §3). For one stream of a packed paged cache
+``cache[num_blocks, H, N, D]`` (stream channels ``[stream_offset, stream_offset +
+stream_width)`` of every head), each row ``t`` of ``x`` at absolute position
+``p = positions[t]``:
+
+1. stores ``x[t]`` into its slot ``slot_mapping[t]`` (skipped when the slot is
+   negative or outside the cache);
+2. for each tap ``i`` in ``[0, W)`` with source position ``src = p - (W-1) + i >= 0``
+   reads the tap from ``x[t - (p - src)]`` when that row belongs to the current
+   forward (``>= query_start[t]``), otherwise from the cache through the request's
+   block table (a *pre-forward* tap); accumulates ``weight[c, i] * tap`` in fp32;
+3. ``out[t] = x[t] + act(acc)`` (``act(acc)`` when ``residual=False``), cast to
+   ``x.dtype``.
+
+Pre-forward taps see the cache *after* every write of the call. That is what makes
+the call correct under the same-step prefix hit (design brief §3): a pre-forward
+slot that another request writes in this very call reads that request's input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validation import check_fused_sconv_args, check_seq_metadata_args
+
+__all__ = ["causal_conv_ref", "fused_sconv_ref", "sconv_seq_metadata_ref"]
+
+
+def _activate(acc: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation == "silu":
+        return torch.nn.functional.silu(acc)
+    return acc
+
+
+def causal_conv_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    activation: str | None = None,
+    residual: bool = True,
+) -> torch.Tensor:
+    """Full-sequence depthwise causal conv of one sequence, fp32 math.
+
+    x: [L, C] (any float dtype); weight: (C, W) or (C, 1, W), ``weight[:, W-1]``
+    multiplies the current token. Returns ``x + act(conv(x))`` (or ``act(conv(x))``)
+    in ``x.dtype``, [L, C]; positions before the sequence start read zero.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be [L, C], got shape {tuple(x.shape)}")
+    w = weight.reshape(weight.shape[0], weight.shape[-1]).float()
+    if w.shape[0] != x.shape[1]:
+        raise ValueError(f"weight has {w.shape[0]} channels but x has {x.shape[1]}")
+    length, kernel = x.shape[0], w.shape[1]
+    xf = x.float()
+    padded = torch.cat([xf.new_zeros(kernel - 1, xf.shape[1]), xf], dim=0)
+    acc = xf.new_zeros(xf.shape)
+    for i in range(kernel):
+        acc += w[:, i] * padded[i : i + length]
+    conv = _activate(acc, activation)
+    return (xf + conv if residual else conv).to(x.dtype)
+
+
+def fused_sconv_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    stream_offset: int,
+    stream_width: int,
+    block_size: int,
+    *,
+    activation: str | None = None,
+    residual: bool = True,
+) -> torch.Tensor:
+    """Reference for :func:`inkling_kernels.fused_sconv` (same signature).
+
+    Mutates ``cache`` (the written slots' stream range only) and returns a new
+    ``out`` [T, H*stream_width] in ``x.dtype``. Out-of-range slots are skipped on
+    write and read as zero, exactly as the Triton kernel masks them.
+    """
+    prob = check_fused_sconv_args(
+        x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
+        stream_offset, stream_width, block_size, activation, residual,
+    )
+    out = torch.empty_like(x)
+    num_tokens, channels = prob.num_tokens, prob.channels
+    if num_tokens == 0:
+        return out
+    n = block_size
+    lo, hi = stream_offset, stream_offset + stream_width
+    heads = prob.num_heads
+    w = prob.weight2d.float()
+
+    # 1. insert every row of this call first (post-write semantics for all taps).
+    slots = slot_mapping.long()
+    written = (slots >= 0) & (slots < prob.num_slots)
+    ws = slots[written]
+    if ws.numel():
+        cache[ws // n, :, ws % n, lo:hi] = x[written].view(-1, heads, stream_width)
+
+    # 2. gather the W taps of every row, in fp32.
+    pos = positions.long()
+    qs = query_start.long()
+    seq = seq_idx.long()
+    rows = torch.arange(num_tokens, device=x.device)
+    xf = x.float()
+    num_reqs, max_blocks = block_table.shape
+    acc = xf.new_zeros(num_tokens, channels)
+    for i in range(prob.kernel_size):
+        dist = prob.kernel_size - 1 - i
+        src = pos - dist
+        row = rows - dist
+        has_tap = src >= 0
+        in_forward = has_tap & (row >= qs) & (row >= 0)
+        pre_forward = has_tap & ~in_forward
+        tap = xf.new_zeros(num_tokens, channels)
+        tap[in_forward] = xf[row[in_forward]]
+        if bool(pre_forward.any()):
+            p_src = src[pre_forward]
+            p_seq = seq[pre_forward]
+            blk = p_src // n
+            ok = (p_seq >= 0) & (p_seq < num_reqs) & (blk < max_blocks)
+            entry = block_table[p_seq.clamp(0, max(num_reqs - 1, 0)), blk.clamp(0, max(max_blocks - 1, 0))]
+            slot = entry.long() * n + p_src % n
+            ok &= (slot >= 0) & (slot < prob.num_slots)
+            slot = torch.where(ok, slot, torch.zeros_like(slot))
+            vals = cache[slot // n, :, slot % n, lo:hi].reshape(-1, channels).float()
+            vals[~ok] = 0.0
+            tap[pre_forward] = vals
+        acc += w[:, i] * tap
+
+    # 3. residual and cast.
+    conv = _activate(acc, activation)
+    out.copy_(xf + conv if residual else conv)
+    return out
+
+
+def sconv_seq_metadata_ref(
+    query_start_loc: torch.Tensor,
+    num_reqs: int,
+    num_actual_tokens: int,
+    seq_idx_out: torch.Tensor,
+    query_start_out: torch.Tensor,
+    num_padded_tokens: int,
+) -> None:
+    """Reference for :func:`inkling_kernels.sconv_seq_metadata`.
+
+    For rows ``t < num_actual_tokens``: ``seq_idx_out[t]`` = the last request ``r <
+    num_reqs`` with ``query_start_loc[r] <= t`` and ``query_start_out[t] =
+    query_start_loc[r]``. Rows ``num_actual_tokens <= t < num_padded_tokens`` get 0.
+    Rows beyond ``num_padded_tokens`` are left untouched.
+    """
+    check_seq_metadata_args(
+        query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
+        num_padded_tokens,
+    )
+    if num_padded_tokens == 0:
+        return
+    seq = torch.zeros(num_padded_tokens, dtype=torch.int64, device=query_start_loc.device)
+    start = torch.zeros_like(seq)
+    if num_actual_tokens > 0:
+        starts = query_start_loc[:num_reqs].long()
+        t = torch.arange(num_actual_tokens, device=seq.device)
+        r = torch.searchsorted(starts, t, right=True) - 1
+        r = r.clamp(0, num_reqs - 1)
+        seq[:num_actual_tokens] = r
+        start[:num_actual_tokens] = starts[r]
+    seq_idx_out[:num_padded_tokens] = seq.to(torch.int32)
+    query_start_out[:num_padded_tokens] = start.to(torch.int32)
