@@ -1,2 +1,61 @@
-"""inkling_cache."""
+"""inkling_cache: Inkling's short-conv state kept as a paged sliding-window KV cache.
+
+Pure Python, no dependencies. The layout of the packed per-layer cache
+(:class:`ConvStateLayout`), per-layer layouts from a model config
+(:func:`layer_layouts`, :func:`load_config`), paging math (:func:`slot_of`,
+:func:`admission_reserve_blocks`, :func:`unify_page_sizes`, ...) and capacity planning
+(:func:`plan_capacity`), plus the ``inkling-cache plan`` command.
+"""
+
+from .capacity import AttentionLayout, CacheKind, CapacityPlan, Concurrency, plan_capacity
+from .config import PRESETS, ConfigSource, InklingDims, layer_layouts, load_config
+from .dtypes import DTYPE_BYTES, canonical_dtype, dtype_bytes
+from .layout import ConvStateLayout, PaddingPolicy, PaddingSpec, Stream
+from .paging import (
+    PageSpec,
+    UnifiedPage,
+    admission_reserve_blocks,
+    blocks_for_tokens,
+    cdiv,
+    first_live_block,
+    freed_blocks,
+    live_blocks,
+    slot_of,
+    slot_to_block_row,
+    steady_state_blocks,
+    unify_page_sizes,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DTYPE_BYTES",
+    "PRESETS",
+    "AttentionLayout",
+    "CacheKind",
+    "CapacityPlan",
+    "Concurrency",
+    "ConfigSource",
+    "ConvStateLayout",
+    "InklingDims",
+    "PageSpec",
+    "PaddingPolicy",
+    "PaddingSpec",
+    "Stream",
+    "UnifiedPage",
+    "admission_reserve_blocks",
+    "blocks_for_tokens",
+    "canonical_dtype",
+    "cdiv",
+    "dtype_bytes",
+    "first_live_block",
+    "freed_blocks",
+    "layer_layouts",
+    "live_blocks",
+    "load_config",
+    "plan_capacity",
+    "slot_of",
+    "slot_to_block_row",
+    "steady_state_blocks",
+    "unify_page_sizes",
+]

@@ -1,0 +1,246 @@
+"""``inkling-cache plan CONFIG``: print the conv-state layout and cache memory tables.
+
+CONFIG is a preset name (``inkling-975b``) or a config.json path. ``--json`` prints the
+same data as JSON. Errors print one line to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .capacity import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    CapacityPlan,
+    plan_capacity,
+)
+from .config import PRESETS
+from .layout import Stream
+
+__all__ = ["main", "render_plan"]
+
+_DEFAULT_BUDGETS_GIB = (16.0, 32.0, 64.0)
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="inkling-cache",
+        description="Layout, paging and capacity math for Inkling's paged conv state.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    plan = sub.add_parser(
+        "plan",
+        help="print the layout and memory tables of a model config",
+        description=__doc__,
+    )
+    plan.add_argument(
+        "config", metavar="CONFIG",
+        help=f"config.json path or preset ({', '.join(sorted(PRESETS))})",
+    )
+    plan.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    plan.add_argument(
+        "--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+        help=f"engine attention block size (default {DEFAULT_BLOCK_SIZE})",
+    )
+    plan.add_argument(
+        "--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help=f"tokens per scheduler step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
+    plan.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="context limit (default: the config's max_position_embeddings)",
+    )
+    plan.add_argument(
+        "--request-len", type=int, default=None,
+        help="tokens per request for the steady-state figures (default: max-model-len)",
+    )
+    plan.add_argument(
+        "--gpu-memory", type=float, default=None, metavar="GiB",
+        help="cache budget per GPU in GiB (default: report 16, 32 and 64)",
+    )
+    plan.add_argument("--dtype", default="bfloat16", help="cache dtype (default bfloat16)")
+    plan.add_argument(
+        "--padding", default="pow2",
+        help="conv D padding: pow2 (default), none, or a multiple k",
+    )
+    plan.add_argument(
+        "--pad-pages", action="store_true",
+        help="pad pages that do not divide the largest page instead of failing",
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return parser
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.2f} {unit}"
+    return f"{n} B"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "  ") -> str:
+    cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for r in cells:
+        left = r[0].ljust(widths[0])
+        rest = "  ".join(c.rjust(w) for c, w in zip(r[1:], widths[1:]))
+        lines.append((indent + left + "  " + rest).rstrip())
+    return "\n".join(lines)
+
+
+def _layer_list(layers: Sequence[int]) -> str:
+    if len(layers) <= 4:
+        return ", ".join(map(str, layers))
+    return f"{layers[0]}, {layers[1]}, ..., {layers[-1]}"
+
+
+def render_plan(plan: CapacityPlan) -> str:
+    """The human-readable report of ``inkling-cache plan``."""
+    d = plan.dims
+    out: list[str] = []
+    title = d.name or "config"
+    out.append(f"inkling-cache plan: {title}")
+    out.append(
+        f"  {d.num_hidden_layers} decoder layers: {len(d.global_layers)} global "
+        f"({_layer_list(d.global_layers)}), {len(d.sliding_layers)} sliding "
+        f"(window {d.sliding_window}); hidden {d.hidden_size}, conv kernel W = {d.conv_kernel_size}"
+    )
+    out.append(
+        f"  tp {plan.tp_size}, {plan.dtype}, --block-size {plan.block_size}, "
+        f"max_num_batched_tokens {plan.max_num_batched_tokens}, max_model_len {plan.max_model_len}"
+    )
+    out.append("")
+    w = d.conv_kernel_size
+    out.append(f"Conv-state layout per layer and rank: cache [num_blocks, H, N, D], N = {w} before unification")
+    rows = []
+    for name, lay in plan.conv_layouts.items():
+        ranges = [f"{o}+{wd}" for o, wd in (lay.stream_range(s) for s in Stream)]
+        rows.append([
+            name, lay.num_kv_heads, lay.num_heads, lay.head_dim, lay.hidden_per_head,
+            lay.raw_head_size, lay.head_size, f"{100 * lay.padding_fraction:.1f}%", *ranges,
+            lay.slot_bytes(plan.dtype), lay.page_bytes(plan.dtype),
+        ])
+    out.append(_table(
+        ["layers", "kv heads", "H", "head_dim", "hph", "raw", "D", "pad",
+         "K", "V", "ATTN", "MLP", "slot B", f"page B (N={w})"],
+        rows,
+    ))
+    out.append("  (stream ranges are offset+width inside D; channel c of a stream -> head c // width)")
+    out.append("")
+    out.append(
+        f"Page unification at --block-size {plan.block_size}: every page becomes "
+        f"{plan.page_bytes} B ({_size(plan.page_bytes)})"
+    )
+    out.append(_table(
+        ["cache", "layers", "page B before", "block before", "block after", "x", "padding B"],
+        [[k.name, k.num_layers, k.page.original_page_bytes,
+          k.page.original_block_size, k.page.block_size, k.page.scale, k.page.padding_bytes]
+         for k in plan.kinds],
+    ))
+    if plan.block_size_sweep:
+        out.append("")
+        out.append("Unified block sizes by --block-size")
+        names = [k.name for k in plan.kinds]
+        out.append(_table(
+            ["--block-size", *names, "page B"],
+            [[b, *(row[n] for n in names), row["page_bytes"]]
+             for b, row in plan.block_size_sweep.items()],
+        ))
+    out.append("")
+    out.append(
+        f"Per-request cache on one rank: steady = decoding at {plan.request_len} tokens; "
+        f"reserve = vLLM's admission charge (max_model_len {plan.max_model_len})"
+    )
+    rows = []
+    for k in plan.kinds:
+        rows.append([
+            k.name, k.num_layers, "full" if k.window is None else k.window,
+            k.steady_blocks, _size(k.steady_bytes * k.num_layers),
+            k.reserve_blocks, _size(k.reserve_bytes * k.num_layers),
+            "-" if k.min_bytes is None else _size(k.min_bytes * k.num_layers),
+        ])
+    steady = plan.per_request_bytes()
+    reserve = plan.per_request_bytes(reserve=True)
+    rows.append(["total", plan.dims.num_hidden_layers, "", "", _size(steady), "", _size(reserve),
+                 ""])
+    out.append(_table(
+        ["cache", "layers", "window", "blocks/layer", "steady", "blocks/layer", "reserve",
+         "rolling min"],
+        rows,
+    ))
+    conv_steady = plan.total("steady_bytes", "conv/")
+    conv_reserve = plan.total("reserve_bytes", "conv/")
+    conv_min = plan.total("min_bytes", "conv/")
+    out.append(
+        f"  conv state: steady {_size(conv_steady)} ({conv_steady / conv_min:.1f}x the rolling "
+        f"minimum (W-1)*C*bytes = {_size(conv_min)}; {100 * conv_steady / steady:.1f}% of the "
+        f"request), reserve {_size(conv_reserve)} ({100 * conv_reserve / reserve:.1f}%)"
+    )
+    out.append("")
+    out.append("Concurrent requests per GPU cache budget")
+    out.append(_table(
+        ["budget", f"steady ({plan.request_len} tok)", "vLLM reserve", "rolling-conv minimum"],
+        [[_size(c.budget_bytes), c.steady, c.reserve, c.rolling_minimum] for c in plan.concurrency],
+    ))
+    out.append(
+        "  (weights and activations are not modelled: the budget is the cache memory left on one GPU)"
+    )
+    return "\n".join(out)
+
+
+def _run_plan(args: argparse.Namespace) -> str:
+    budgets = _DEFAULT_BUDGETS_GIB if args.gpu_memory is None else (args.gpu_memory,)
+    padding: str | int = int(args.padding) if args.padding.isdigit() else args.padding
+    plan = plan_capacity(
+        args.config,
+        tp_size=args.tp,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        request_len=args.request_len,
+        budgets_gib=budgets,
+        dtype=args.dtype,
+        padding=padding,
+        pad_pages=args.pad_pages,
+    )
+    if args.json:
+        return json.dumps(plan.to_dict(), indent=2)
+    return render_plan(plan)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``inkling-cache`` command; returns the exit status."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(None if argv is None else list(argv))
+        if args.command != "plan":
+            raise _UsageError("missing command: use 'inkling-cache plan CONFIG' (see --help)")
+        text = _run_plan(args)
+    except (_UsageError, ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"inkling-cache: error: {message}", file=sys.stderr)
+        return 2
+    try:
+        print(text)
+    except BrokenPipeError:  # e.g. `inkling-cache plan ... | head`
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

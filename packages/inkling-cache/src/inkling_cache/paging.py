@@ -1,0 +1,266 @@
+"""Paging math: addressing, sliding-window block lifetime, admission reserve, page unification.
+
+Addressing (``N`` = block size)::
+
+    slot(p)        = block_table_row[p // N] * N + p % N
+    block, row     = slot // N, slot % N
+
+Sliding-window lifetime (as vLLM's sliding-window manager frees blocks): once a
+request has ``n`` computed tokens, the next token at position ``n`` needs positions
+``>= n - (window - 1)``, so logical blocks ``< (n - window + 1) // N`` are freed
+(replaced by a null block in the block table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "PageSpec",
+    "UnifiedPage",
+    "admission_reserve_blocks",
+    "blocks_for_tokens",
+    "cdiv",
+    "first_live_block",
+    "freed_blocks",
+    "live_blocks",
+    "slot_of",
+    "slot_to_block_row",
+    "steady_state_blocks",
+    "unify_page_sizes",
+]
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ``a`` and positive ``b``."""
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------- addressing
+
+
+def slot_of(position: int, block_table_row: Sequence[int], block_size: int) -> int:
+    """Flat cache slot of absolute ``position`` given one request's block-table row.
+
+    Returns ``block_table_row[position // block_size] * block_size + position % block_size``.
+
+    Raises:
+        ValueError: negative position, or the row has no entry for the position's block.
+    """
+    _int("position", position, 0)
+    _int("block_size", block_size, 1)
+    index = position // block_size
+    if index >= len(block_table_row):
+        raise ValueError(
+            f"position {position} needs block-table entry {index} but the row has "
+            f"{len(block_table_row)} entries (block_size {block_size})"
+        )
+    block = block_table_row[index]
+    _int(f"block_table_row[{index}]", block, 0)
+    return block * block_size + position % block_size
+
+
+def slot_to_block_row(slot: int, block_size: int) -> tuple[int, int]:
+    """``(physical block, row in block)`` of a slot (``slot < 0`` marks a pad row: error)."""
+    _int("block_size", block_size, 1)
+    _int("slot", slot, 0)
+    return slot // block_size, slot % block_size
+
+
+# --------------------------------------------------------------------------- lifetime
+
+
+def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold positions ``[0, num_tokens)``: ``cdiv(num_tokens, block_size)``."""
+    _int("num_tokens", num_tokens, 0)
+    _int("block_size", block_size, 1)
+    return cdiv(num_tokens, block_size)
+
+
+def first_live_block(num_computed_tokens: int, sliding_window: int, block_size: int) -> int:
+    """First logical block still needed after ``num_computed_tokens`` tokens.
+
+    The next token (position ``n = num_computed_tokens``) reads positions
+    ``>= n - (sliding_window - 1)``; every block before that position's block is free.
+    """
+    _int("num_computed_tokens", num_computed_tokens, 0)
+    _int("sliding_window", sliding_window, 1)
+    _int("block_size", block_size, 1)
+    return max(0, num_computed_tokens - sliding_window + 1) // block_size
+
+
+def freed_blocks(num_computed_tokens: int, sliding_window: int, block_size: int) -> range:
+    """Logical block indices the sliding window has freed after ``num_computed_tokens``."""
+    return range(first_live_block(num_computed_tokens, sliding_window, block_size))
+
+
+def live_blocks(
+    num_computed_tokens: int, num_new_tokens: int, sliding_window: int, block_size: int
+) -> range:
+    """Logical blocks a request holds while computing ``num_new_tokens`` more tokens."""
+    first = first_live_block(num_computed_tokens, sliding_window, block_size)
+    _int("num_new_tokens", num_new_tokens, 0)
+    end = cdiv(num_computed_tokens + num_new_tokens, block_size)
+    return range(first, max(first, end))
+
+
+def steady_state_blocks(sliding_window: int, block_size: int, num_new_tokens: int = 1) -> int:
+    """Most blocks a long request holds per layer while decoding ``num_new_tokens`` a step.
+
+    The live positions span ``sliding_window - 1 + num_new_tokens`` consecutive
+    positions, which touch at most ``cdiv(span - 1, N) + 1`` blocks: 2 for the conv
+    state (window ``W`` <= ``N + 1``) in plain decode.
+    """
+    _int("sliding_window", sliding_window, 1)
+    _int("block_size", block_size, 1)
+    _int("num_new_tokens", num_new_tokens, 1)
+    span = sliding_window - 1 + num_new_tokens
+    return cdiv(span - 1, block_size) + 1
+
+
+def admission_reserve_blocks(
+    sliding_window: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    extra_retained_tokens: int = 0,
+) -> int:
+    """Blocks vLLM reserves per request for a sliding-window group.
+
+    ``cdiv(min(W - 1 + extra + max_in_flight, max_model_len), block) + 1``, where
+    ``W`` is the window, ``max_in_flight`` the most tokens one step may schedule
+    (``max_num_batched_tokens``, plus draft tokens under speculative decoding) and
+    ``extra`` tokens the engine retains beyond the window. The ``+ 1`` covers a window
+    that does not start on a block boundary.
+    """
+    _int("sliding_window", sliding_window, 1)
+    _int("block_size", block_size, 1)
+    _int("max_num_batched_tokens", max_num_batched_tokens, 1)
+    _int("max_model_len", max_model_len, 1)
+    _int("extra_retained_tokens", extra_retained_tokens, 0)
+    tokens = min(sliding_window - 1 + extra_retained_tokens + max_num_batched_tokens, max_model_len)
+    return cdiv(tokens, block_size) + 1
+
+
+# --------------------------------------------------------------------------- unification
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    """One kind of cache page before unification.
+
+    Attributes:
+        name: a label (e.g. ``"conv/global"``, ``"attn/sliding"``).
+        block_size: tokens per page.
+        bytes_per_token: bytes one token takes in the page (``page = block * this``).
+    """
+
+    name: str
+    block_size: int
+    bytes_per_token: int
+
+    def __post_init__(self) -> None:
+        _int("block_size", self.block_size, 1)
+        _int("bytes_per_token", self.bytes_per_token, 1)
+
+    @property
+    def page_bytes(self) -> int:
+        """``block_size * bytes_per_token``."""
+        return self.block_size * self.bytes_per_token
+
+
+@dataclass(frozen=True)
+class UnifiedPage:
+    """A page after unification.
+
+    Attributes:
+        name: the :class:`PageSpec` name.
+        original_block_size: block size before unification.
+        block_size: block size after (scaled by ``scale``; unchanged when padded).
+        scale: the factor the block size grew by (1 when padded or already largest).
+        page_bytes: bytes the tokens of one block use (``block_size * bytes_per_token``).
+        physical_page_bytes: bytes one block occupies (the common page size).
+        padded: the page was padded instead of scaled.
+    """
+
+    name: str
+    original_block_size: int
+    block_size: int
+    scale: int
+    page_bytes: int
+    physical_page_bytes: int
+    padded: bool
+
+    @property
+    def original_page_bytes(self) -> int:
+        """Page bytes before unification."""
+        return self.page_bytes // self.scale
+
+    @property
+    def padding_bytes(self) -> int:
+        """Unused bytes per physical page."""
+        return self.physical_page_bytes - self.page_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-ready)."""
+        return {
+            "name": self.name,
+            "original_block_size": self.original_block_size,
+            "block_size": self.block_size,
+            "scale": self.scale,
+            "original_page_bytes": self.original_page_bytes,
+            "page_bytes": self.page_bytes,
+            "physical_page_bytes": self.physical_page_bytes,
+            "padded": self.padded,
+        }
+
+
+def unify_page_sizes(specs: Sequence[PageSpec], *, pad: bool = False) -> list[UnifiedPage]:
+    """Give every page kind the same page size, as vLLM's hybrid KV-cache manager does.
+
+    The largest page wins; a page that divides it multiplies its block size by the
+    ratio. A page that does not divide it is an error, unless ``pad=True``: then it
+    keeps its block size and its physical page is padded up to the largest (what vLLM
+    allows for backends that index pages by stride).
+
+    Returns:
+        One :class:`UnifiedPage` per spec, in order.
+
+    Raises:
+        ValueError: no specs, or a page does not divide the largest and ``pad`` is off.
+    """
+    if not specs:
+        raise ValueError("unify_page_sizes needs at least one PageSpec")
+    largest = max(specs, key=lambda s: s.page_bytes)
+    target = largest.page_bytes
+    out = []
+    for spec in specs:
+        if target % spec.page_bytes == 0:
+            scale = target // spec.page_bytes
+            out.append(
+                UnifiedPage(spec.name, spec.block_size, spec.block_size * scale, scale,
+                            target, target, False)
+            )
+        elif pad:
+            out.append(
+                UnifiedPage(spec.name, spec.block_size, spec.block_size, 1,
+                            spec.page_bytes, target, True)
+            )
+        else:
+            raise ValueError(
+                f"page of {spec.name!r} ({spec.page_bytes} bytes at block {spec.block_size}) "
+                f"does not divide the largest page, {largest.name!r} ({target} bytes): change "
+                "the block size or the padding so one divides the other, or pad the page "
+                "(pad=True / --pad-pages)"
+            )
+    return out
