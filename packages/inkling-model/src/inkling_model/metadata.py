@@ -1,0 +1,184 @@
+"""Framework-neutral per-forward metadata for the paged short convolution.
+
+Every paged engine already has, per step, a ``query_start_loc`` (request row
+offsets into the flat token batch), a ``slot_mapping`` (the cache slot of every
+token, ``-1`` for pad rows) and a ``block_table``. :class:`SconvMetadataBuilder`
+turns those into what ``inkling_kernels.fused_sconv`` needs per token
+(``seq_idx``: the token's request row; ``query_start``: the first flat row of that
+request) in one launch, into buffers allocated once for ``max_num_tokens`` rows, so
+the tensors handed to the kernel keep their addresses across steps and a CUDA graph
+captured on one step replays on the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inkling_kernels import sconv_seq_metadata
+
+__all__ = ["SconvMetadata", "SconvMetadataBuilder"]
+
+
+@dataclass
+class SconvMetadata:
+    """What one forward pass of the paged short convolution needs.
+
+    All tensors have one row per (padded) token of the flat batch, except
+    ``block_table``.
+
+    Attributes:
+        block_table: ``[num_reqs, max_blocks]`` int32, physical block of each
+            request's logical block (entries out of the window may hold a null or
+            stale block; they are never read).
+        slot_mapping: ``[T]`` int64, flat cache slot of each token
+            (``block * block_size + row``); ``-1`` marks a pad row (no write).
+        seq_idx: ``[T]`` int32, request row of each token (0 for pad rows).
+        query_start: ``[T]`` int32, first flat row of the token's request in this
+            forward (0 for pad rows).
+        num_actual_tokens: real (non-pad) tokens, when known; informational.
+    """
+
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_idx: torch.Tensor
+    query_start: torch.Tensor
+    num_actual_tokens: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Rows of the flat batch this metadata describes (pad rows included)."""
+        return int(self.slot_mapping.shape[0])
+
+
+class SconvMetadataBuilder:
+    """Fills :class:`SconvMetadata` into persistent buffers.
+
+    Args:
+        max_num_tokens: the most (padded) tokens one forward may hold; the buffers
+            are sized for it once and never reallocated.
+        device: where the buffers live (the model's device).
+    """
+
+    def __init__(self, max_num_tokens: int, device: torch.device | str = "cpu") -> None:
+        if not isinstance(max_num_tokens, int) or isinstance(max_num_tokens, bool):
+            raise TypeError(f"max_num_tokens must be an int, got {type(max_num_tokens).__name__}")
+        if max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens must be >= 1, got {max_num_tokens}")
+        self.max_num_tokens = max_num_tokens
+        self.device = torch.device(device)
+        self.seq_idx_buffer = torch.zeros(max_num_tokens, dtype=torch.int32, device=self.device)
+        self.query_start_buffer = torch.zeros(max_num_tokens, dtype=torch.int32, device=self.device)
+        # Used only when the caller's slot mapping is shorter than the padded
+        # batch (it then holds the real tokens only): pad rows get -1 here.
+        self.slot_mapping_buffer = torch.full(
+            (max_num_tokens,), -1, dtype=torch.int64, device=self.device
+        )
+
+    def build(
+        self,
+        query_start_loc: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_table: torch.Tensor,
+        num_reqs: int,
+        num_actual_tokens: int,
+        num_padded_tokens: int,
+    ) -> SconvMetadata:
+        """Build the metadata of one forward.
+
+        Args:
+            query_start_loc: ``[>= num_reqs + 1]`` int32 request row offsets
+                (``query_start_loc[i]`` is request ``i``'s first flat row and
+                ``query_start_loc[num_reqs] == num_actual_tokens``).
+            slot_mapping: int64 slots; either ``>= num_padded_tokens`` entries whose
+                pad rows are already ``-1`` (used as a view, no copy), or exactly
+                ``num_actual_tokens`` entries (copied into a persistent buffer whose
+                pad rows are set to ``-1``).
+            block_table: ``[num_reqs or more, max_blocks]`` int32.
+            num_reqs: requests in this forward.
+            num_actual_tokens: real tokens (``query_start_loc[num_reqs]``).
+            num_padded_tokens: rows of the padded batch (``>= num_actual_tokens``).
+
+        Returns:
+            Metadata whose ``seq_idx``/``query_start`` are views of this builder's
+            buffers (valid until the next ``build``).
+        """
+        for name, value in (
+            ("num_reqs", num_reqs),
+            ("num_actual_tokens", num_actual_tokens),
+            ("num_padded_tokens", num_padded_tokens),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if num_padded_tokens < num_actual_tokens:
+            raise ValueError(
+                f"num_padded_tokens ({num_padded_tokens}) must be >= num_actual_tokens "
+                f"({num_actual_tokens})"
+            )
+        if num_padded_tokens > self.max_num_tokens:
+            raise ValueError(
+                f"num_padded_tokens {num_padded_tokens} exceeds the builder's max_num_tokens "
+                f"{self.max_num_tokens}: build the SconvMetadataBuilder with a larger max_num_tokens"
+            )
+        if query_start_loc.dim() != 1 or query_start_loc.shape[0] < num_reqs + 1:
+            raise ValueError(
+                f"query_start_loc must be 1-D with at least num_reqs + 1 = {num_reqs + 1} "
+                f"entries, got shape {tuple(query_start_loc.shape)}"
+            )
+        if query_start_loc.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"query_start_loc must be int32 or int64, got {query_start_loc.dtype}")
+        if block_table.dim() != 2:
+            raise ValueError(
+                f"block_table must be 2-D [num_reqs, max_blocks], got shape {tuple(block_table.shape)}"
+            )
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be int32, got {block_table.dtype}")
+        if block_table.shape[0] < num_reqs:
+            raise ValueError(
+                f"block_table has {block_table.shape[0]} rows, fewer than num_reqs {num_reqs}"
+            )
+        if slot_mapping.dim() != 1:
+            raise ValueError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
+        if slot_mapping.dtype != torch.int64:
+            raise TypeError(f"slot_mapping must be int64, got {slot_mapping.dtype}")
+        for name, tensor in (
+            ("query_start_loc", query_start_loc),
+            ("slot_mapping", slot_mapping),
+            ("block_table", block_table),
+        ):
+            if tensor.device != self.device:
+                raise ValueError(
+                    f"{name} is on {tensor.device}, the builder's buffers on {self.device}"
+                )
+
+        if slot_mapping.shape[0] >= num_padded_tokens:
+            slots = slot_mapping[:num_padded_tokens]
+        elif slot_mapping.shape[0] == num_actual_tokens:
+            slots = self.slot_mapping_buffer[:num_padded_tokens]
+            slots[:num_actual_tokens].copy_(slot_mapping)
+            slots[num_actual_tokens:].fill_(-1)
+        else:
+            raise ValueError(
+                f"slot_mapping has {slot_mapping.shape[0]} entries: give either at least "
+                f"num_padded_tokens ({num_padded_tokens}) with pad rows set to -1, or exactly "
+                f"num_actual_tokens ({num_actual_tokens})"
+            )
+
+        sconv_seq_metadata(
+            query_start_loc,
+            num_reqs,
+            num_actual_tokens,
+            self.seq_idx_buffer,
+            self.query_start_buffer,
+            num_padded_tokens,
+        )
+        return SconvMetadata(
+            block_table=block_table,
+            slot_mapping=slots,
+            seq_idx=self.seq_idx_buffer[:num_padded_tokens],
+            query_start=self.query_start_buffer[:num_padded_tokens],
+            num_actual_tokens=num_actual_tokens,
+        )

@@ -1,0 +1,200 @@
+"""The short-convolution layer over the paged conv-state cache.
+
+``InklingShortConv`` computes, per channel ``c`` at absolute position ``p``::
+
+    y[p, c] = x[p, c] + sum_i w[c, i] * x[p - (W-1) + i, c]        (fp32, cast back)
+
+reading earlier positions from its owner's paged cache and writing ``x`` into it.
+The call goes through the custom op ``torch.ops.inkling_model.paged_short_conv``,
+which finds the owner (by name) and the current metadata (through the provider) when
+it *runs*, not when it is traced: an engine that traces the model on its profiling
+pass (no metadata, no cache) gets a graph that still convolves on later passes.
+"""
+
+# No ``from __future__ import annotations``: torch.library infers the op schema
+# from the real annotation objects.
+from typing import Union
+
+import torch
+from torch import nn
+
+from inkling_cache import Stream
+from inkling_kernels import fused_sconv
+
+from .state import ConvStateOwner, current_metadata, get_owner
+
+__all__ = ["InklingShortConv", "paged_short_conv"]
+
+
+@torch.library.custom_op("inkling_model::paged_short_conv", mutates_args=())
+def paged_short_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    positions: torch.Tensor,
+    owner_name: str,
+    stream: int,
+) -> torch.Tensor:
+    """Paged short conv of ``x [T, C]`` for owner ``owner_name``'s ``stream``.
+
+    Writes ``x`` into the owner's cache and returns ``x + conv(x)``; with no
+    metadata for this owner or no bound cache it returns a copy of ``x`` (a custom
+    op may not return its input).
+    """
+    owner = get_owner(owner_name)
+    meta = current_metadata(owner_name)
+    if meta is None or not owner.is_bound:
+        return x.clone()
+    cache = owner.cache
+    num_tokens = x.shape[0]
+    if meta.num_tokens != num_tokens:
+        raise ValueError(
+            f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but x has "
+            f"{num_tokens} rows; pad x to the metadata's padded token count"
+        )
+    if cache.dtype != x.dtype:
+        raise TypeError(
+            f"layer {owner_name!r}: x is {x.dtype} but the bound cache is {cache.dtype}; "
+            "bind a cache of the activation dtype"
+        )
+    if cache.device != x.device:
+        raise ValueError(f"layer {owner_name!r}: x is on {x.device}, the cache on {cache.device}")
+    offset, width = owner.stream_range(stream)
+    return fused_sconv(
+        x.contiguous(),
+        weight,
+        cache,
+        positions,
+        meta.block_table,
+        meta.seq_idx,
+        meta.slot_mapping,
+        meta.query_start,
+        offset,
+        width,
+        owner.block_size,
+    )
+
+
+@paged_short_conv.register_fake
+def _paged_short_conv_fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    positions: torch.Tensor,
+    owner_name: str,
+    stream: int,
+) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+class InklingShortConv(nn.Module):
+    """Depthwise causal short convolution (with its inner residual) of one stream.
+
+    Args:
+        dim: this rank's channels of the stream (``owner.stream_dim(stream)``:
+            K/V ``heads_per_rank * head_dim``; ATTN/MLP ``hidden_size / tp``).
+        kernel_size: W (must match the owner's layout).
+        owner: the layer's :class:`ConvStateOwner` (cache + layout).
+        stream: which of the four streams (``Stream.K``, ``V``, ``ATTN``, ``MLP``).
+        dtype: weight dtype (fp32, as transformers keeps these weights).
+
+    The weight has the checkpoint's shape ``(dim, 1, W)``; ``weight[:, 0, W-1]``
+    multiplies the current token.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: int,
+        owner: ConvStateOwner,
+        stream: Union[Stream, int],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Union[torch.device, str, None] = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(owner, ConvStateOwner):
+            raise TypeError(f"owner must be a ConvStateOwner, got {type(owner).__name__}")
+        try:
+            stream = Stream(stream)
+        except ValueError:
+            raise ValueError(f"stream must be one of {[s.name for s in Stream]}, got {stream!r}") from None
+        layout = owner.layout
+        if kernel_size != layout.kernel_size:
+            raise ValueError(
+                f"kernel_size {kernel_size} != the layout's kernel_size {layout.kernel_size} "
+                f"of layer {owner.name!r}"
+            )
+        expected = owner.stream_dim(stream)
+        if dim != expected:
+            raise ValueError(
+                f"dim {dim} does not match layer {owner.name!r}'s {stream.name} stream: "
+                f"{expected} channels per rank ({layout.num_heads} heads x "
+                f"{owner.stream_range(stream)[1]} at tp_size {layout.tp_size})"
+            )
+        self.dim = dim
+        self.kernel_size = kernel_size
+        self.owner = owner
+        self.stream = stream
+        self.weight = nn.Parameter(
+            torch.zeros(dim, 1, kernel_size, dtype=dtype, device=device), requires_grad=False
+        )
+
+    @property
+    def tp_size(self) -> int:
+        return int(self.owner.layout.tp_size)
+
+    def shard_rows(self, tp_rank: int) -> tuple[int, int]:
+        """``[start, stop)`` rows of the full checkpoint tensor that rank
+        ``tp_rank`` holds. K/V: the rank's whole KV heads; ATTN/MLP: its
+        contiguous ``hidden/tp`` chunk (laid out as ``H`` heads of ``hph``). Both
+        are contiguous because the layout numbers heads rank-major."""
+        return tp_rank * self.dim, (tp_rank + 1) * self.dim
+
+    @torch.no_grad()
+    def load_weight(self, weight: torch.Tensor, tp_rank: int = 0, tp_size: int = 1) -> None:
+        """Load a full ``(dim*tp, 1, W)`` checkpoint tensor (this rank's shard is
+        cut out) or an already-sharded ``(dim, 1, W)`` one; ``(rows, W)`` works
+        too. ``tp_size`` must be the layout's."""
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+        if tp_size != self.tp_size:
+            raise ValueError(
+                f"tp_size {tp_size} != the layout's tp_size {self.tp_size} of layer {self.owner.name!r}"
+            )
+        if not 0 <= tp_rank < tp_size:
+            raise ValueError(f"tp_rank must be in [0, {tp_size}), got {tp_rank}")
+        if weight.dim() == 3:
+            if weight.shape[1] != 1:
+                raise ValueError(f"a 3-D conv weight must be (channels, 1, W), got {tuple(weight.shape)}")
+            weight = weight[:, 0, :]
+        elif weight.dim() != 2:
+            raise ValueError(f"conv weight must be (channels, 1, W) or (channels, W), got {tuple(weight.shape)}")
+        rows, width = weight.shape
+        if width != self.kernel_size:
+            raise ValueError(f"conv weight has kernel {width}, the layer expects {self.kernel_size}")
+        if rows == self.dim * tp_size:
+            start, stop = self.shard_rows(tp_rank)
+            shard = weight[start:stop]
+        elif rows == self.dim:
+            shard = weight
+        else:
+            raise ValueError(
+                f"conv weight has {rows} channels: expected the full {self.dim * tp_size} "
+                f"(sharded here for rank {tp_rank}) or this rank's {self.dim}"
+            )
+        self.weight[:, 0, :].copy_(shard)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x [T, dim]`` (flat tokens of the batch, pad rows included),
+        ``positions [T]`` absolute positions -> ``[T, dim]`` in ``x.dtype``."""
+        if x.dim() != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"x must be [num_tokens, {self.dim}], got {tuple(x.shape)}")
+        if positions.dim() != 1 or positions.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"positions must be [num_tokens] = [{x.shape[0]}], got {tuple(positions.shape)}"
+            )
+        if positions.dtype != torch.int64:
+            positions = positions.to(torch.int64)
+        return paged_short_conv(x, self.weight, positions, self.owner.name, int(self.stream))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, stream={self.stream.name}, owner={self.owner.name!r}"
