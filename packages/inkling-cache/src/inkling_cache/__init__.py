@@ -7,7 +7,7 @@ Pure Python, no dependencies. The layout of the packed per-layer cache
 (:func:`plan_capacity`), plus the ``inkling-cache plan`` command.
 """
 
-from .capacity import AttentionLayout, CacheKind, CapacityPlan, Concurrency, plan_capacity
+from .capacity import GIB_BYTES, AttentionLayout, CacheKind, CapacityPlan, Concurrency, plan_capacity
 from .config import PRESETS, ConfigSource, InklingDims, layer_layouts, load_config
 from .dtypes import DTYPE_BYTES, canonical_dtype, dtype_bytes
 from .layout import ConvStateLayout, PaddingPolicy, PaddingSpec, Stream
@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DTYPE_BYTES",
+    "GIB_BYTES",
     "PRESETS",
     "AttentionLayout",
     "CacheKind",

@@ -45,7 +45,7 @@ from .paging import (
 )
 
 __all__ = [
-    "GIB",
+    "GIB_BYTES",
     "AttentionLayout",
     "CacheKind",
     "CapacityPlan",
@@ -53,7 +53,7 @@ __all__ = [
     "plan_capacity",
 ]
 
-GIB = 1 << 30
+GIB_BYTES = 1 << 30
 
 #: Default scheduler settings the planner assumes (vLLM's usual values on GPUs).
 DEFAULT_BLOCK_SIZE = 16
@@ -169,7 +169,7 @@ class Concurrency:
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-ready)."""
         return {
-            "budget_gib": self.budget_bytes / GIB,
+            "budget_gib": self.budget_bytes / GIB_BYTES,
             "budget_bytes": self.budget_bytes,
             "steady": self.steady,
             "reserve": self.reserve,
@@ -417,5 +417,5 @@ def plan_capacity(
         concurrency=(),
         block_size_sweep=sweep,
     )
-    concurrency = tuple(plan.requests_that_fit(int(b * GIB)) for b in budgets_gib)
+    concurrency = tuple(plan.requests_that_fit(int(b * GIB_BYTES)) for b in budgets_gib)
     return dataclasses.replace(plan, concurrency=concurrency)

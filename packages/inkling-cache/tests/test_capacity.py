@@ -1,0 +1,160 @@
+"""Capacity planning: the 975B unification table and per-request / concurrency figures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inkling_cache import GIB_BYTES, AttentionLayout, load_config, plan_capacity
+
+# Design brief section 2: --block-size -> (conv block, global attn block, sliding attn block)
+TABLE_975B = {16: (4, 32, 16), 32: (8, 64, 32), 128: (32, 256, 128)}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("block", sorted(TABLE_975B))
+def test_975b_unification_table(block: int, tp: int) -> None:
+    plan = plan_capacity("inkling-975b", tp_size=tp, block_size=block)
+    got = {k.name: k.page.block_size for k in plan.kinds}
+    conv, g, s = TABLE_975B[block]
+    assert got == {"conv/global": conv, "conv/sliding": conv, "attn/global": g, "attn/sliding": s}
+    # Why: per rank the conv page at N=4 is 4*H*D*2 = 131072/tp for both layer types; the
+    # attention pages are block*H*128*2*2 = block*4096/tp (global, 8 heads) and
+    # block*8192/tp (sliding, 16 heads). At 16 the conv and sliding pages tie for largest;
+    # from 32 up the sliding attention page (block*8192/tp) is the largest.
+    largest = max(131072 // tp, block * 4096 // tp, block * 8192 // tp)
+    assert largest == max(131072, block * 8192) // tp
+    assert plan.page_bytes == largest
+    assert all(k.page.physical_page_bytes == k.page.page_bytes == largest for k in plan.kinds)
+    assert not any(k.page.padded for k in plan.kinds)
+    assert plan.block_size_sweep[block]["conv/global"] == conv
+
+
+def test_975b_page_sizes_before_unification() -> None:
+    plan = plan_capacity("inkling-975b", tp_size=8, block_size=16)
+    before = {k.name: k.page.original_page_bytes for k in plan.kinds}
+    assert before == {"conv/global": 16384, "conv/sliding": 16384, "attn/global": 8192,
+                      "attn/sliding": 16384}
+    assert plan.conv_layouts["global"].page_bytes("bf16") == 131072 // 8
+    assert plan.attention_layouts["sliding"].page_bytes(16, "bf16") == 16 * 2 * 128 * 2 * 2
+
+
+def test_non_dividing_pages_fail_or_pad() -> None:
+    # padding "none": global conv D = 1792 -> page 4*8*1792*2 = 114688, not a divisor of 131072
+    with pytest.raises(ValueError, match="does not divide the largest page"):
+        plan_capacity("inkling-975b", padding="none", block_size=16)
+    plan = plan_capacity("inkling-975b", padding="none", block_size=16, pad_pages=True)
+    conv_g = next(k for k in plan.kinds if k.name == "conv/global")
+    assert conv_g.page.padded and conv_g.page.block_size == 4
+    assert conv_g.page.padding_bytes == 131072 - 4 * 8 * 1792 * 2
+
+
+def per_request_reference(tp: int, block: int, batched: int, max_len: int, req: int,
+                          dtype_bytes: int = 2) -> dict[str, tuple[int, int, int]]:
+    """(steady pages, reserve pages, layers) per cache kind, worked out by hand for 975B."""
+    page = max(131072, block * 8192) // tp * dtype_bytes // 2
+    out = {}
+    for name, layers, per_token, window in [
+        ("conv/global", 11, (8 // tp) * 2048 * dtype_bytes, 4),
+        ("conv/sliding", 55, (16 // tp) * 1024 * dtype_bytes, 4),
+        ("attn/global", 11, (8 // tp) * 128 * 2 * dtype_bytes, None),
+        ("attn/sliding", 55, (16 // tp) * 128 * 2 * dtype_bytes, 512),
+    ]:
+        n = page // per_token
+        if window is None:
+            steady, reserve = math.ceil(req / n), math.ceil(max_len / n)
+        else:
+            live = max(len({p // n for p in range(q - window + 1, q + 1) if p >= 0})
+                       for q in range(req - 2 * n - window, req))
+            steady = live
+            reserve = math.ceil(min(window - 1 + batched, max_len) / n) + 1
+        out[name] = (steady, reserve, layers)
+    return out
+
+
+@given(
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([16, 32, 64, 128, 256]),
+    st.integers(1, 16384),
+    st.integers(2048, 262144),
+    st.data(),
+)
+def test_per_request_and_concurrency_match_reference(
+    tp: int, block: int, batched: int, max_len: int, data: st.DataObject
+) -> None:
+    req = data.draw(st.integers(1024, max_len))
+    budget = data.draw(st.floats(1.0, 141.0))
+    dtype = data.draw(st.sampled_from(["bf16", "fp32"]))
+    plan = plan_capacity("inkling-975b", tp_size=tp, block_size=block,
+                         max_num_batched_tokens=batched, max_model_len=max_len, request_len=req,
+                         budgets_gib=(budget,), dtype=dtype)
+    size = 4 if dtype == "fp32" else 2
+    ref = per_request_reference(tp, block, batched, max_len, req, size)
+    got = {k.name: (k.steady_blocks, k.reserve_blocks, k.num_layers) for k in plan.kinds}
+    assert got == ref
+    page = plan.page_bytes
+    steady_pages = sum(s * n for s, _, n in ref.values())
+    reserve_pages = sum(r * n for _, r, n in ref.values())
+    assert plan.per_request_bytes() == steady_pages * page
+    assert plan.per_request_bytes(reserve=True) == reserve_pages * page
+    # concurrency: fill a pool of whole pages request by request
+    budget_bytes = int(budget * GIB_BYTES)
+    pool = budget_bytes // page
+    (conc,) = plan.concurrency
+    assert conc.steady * steady_pages <= pool < (conc.steady + 1) * steady_pages
+    assert conc.reserve * reserve_pages <= pool < (conc.reserve + 1) * reserve_pages
+    rolling = (steady_pages - ref["conv/global"][0] * 11 - ref["conv/sliding"][0] * 55) * page
+    rolling += 3 * (11 * 8 * 1792 + 55 * 16 * 1024) // tp * size
+    assert conc.rolling_minimum == budget_bytes // rolling
+
+
+def test_975b_conv_minimum_and_steady_state() -> None:
+    plan = plan_capacity("inkling-975b", tp_size=1, block_size=16)
+    conv = {k.name: k for k in plan.kinds if k.name.startswith("conv/")}
+    # rolling minimum (W-1)*C*bytes: C = 8*1792 (global), 16*1024 (sliding)
+    assert conv["conv/global"].min_bytes == 3 * 8 * 1792 * 2 == 86016
+    assert conv["conv/sliding"].min_bytes == 3 * 16 * 1024 * 2
+    # two live pages of 131072 bytes each per layer
+    assert conv["conv/global"].steady_bytes == conv["conv/sliding"].steady_bytes == 2 * 131072
+    # vLLM's reserve at max_num_batched_tokens 8192: cdiv(3 + 8192, 4) + 1 pages
+    assert conv["conv/global"].reserve_blocks == 2050
+    d = plan.to_dict()
+    assert d["per_request"]["conv_min_bytes"] == 11 * 86016 + 55 * 98304
+
+
+def test_short_requests_hold_fewer_blocks() -> None:
+    plan = plan_capacity("inkling-975b", block_size=16, request_len=3, max_model_len=4096)
+    assert {k.name: k.steady_blocks for k in plan.kinds} == {
+        "conv/global": 1, "conv/sliding": 1, "attn/global": 1, "attn/sliding": 1}
+
+
+def test_attention_layout() -> None:
+    a = AttentionLayout.build(num_kv_heads=8, head_dim=128, tp_size=8, sliding_window=None)
+    assert a.num_heads == 1 and a.bytes_per_token("bf16") == 512
+    assert a.page_bytes(32, "bfloat16") == 16384
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"tp_size": 16}, "exceeds num_kv_heads"),
+        ({"block_size": 0}, "block_size"),
+        ({"max_model_len": 100, "request_len": 200}, "request_len 200 exceeds"),
+        ({"budgets_gib": (0.0,)}, "budget"),
+        ({"budgets_gib": (float("inf"),)}, "budget"),
+        ({"dtype": "int4"}, "unknown dtype"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+    ],
+)
+def test_plan_errors(kwargs: dict[str, object], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        plan_capacity("inkling-975b", **kwargs)  # type: ignore[arg-type]
+
+
+def test_plan_defaults_follow_config() -> None:
+    plan = plan_capacity(load_config("inkling-975b"))
+    assert plan.max_model_len == plan.request_len == 131072
+    assert plan.tp_size == 1 and plan.dtype == "bfloat16" and plan.block_size == 16

@@ -1,1 +1,0 @@
-def test_placeholder(): import inkling_cache
