@@ -1,0 +1,315 @@
+"""Triton kernel and launcher for ``fused_sconv_add_rmsnorm``.
+
+Tiling: one program owns ``BLOCK_T`` consecutive rows and the *whole* hidden row
+(RMSNorm needs it), walked in ``BLOCK_C``-channel chunks. Grid ``cdiv(T, BLOCK_T)``:
+it depends only on T, nothing but the two outputs is allocated and nothing syncs
+with the host, so the launch replays under CUDA graphs.
+
+Per program:
+
+0. resolve the ``W-1`` earlier taps of each row once, as a ``[BLOCK_T, KW]`` table
+   (``KW`` = W rounded up to a power of two): in-forward taps name a row of ``d``;
+   pre-forward taps a cache slot through the block table. Same-step hazard, handled
+   as ``fused_sconv`` handles it: a pre-forward slot that a row of this very launch
+   writes (a same-step prefix hit) is looked up in ``slot_mapping`` and read from that
+   writer's row of ``d`` instead of the cache, so the result equals "insert the whole
+   batch, then convolve" in any program order. Only programs holding a pre-forward
+   tap scan (decode tiles; the first W-1 rows of each request in prefill), and they
+   scan once for all chunks;
+1. per chunk: load ``d`` and ``hidden``, store ``d`` into the rows' slots, form the
+   W taps (fp32), ``s = dt(d + conv)``, ``new_h = dt(hidden + s)``; store ``new_h``
+   and accumulate the row's sum of squares;
+2. ``rstd = 1 / sqrt(mean + eps)``; after a block barrier (the chunks of ``new_h``
+   this program stored are visible to all its threads) re-read ``new_h`` chunk by
+   chunk (L1/L2 hits) and store ``dt(norm_weight * dt(new_h * rstd))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._validation import SconvProblem
+
+__all__ = [
+    "NormConfig",
+    "choose_norm_config",
+    "launch_sconv_add_rmsnorm",
+    "sconv_add_rmsnorm_triton",
+    "writer_rows",
+]
+
+
+@triton.jit
+def writer_rows(keys, slot_ptr, num_tokens, SCAN: tl.constexpr):
+    """For each slot in ``keys`` (any 1-D int64 tensor; use -2 for "no slot"), the
+    row ``t`` of this launch with ``slot_mapping[t] == key`` (the largest one), or -1."""
+    hit = tl.full(keys.shape, -1, tl.int64)
+    # A while loop: under TRITON_INTERPRET=1 a runtime scalar is a 1-element array,
+    # which range() rejects with NumPy 2.
+    s0 = 0
+    while s0 < num_tokens:
+        srows = s0 + tl.arange(0, SCAN)
+        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
+        cand = tl.where(keys[:, None] == sval[None, :], srows.to(tl.int64)[None, :], -1)
+        hit = tl.maximum(hit, tl.max(cand, axis=1))
+        s0 += SCAN
+    return hit
+
+
+@triton.jit
+def _column(table, kidx, i: tl.constexpr):
+    """Column ``i`` of a ``[BLOCK_T, KW]`` integer table (exactly one lane selected)."""
+    return tl.sum(tl.where(kidx[None, :] == i, table, 0), axis=1)
+
+
+@triton.jit
+def _sconv_add_rmsnorm_kernel(
+    hidden_ptr,
+    d_ptr,
+    w_ptr,
+    cache_ptr,
+    pos_ptr,
+    table_ptr,
+    seq_ptr,
+    slot_ptr,
+    qs_ptr,
+    norm_w_ptr,
+    new_h_ptr,
+    normed_ptr,
+    num_tokens,
+    num_slots,
+    num_reqs,
+    max_blocks,
+    stride_wc,
+    stride_wk,
+    stride_cb,
+    stride_ch,
+    stride_cn,
+    stride_table,
+    stream_offset,
+    eps,
+    CHANNELS: tl.constexpr,
+    WS: tl.constexpr,
+    N: tl.constexpr,
+    W: tl.constexpr,
+    KW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SCAN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < num_tokens
+    rows64 = rows.to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+    wmask = rmask & (slot >= 0) & (slot < num_slots)
+    wslot = tl.where(wmask, slot, 0)
+    dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
+
+    # 0. the taps' sources, [BLOCK_T, KW]; column i is tap i (W-1: the row itself).
+    kidx = tl.arange(0, KW)
+    dist = (W - 1 - kidx).to(tl.int64)
+    src = pos[:, None] - dist[None, :]
+    trow = rows64[:, None] - dist[None, :]
+    has_tap = rmask[:, None] & (kidx[None, :] < W) & (src >= 0)
+    in_fwd = has_tap & (trow >= qs[:, None]) & (trow >= 0)
+    pre = has_tap & ~in_fwd
+    bidx = tl.where(pre, src, 0) // N
+    ok = pre & (seq[:, None] >= 0) & (seq[:, None] < num_reqs) & (bidx < max_blocks)
+    entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
+    pslot = entry * N + tl.where(pre, src, 0) % N
+    ok = ok & (pslot >= 0) & (pslot < num_slots)
+    # Row of d each tap reads (-1: none); pre-forward taps first look for a writer.
+    drow = tl.where(in_fwd, trow, -1)
+    if tl.max(tl.max(ok.to(tl.int32), axis=1), axis=0) > 0:
+        keys = tl.reshape(tl.where(ok, pslot, -2), [BLOCK_T * KW])
+        hit = tl.reshape(writer_rows(keys, slot_ptr, num_tokens, SCAN), [BLOCK_T, KW])
+        drow = tl.where(ok & (hit >= 0), hit, drow)
+        ok = ok & (hit < 0)
+    pslot = tl.where(ok, pslot, 0)
+    crow = (pslot // N) * stride_cb + (pslot % N) * stride_cn  # cache row offsets
+    cread = ok.to(tl.int64)
+
+    # 1. conv, residual adds, sum of squares.
+    sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for c0 in range(0, CHANNELS, BLOCK_C):
+        chan = c0 + tl.arange(0, BLOCK_C)
+        cmask = chan < CHANNELS
+        ccol = (chan // WS).to(tl.int64) * stride_ch + stream_offset + chan % WS
+        tmask = rmask[:, None] & cmask[None, :]
+        offs = rows64[:, None] * CHANNELS + chan[None, :]
+        d_tile = tl.load(d_ptr + offs, mask=tmask, other=0.0)
+        h_tile = tl.load(hidden_ptr + offs, mask=tmask, other=0.0)
+        tl.store(cache_ptr + dst[:, None] + ccol[None, :], d_tile, mask=wmask[:, None] & cmask[None, :])
+        d32 = d_tile.to(tl.float32)
+        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        for i in tl.static_range(W):
+            wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=cmask, other=0.0).to(tl.float32)
+            if i == W - 1:
+                tap = d32
+            else:
+                r = _column(drow, kidx, i)
+                cr = _column(crow, kidx, i)
+                cm = _column(cread, kidx, i) > 0
+                tap = tl.load(
+                    d_ptr + tl.where(r >= 0, r, 0)[:, None] * CHANNELS + chan[None, :],
+                    mask=(r >= 0)[:, None] & cmask[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+                tap += tl.load(
+                    cache_ptr + cr[:, None] + ccol[None, :],
+                    mask=cm[:, None] & cmask[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+            acc += wv[None, :] * tap
+        s = (d32 + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
+        new_h = (h_tile.to(tl.float32) + s).to(d_ptr.dtype.element_ty)
+        tl.store(new_h_ptr + offs, new_h, mask=tmask)
+        nh32 = new_h.to(tl.float32)
+        sumsq += tl.sum(nh32 * nh32, axis=1)
+
+    # 2. normalise the stored rows.
+    rstd = 1.0 / tl.sqrt_rn(sumsq / CHANNELS + eps)
+    tl.debug_barrier()
+    for c0 in range(0, CHANNELS, BLOCK_C):
+        chan = c0 + tl.arange(0, BLOCK_C)
+        cmask = chan < CHANNELS
+        tmask = rmask[:, None] & cmask[None, :]
+        offs = rows64[:, None] * CHANNELS + chan[None, :]
+        nh32 = tl.load(new_h_ptr + offs, mask=tmask, other=0.0).to(tl.float32)
+        y = (nh32 * rstd[:, None]).to(d_ptr.dtype.element_ty).to(tl.float32)
+        nw = tl.load(norm_w_ptr + chan, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(normed_ptr + offs, (nw[None, :] * y).to(d_ptr.dtype.element_ty), mask=tmask)
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """One launch configuration of the fused kernel."""
+
+    block_t: int
+    block_c: int
+    num_warps: int
+    scan: int = 256
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def choose_norm_config(num_tokens: int, channels: int) -> NormConfig:
+    """Heuristic tile choice (no autotuning: the grid must depend on T alone).
+
+    Few rows: one row per program and the widest chunk, so that the grid has as
+    many programs as possible and each row is one or two chunk steps. Many rows:
+    a few rows per program, so the weights' chunk is reused across rows.
+    """
+    row = _pow2_ceil(channels)
+    if num_tokens <= 512:
+        block_t, block_c = 1, min(row, 4096)
+    elif num_tokens <= 2048:
+        block_t, block_c = 2, min(row, 2048)
+    else:
+        block_t, block_c = 4, min(row, 1024)
+    elems = block_t * block_c
+    num_warps = 8 if elems >= 4096 else 4 if elems >= 1024 else 2 if elems >= 256 else 1
+    return NormConfig(block_t=block_t, block_c=block_c, num_warps=num_warps)
+
+
+def launch_sconv_add_rmsnorm(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    prob: SconvProblem,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    stream_offset: int,
+    stream_width: int,
+    block_size: int,
+    norm_weight: torch.Tensor,
+    eps: float,
+    config: NormConfig | None = None,
+    outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate the outputs and launch (CUDA, or CPU tensors under TRITON_INTERPRET=1).
+
+    Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``);
+    ``config`` overrides the heuristic tile choice (benchmarks, tests); ``outputs``
+    are preallocated ``(new_hidden, normed)`` tensors (tests poison them).
+    """
+    if outputs is None:
+        new_hidden, normed = torch.empty_like(d), torch.empty_like(d)
+    else:
+        new_hidden, normed = outputs
+        for out in outputs:
+            if out.shape != d.shape or out.dtype != d.dtype or not out.is_contiguous():
+                raise ValueError("outputs must be two contiguous tensors shaped and typed like d")
+    if prob.num_tokens == 0:
+        return new_hidden, normed
+    cfg = config or choose_norm_config(prob.num_tokens, prob.channels)
+    for size in (cfg.block_t, cfg.block_c, cfg.scan):
+        if size < 1 or size & (size - 1):
+            raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
+    w2 = prob.weight2d
+    grid = (triton.cdiv(prob.num_tokens, cfg.block_t),)
+    _sconv_add_rmsnorm_kernel[grid](
+        hidden, d, w2, cache,
+        positions, block_table, seq_idx, slot_mapping, query_start,
+        norm_weight, new_hidden, normed,
+        prob.num_tokens, prob.num_slots,
+        block_table.shape[0], block_table.shape[1],
+        w2.stride(0), w2.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
+        block_table.stride(0),
+        stream_offset,
+        eps,
+        CHANNELS=prob.channels, WS=stream_width, N=block_size, W=prob.kernel_size, KW=_pow2_ceil(prob.kernel_size),
+        BLOCK_T=cfg.block_t, BLOCK_C=cfg.block_c, SCAN=cfg.scan,
+        num_warps=cfg.num_warps,
+    )
+    return new_hidden, normed
+
+
+def sconv_add_rmsnorm_triton(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    stream_offset: int,
+    stream_width: int,
+    block_size: int,
+    norm_weight: torch.Tensor,
+    eps: float,
+    *,
+    config: NormConfig | None = None,
+    outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate and launch the Triton kernel directly (any device Triton runs on).
+
+    Same contract as :func:`inkling_kernels.fused_sconv_add_rmsnorm`; used by tests
+    (CPU tensors under ``TRITON_INTERPRET=1``) and benchmarks (``config``)."""
+    from . import check_sconv_add_rmsnorm_args
+
+    prob = check_sconv_add_rmsnorm_args(
+        hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
+        query_start, stream_offset, stream_width, block_size, norm_weight, eps,
+    )
+    return launch_sconv_add_rmsnorm(
+        hidden, d, prob, cache, positions, block_table, seq_idx, slot_mapping,
+        query_start, stream_offset, stream_width, block_size, norm_weight, float(eps),
+        config=config, outputs=outputs,
+    )

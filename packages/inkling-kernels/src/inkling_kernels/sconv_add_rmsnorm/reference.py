@@ -1,0 +1,109 @@
+"""fp32 PyTorch reference of the fused short conv + residual add + RMSNorm.
+
+It is the CPU path of :func:`inkling_kernels.fused_sconv_add_rmsnorm` and the oracle
+of its tests. It is written independently of :func:`inkling_kernels.reference.
+fused_sconv_ref` (it reads each token's whole window of ``W`` inputs in one gather
+from a post-write view of the cache) so that the two can check each other.
+
+Rounding follows transformers' Inkling exactly (``InklingShortConvolution``, the
+decoder layer's ``residual + ...`` and ``InklingRMSNorm``), ``dt`` being the
+activation dtype::
+
+    s        = dt(d + conv(d))                 # fp32 math, conv weight in fp32
+    new_h    = dt(hidden + s)
+    y        = dt(new_h * rsqrt(mean(new_h**2) + eps))
+    normed   = dt(norm_weight * y)             # weight applied as is (no 1 + w offset)
+
+In float32 every ``dt(...)`` is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import SconvProblem
+
+__all__ = ["fused_sconv_add_rmsnorm_ref", "rms_norm_ref"]
+
+
+def rms_norm_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' ``InklingRMSNorm`` on the last dimension, result in ``x.dtype``.
+
+    The normalisation runs in fp32 and is rounded to ``x.dtype`` before the weight
+    multiplies it; the product is rounded to ``x.dtype`` again (transformers would
+    return float32 for a float32 weight on a bf16 input; this op keeps ``x.dtype``).
+    """
+    xf = x.float()
+    variance = xf.square().mean(dim=-1, keepdim=True)
+    y = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+    return (norm_weight.float() * y.float()).to(x.dtype)
+
+
+def fused_sconv_add_rmsnorm_ref(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    prob: SconvProblem,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    stream_offset: int,
+    stream_width: int,
+    block_size: int,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference on validated arguments (``prob`` from the argument checks).
+
+    Stores ``d``'s rows in their slots (negative or out-of-range slots are skipped),
+    then convolves each row over its window: taps of rows in this forward
+    (``>= query_start``) come from ``d``, earlier ones from the cache *after* this
+    call's writes (so a slot another request writes in this call reads its value);
+    taps before position 0, outside the block table or outside the cache read zero.
+    Returns ``(new_hidden, normed)``, both ``[T, C]`` in ``d.dtype``.
+    """
+    num_tokens, channels = prob.num_tokens, prob.channels
+    if num_tokens == 0:
+        return torch.empty_like(d), torch.empty_like(d)
+    n, width, heads, kernel = block_size, stream_width, prob.num_heads, prob.kernel_size
+    lo, hi = stream_offset, stream_offset + width
+    num_slots = prob.num_slots
+
+    # Write first: every later read sees this call's inputs.
+    slots = slot_mapping.long()
+    keep = (slots >= 0) & (slots < num_slots)
+    if bool(keep.any()):
+        kept = slots[keep]
+        cache[kept // n, :, kept % n, lo:hi] = d[keep].reshape(-1, heads, width)
+
+    # Window of every row: [T, W] source positions and rows, oldest first.
+    lags = torch.arange(kernel - 1, -1, -1, device=d.device)  # W-1 .. 0
+    pos = positions.long()[:, None] - lags[None, :]
+    row = torch.arange(num_tokens, device=d.device)[:, None] - lags[None, :]
+    live = pos >= 0
+    from_d = live & (row >= query_start.long()[:, None]) & (row >= 0)
+
+    # Pre-forward taps through the block table.
+    num_reqs, max_blocks = block_table.shape
+    req = seq_idx.long()[:, None].expand(-1, kernel)
+    col = pos.clamp(min=0) // n
+    table_ok = (req >= 0) & (req < num_reqs) & (col < max_blocks)
+    entry = block_table[req.clamp(0, max(num_reqs - 1, 0)), col.clamp(0, max(max_blocks - 1, 0))]
+    slot = entry.long() * n + pos.clamp(min=0) % n
+    from_cache = live & ~from_d & table_ok & (slot >= 0) & (slot < num_slots)
+    slot = torch.where(from_cache, slot, torch.zeros_like(slot))
+    cached = cache[slot // n, :, slot % n, lo:hi].reshape(num_tokens, kernel, channels).float()
+
+    window = torch.where(
+        from_d[..., None],
+        d.float()[row.clamp(min=0)],
+        torch.where(from_cache[..., None], cached, torch.zeros_like(cached)),
+    )  # [T, W, C]
+    w = prob.weight2d.float().t()  # [W, C]
+    conv = (window * w[None]).sum(dim=1)
+
+    s = (d.float() + conv).to(d.dtype)
+    new_hidden = (hidden.float() + s.float()).to(d.dtype)
+    return new_hidden, rms_norm_ref(new_hidden, norm_weight, eps)
