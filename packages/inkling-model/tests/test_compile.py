@@ -1,0 +1,141 @@
+"""torch.compile must not bake in the identity branch.
+
+An engine traces its model on the memory-profiling pass, when there is no metadata
+and no bound cache (the conv is the identity). The layer's custom op decides at run
+time, so later passes of the same compiled graph must convolve. The compiled model
+is compared with an eager copy of itself (same weights, its own cache) step by step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from inkling_cache import ConvStateLayout, Stream
+from inkling_kernels import causal_conv_ref, fused_sconv
+from inkling_model import ConvStateOwner, InklingShortConv, PagedConvRuntime, current_metadata, forward_metadata
+
+HIDDEN = 32
+
+
+class TinyBlock(nn.Module):
+    """proj -> K conv -> ... -> ATTN conv with the layer's residual around it."""
+
+    def __init__(self, owner: ConvStateOwner) -> None:
+        super().__init__()
+        layout = owner.layout
+        self.k_proj = nn.Linear(HIDDEN, layout.stream_dim(Stream.K), bias=False)
+        self.k_sconv = InklingShortConv(layout.stream_dim(Stream.K), layout.kernel_size, owner, Stream.K)
+        self.o_proj = nn.Linear(layout.stream_dim(Stream.K), HIDDEN, bias=False)
+        self.attn_sconv = InklingShortConv(HIDDEN, layout.kernel_size, owner, Stream.ATTN)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        k = self.k_sconv(self.k_proj(h), positions)
+        return h + self.attn_sconv(self.o_proj(torch.tanh(k)), positions)
+
+
+def identity_block(block: TinyBlock, h: torch.Tensor) -> torch.Tensor:
+    """The block with both convs the identity (what a profiling pass computes)."""
+    return h + block.o_proj(torch.tanh(block.k_proj(h)))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_model_convolves_after_profiling_pass(backend, unique_name):
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    layout = ConvStateLayout.build(num_kv_heads=2, head_dim=8, hidden_size=HIDDEN, kernel_size=4)
+    eager_owner = ConvStateOwner(layout, unique_name("eager"))
+    compiled_owner = ConvStateOwner(layout, unique_name("compiled"))
+    eager = TinyBlock(eager_owner)
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.normal_(0.0, 0.5)
+    traced = TinyBlock(compiled_owner)
+    traced.load_state_dict(eager.state_dict())
+    compiled = torch.compile(traced, backend=backend, dynamic=True, fullgraph=True)
+
+    # Profiling pass: no metadata, no cache bound; this call is what gets traced.
+    h0 = torch.randn(16, HIDDEN)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(h0, torch.arange(16)), identity_block(eager, h0))
+
+    runtime = PagedConvRuntime(num_blocks=32, block_size=4, sliding_window=4, max_num_tokens=64)
+    runtime.allocate_caches([eager_owner, compiled_owner], torch.float32, fill=float("nan"))
+    seq = {"a": torch.randn(21, HIDDEN), "b": torch.randn(9, HIDDEN)}
+    schedule = [
+        [("a", 0, 7), ("b", 0, 5)],
+        [("b", 5, 4), ("a", 7, 1)],
+        [("a", 8, 13)],
+    ]
+    outs: dict[str, list[torch.Tensor]] = {"a": [], "b": []}
+    with torch.no_grad():
+        for chunks in schedule:
+            step = runtime.step(chunks)
+            h = torch.cat([seq[r][s : s + n] for r, s, n in chunks])
+            with forward_metadata(step.metadata):
+                want = eager(h, step.positions)
+                got = compiled(h, step.positions)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            # It really convolved (the identity branch would give this instead).
+            assert not torch.allclose(got, identity_block(eager, h), rtol=1e-3, atol=1e-3)
+            for r, s, n in chunks:
+                outs[r].append(got[step.token_slices[r]])
+        # A pass without metadata again: the same compiled graph is the identity.
+        torch.testing.assert_close(compiled(h0, torch.arange(16)), identity_block(eager, h0))
+
+    # And the whole thing equals the full-sequence computation.
+    for r, x in seq.items():
+        with torch.no_grad():
+            k = causal_conv_ref(eager.k_proj(x), eager.k_sconv.weight)
+            want = x + causal_conv_ref(eager.o_proj(torch.tanh(k)), eager.attn_sconv.weight)
+        torch.testing.assert_close(torch.cat(outs[r]), want, rtol=1e-5, atol=1e-5)
+
+
+class NaiveConv(nn.Module):
+    """What not to do: decide identity-or-conv in traced Python code."""
+
+    def __init__(self, conv: InklingShortConv) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        owner = self.conv.owner
+        meta = current_metadata(owner.name)
+        if meta is None or not owner.is_bound:
+            return h.clone()
+        offset, width = owner.stream_range(self.conv.stream)
+        return fused_sconv(
+            h, self.conv.weight, owner.cache, positions, meta.block_table, meta.seq_idx,
+            meta.slot_mapping, meta.query_start, offset, width, owner.block_size,
+        )
+
+
+def test_guard_free_trace_of_profiling_pass(unique_name):
+    """An engine that replays the graph traced on the profiling pass without
+    re-checking guards (vLLM's compiled models) is modelled by torch.export: the
+    graph is traced once, with no metadata, and run later with metadata."""
+    torch.manual_seed(1)
+    layout = ConvStateLayout.build(num_kv_heads=2, head_dim=8, hidden_size=HIDDEN, kernel_size=4)
+    owner = ConvStateOwner(layout, unique_name("export"))
+    conv = InklingShortConv(HIDDEN, 4, owner, Stream.MLP)
+    with torch.no_grad():
+        conv.weight.normal_()
+    tokens = torch.export.Dim("tokens", min=2, max=64)
+    shapes = {"x": {0: tokens}, "positions": {0: tokens}}
+    h0, p0 = torch.randn(16, HIDDEN), torch.arange(16)
+    exported = torch.export.export(conv, (h0, p0), dynamic_shapes=shapes).module()
+    naive = torch.export.export(
+        NaiveConv(conv), (h0, p0), dynamic_shapes={"h": {0: tokens}, "positions": {0: tokens}}
+    ).module()
+
+    runtime = PagedConvRuntime(num_blocks=16, block_size=4, sliding_window=4, max_num_tokens=64)
+    runtime.allocate_caches([owner], torch.float32, fill=float("nan"))
+    x = torch.randn(11, HIDDEN)
+    step = runtime.step([("a", 0, 11)])
+    with torch.no_grad(), forward_metadata(step.metadata):
+        got = exported(x, step.positions)
+        baked = naive(x, step.positions)
+    torch.testing.assert_close(got, causal_conv_ref(x, conv.weight), rtol=1e-5, atol=1e-5)
+    # The control: the Python branch was resolved at trace time and stays the identity.
+    torch.testing.assert_close(baked, x, rtol=0, atol=0)
