@@ -31,3 +31,21 @@ def test_public_api_is_exported_and_documented() -> None:
         obj = getattr(inkling_cache, name)
         if inspect.isfunction(obj) or inspect.isclass(obj):
             assert inspect.getdoc(obj), f"{name} has no docstring"
+
+
+def test_readme_api_example_runs_and_its_comments_hold() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    lay = namespace["lay"]
+    assert isinstance(lay, inkling_cache.ConvStateLayout)
+    assert (lay.num_heads, lay.raw_head_size, lay.head_size) == (1, 1792, 2048)
+    assert lay.stream_range(inkling_cache.Stream.ATTN) == (256, 768)
+    assert lay.channel_to_head(inkling_cache.Stream.MLP, 5) == (0, 1029)
+    assert (lay.page_bytes("bf16"), lay.slot_bytes("bf16")) == (16384, 4096)
+    assert lay.min_state_bytes("bf16") == 10752
+    assert lay.with_block_size(32).cache_shape(100) == (100, 1, 32, 2048)
+    assert inkling_cache.slot_of(position=9, block_table_row=[7, 3, 5], block_size=4) == 21
