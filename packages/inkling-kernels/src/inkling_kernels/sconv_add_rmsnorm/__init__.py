@@ -194,6 +194,11 @@ def fused_sconv_add_rmsnorm(
         ``(new_hidden, normed)``, two new [T, C] tensors in d.dtype, rounded at the
         points where transformers rounds (see :mod:`.reference`).
     """
+    # Checked here too so that bad input raises the errors above, not the dispatcher's.
+    check_sconv_add_rmsnorm_args(
+        hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
+        query_start, stream_offset, stream_width, block_size, norm_weight, eps,
+    )
     return torch.ops.inkling.fused_sconv_add_rmsnorm(
         hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
         stream_offset, stream_width, block_size, norm_weight, float(eps),

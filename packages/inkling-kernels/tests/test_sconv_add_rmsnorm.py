@@ -1,0 +1,368 @@
+"""fused_sconv_add_rmsnorm: the Triton kernel (TRITON_INTERPRET=1 on CPU), its fp32
+reference and the unfused sequence (fused_sconv_ref + add + RMSNorm) agree on
+random scheduling traces; the cache is written exactly where it must be."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module loads
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from inkling_kernels.reference import fused_sconv_ref
+from inkling_kernels.sconv_add_rmsnorm import (
+    check_sconv_add_rmsnorm_args,
+    fused_sconv_add_rmsnorm,
+    fused_sconv_add_rmsnorm_ref,
+    rms_norm_ref,
+)
+from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, sconv_add_rmsnorm_triton
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+EPS = 1e-6
+
+# The Triton interpreter rounds float32 -> bfloat16 towards zero (the GPU rounds to
+# nearest), so bf16 results may sit a couple of ulps away from the reference.
+TOL = {
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.float16: dict(rtol=4e-3, atol=4e-3),
+    torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
+}
+
+
+@dataclass
+class Trace:
+    hidden: torch.Tensor
+    d: torch.Tensor
+    weight: torch.Tensor
+    cache: torch.Tensor
+    positions: torch.Tensor
+    block_table: torch.Tensor
+    seq_idx: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start: torch.Tensor
+    stream_offset: int
+    stream_width: int
+    block_size: int
+    norm_weight: torch.Tensor
+
+    def args(self, cache: torch.Tensor) -> tuple:
+        return (
+            self.hidden, self.d, self.weight, cache, self.positions, self.block_table,
+            self.seq_idx, self.slot_mapping, self.query_start, self.stream_offset,
+            self.stream_width, self.block_size, self.norm_weight, EPS,
+        )
+
+
+def make_trace(
+    rng: random.Random,
+    dtype: torch.dtype,
+    requests: list[tuple[int, int]],
+    *,
+    block_size: int = 4,
+    kernel_size: int = 4,
+    heads: int = 2,
+    width: int = 24,
+    head_size: int = 80,
+    stream_offset: int = 40,
+    pad_rows: int = 0,
+    page_stride: bool = False,
+    null_old_blocks: bool = True,
+) -> Trace:
+    """A batch of requests given as (history length, new tokens), in batch order.
+
+    Each request gets its own random physical blocks; the cache holds random values
+    (the history's conv inputs); entries that fell out of the window point at the
+    null block 0. ``page_stride`` makes the cache a view into larger pages."""
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    n = block_size
+    need = [-(-(h + k) // n) for h, k in requests]
+    max_blocks = max(need)
+    num_blocks = 1 + sum(need) + 3
+    physical = list(range(1, num_blocks))
+    rng.shuffle(physical)
+    table = torch.zeros(len(requests), max_blocks + 1, dtype=torch.int32)
+    pos, seq, slots, qs = [], [], [], []
+    for r, (hist, new) in enumerate(requests):
+        for b in range(need[r]):
+            table[r, b] = physical.pop()
+        first_read = hist - (kernel_size - 1)
+        if null_old_blocks:
+            for b in range(need[r]):
+                if (b + 1) * n <= first_read:
+                    table[r, b] = 0  # slid out of the window
+        start = len(pos)
+        for p in range(hist, hist + new):
+            pos.append(p)
+            seq.append(r)
+            qs.append(start)
+            slots.append(int(table[r, p // n]) * n + p % n)
+    for _ in range(pad_rows):
+        pos.append(0)
+        seq.append(0)
+        qs.append(0)
+        slots.append(-1)
+    channels = heads * width
+    shape = (num_blocks, heads, n, head_size)
+    if page_stride:
+        storage = torch.randn(num_blocks, heads * n * head_size + 24, generator=gen).to(dtype)
+        cache = storage[:, : heads * n * head_size].view(shape)
+    else:
+        cache = torch.randn(shape, generator=gen).to(dtype)
+    num_tokens = len(pos)
+    return Trace(
+        hidden=(2 * torch.randn(num_tokens, channels, generator=gen)).to(dtype),
+        d=torch.randn(num_tokens, channels, generator=gen).to(dtype),
+        weight=(0.5 * torch.randn(channels, 1, kernel_size, generator=gen)),
+        cache=cache,
+        positions=torch.tensor(pos, dtype=torch.int64),
+        block_table=table,
+        seq_idx=torch.tensor(seq, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_start=torch.tensor(qs, dtype=torch.int32),
+        stream_offset=stream_offset,
+        stream_width=width,
+        block_size=n,
+        norm_weight=(1 + 0.3 * torch.randn(channels, generator=gen)).to(dtype),
+    )
+
+
+def random_requests(rng: random.Random) -> list[tuple[int, int]]:
+    """A mixed batch: prefill from 0, decodes with long histories, chunked prefill,
+    speculative verification (k tokens), in random order."""
+    reqs = [
+        (0, rng.randint(1, 9)),  # prefill
+        (rng.randint(3, 40), 1),  # decode
+        (rng.randint(3, 40), 1),
+        (rng.randint(1, 30), rng.randint(2, 8)),  # chunked prefill
+        (rng.randint(1, 30), 3),  # speculative verify
+        (rng.randint(0, 2), 1),  # decode at the very start
+    ]
+    rng.shuffle(reqs)
+    return reqs
+
+
+def clone_cache(cache: torch.Tensor) -> torch.Tensor:
+    """A copy keeping the (possibly page-strided) strides."""
+    out = torch.empty_strided(cache.shape, cache.stride(), dtype=cache.dtype)
+    out.copy_(cache)
+    return out
+
+
+def run_reference(tr: Trace, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    prob = check_sconv_add_rmsnorm_args(*tr.args(cache))
+    return fused_sconv_add_rmsnorm_ref(tr.hidden, tr.d, prob, *tr.args(cache)[3:])
+
+
+def run_unfused(tr: Trace, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = fused_sconv_ref(
+        tr.d, tr.weight, cache, tr.positions, tr.block_table, tr.seq_idx, tr.slot_mapping,
+        tr.query_start, tr.stream_offset, tr.stream_width, tr.block_size,
+    )
+    new_hidden = tr.hidden + s  # dtype arithmetic, as the decoder layer does it
+    return new_hidden, rms_norm_ref(new_hidden, tr.norm_weight, EPS)
+
+
+def run_kernel(tr: Trace, cache: torch.Tensor, config: NormConfig | None):
+    poison = (torch.full_like(tr.d, float("nan")), torch.full_like(tr.d, float("nan")))
+    return sconv_add_rmsnorm_triton(*tr.args(cache), config=config, outputs=poison)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not torch.isnan(actual).any(), "an output element was not written"
+    torch.testing.assert_close(actual.float(), expected.float(), **TOL[dtype])
+
+
+def assert_cache_writes(tr: Trace, before: torch.Tensor, after: torch.Tensor) -> None:
+    """Valid slots hold their row of d in the stream range; every other element is
+    bit-identical to before (pad rows write nothing)."""
+    expected = clone_cache(before)
+    n, lo, hi = tr.block_size, tr.stream_offset, tr.stream_offset + tr.stream_width
+    heads = tr.cache.shape[1]
+    for t, slot in enumerate(tr.slot_mapping.tolist()):
+        if slot >= 0:
+            expected[slot // n, :, slot % n, lo:hi] = tr.d[t].view(heads, tr.stream_width)
+    assert torch.equal(after.view(torch.uint8) if after.dtype != torch.float32 else after.view(torch.int32),
+                       expected.view(torch.uint8) if expected.dtype != torch.float32 else expected.view(torch.int32))
+
+
+CONFIGS = (
+    None,  # the heuristic
+    NormConfig(block_t=4, block_c=16, num_warps=2, scan=4),  # chunks cross heads, tiny scan
+    NormConfig(block_t=2, block_c=64, num_warps=1, scan=8),  # one masked chunk per row
+)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_kernel_matches_reference_and_unfused_sequence(dtype: torch.dtype, seed: int) -> None:
+    rng = random.Random(1000 * seed + DTYPES.index(dtype))
+    tr = make_trace(
+        rng, dtype, random_requests(rng), block_size=rng.choice([1, 4, 8]),
+        pad_rows=rng.randint(0, 3), page_stride=seed == 1,
+    )
+    ref_cache = clone_cache(tr.cache)
+    ref = run_reference(tr, ref_cache)
+    unf_cache = clone_cache(tr.cache)
+    unf = run_unfused(tr, unf_cache)
+    assert torch.equal(ref_cache, unf_cache)
+    for got, want in zip(ref, unf):
+        torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    for cfg in CONFIGS:
+        cache = clone_cache(tr.cache)
+        out = run_kernel(tr, cache, cfg)
+        for got, want in zip(out, ref):
+            assert_close(got, want, dtype)
+        assert_cache_writes(tr, tr.cache, cache)
+
+
+@pytest.mark.parametrize("kernel_size", [2, 3, 5])
+def test_other_kernel_sizes(kernel_size: int) -> None:
+    rng = random.Random(7 + kernel_size)
+    tr = make_trace(rng, torch.float32, random_requests(rng), kernel_size=kernel_size)
+    ref = run_reference(tr, clone_cache(tr.cache))
+    cache = clone_cache(tr.cache)
+    out = run_kernel(tr, cache, NormConfig(block_t=2, block_c=32, num_warps=1, scan=8))
+    for got, want in zip(out, ref):
+        assert_close(got, want, torch.float32)
+    assert_cache_writes(tr, tr.cache, cache)
+
+
+@pytest.mark.parametrize("hit_first", [True, False])
+def test_same_step_prefix_hit(hit_first: bool) -> None:
+    """Request A computes a prompt; B, the same prompt with a prefix hit on A's
+    blocks, reads as pre-forward taps slots A writes in this very launch. Those
+    slots hold NaN before the call: any stale read poisons B's rows."""
+    dtype = torch.bfloat16
+    rng = random.Random(11)
+    n, prompt, hit = 4, 14, 8
+    tr = make_trace(rng, dtype, [(0, prompt), (hit, prompt - hit)], block_size=n,
+                    null_old_blocks=False)
+    # B shares A's blocks for the hit prefix; both compute the same prompt.
+    tr.block_table[1, : hit // n] = tr.block_table[0, : hit // n]
+    a_rows, b_rows = slice(0, prompt), slice(prompt, 2 * prompt - hit)
+    tr.d[b_rows] = tr.d[hit:prompt]
+    tr.hidden[b_rows] = tr.hidden[hit:prompt]
+    for p in range(hit - 3, hit):
+        blk = int(tr.block_table[0, p // n])
+        tr.cache[blk, :, p % n, :] = float("nan")
+    if hit_first:  # put B's rows first in the batch
+        order = torch.cat([torch.arange(prompt, 2 * prompt - hit), torch.arange(prompt)])
+        for name in ("hidden", "d", "positions", "slot_mapping"):
+            setattr(tr, name, getattr(tr, name)[order].contiguous())
+        tr.seq_idx = tr.seq_idx[order].contiguous()
+        b_len = prompt - hit
+        tr.query_start = torch.tensor([0] * b_len + [b_len] * prompt, dtype=torch.int32)
+        b_rows = slice(0, b_len)
+        a_rows = slice(b_len, b_len + prompt)
+    ref = run_reference(tr, clone_cache(tr.cache))
+    for cfg in (None, NormConfig(block_t=2, block_c=16, num_warps=1, scan=4)):
+        cache = clone_cache(tr.cache)
+        out = run_kernel(tr, cache, cfg)
+        for got, want in zip(out, ref):
+            assert_close(got, want, dtype)
+        # B's rows equal A's rows at the same positions: the prompt is the same.
+        for o in out:
+            assert torch.equal(o[b_rows], o[a_rows][hit:])
+    assert not torch.isnan(ref[1]).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_public_op_on_cpu_is_the_reference(dtype: torch.dtype) -> None:
+    rng = random.Random(5)
+    tr = make_trace(rng, dtype, random_requests(rng), pad_rows=2)
+    ref_cache = clone_cache(tr.cache)
+    ref = run_reference(tr, ref_cache)
+    cache = clone_cache(tr.cache)
+    out = fused_sconv_add_rmsnorm(*tr.args(cache))
+    for got, want in zip(out, ref):
+        assert torch.equal(got, want)
+    assert torch.equal(cache, ref_cache)
+    # Rounded where transformers rounds: new_hidden is hidden + dt(d + conv(d)).
+    s = fused_sconv_ref(tr.d, tr.weight, clone_cache(tr.cache), tr.positions, tr.block_table,
+                        tr.seq_idx, tr.slot_mapping, tr.query_start, tr.stream_offset,
+                        tr.stream_width, tr.block_size)
+    torch.testing.assert_close(out[0].float(), (tr.hidden + s).float(), **TOL[dtype])
+
+
+def test_empty_batch() -> None:
+    rng = random.Random(3)
+    tr = make_trace(rng, torch.float32, [(4, 1)])
+    for name in ("hidden", "d"):
+        setattr(tr, name, getattr(tr, name)[:0])
+    for name in ("positions", "seq_idx", "slot_mapping", "query_start"):
+        setattr(tr, name, getattr(tr, name)[:0])
+    cache = clone_cache(tr.cache)
+    for out in (sconv_add_rmsnorm_triton(*tr.args(cache)), fused_sconv_add_rmsnorm(*tr.args(cache))):
+        assert out[0].shape == (0, tr.d.shape[1]) and out[1].shape == (0, tr.d.shape[1])
+    assert torch.equal(cache, tr.cache)
+
+
+def test_custom_op_registration_and_fake_impl() -> None:
+    rng = random.Random(9)
+    tr = make_trace(rng, torch.float32, [(5, 2), (0, 3)])
+    torch.library.opcheck(
+        torch.ops.inkling.fused_sconv_add_rmsnorm.default,
+        tr.args(clone_cache(tr.cache)),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+def test_compiles_with_the_op() -> None:
+    rng = random.Random(4)
+    tr = make_trace(rng, torch.float32, [(6, 1), (0, 4)])
+
+    def step(hidden: torch.Tensor, d: torch.Tensor, cache: torch.Tensor):
+        args = list(tr.args(cache))
+        args[0], args[1] = hidden, d
+        new_h, normed = fused_sconv_add_rmsnorm(*args)
+        return new_h * 2, normed + 1
+
+    eager_cache, compiled_cache = clone_cache(tr.cache), clone_cache(tr.cache)
+    want = step(tr.hidden, tr.d, eager_cache)
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(tr.hidden, tr.d, compiled_cache)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(compiled_cache, eager_cache)
+
+
+def _bad(tr: Trace, **changes: object) -> tuple:
+    names = ["hidden", "d", "weight", "cache", "positions", "block_table", "seq_idx",
+             "slot_mapping", "query_start", "stream_offset", "stream_width", "block_size",
+             "norm_weight", "eps"]
+    args = dict(zip(names, tr.args(tr.cache)))
+    args.update(changes)
+    return tuple(args[k] for k in names)
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (lambda tr: {"hidden": tr.hidden[:, :-1].contiguous()}, ValueError, "hidden has shape"),
+        (lambda tr: {"hidden": tr.hidden.double()}, TypeError, "hidden dtype"),
+        (lambda tr: {"hidden": tr.hidden.t().contiguous().t()}, ValueError, "contiguous"),
+        (lambda tr: {"hidden": tr.hidden.tolist()}, TypeError, "hidden must be a torch.Tensor"),
+        (lambda tr: {"norm_weight": tr.norm_weight[:-1]}, ValueError, "norm_weight must have shape"),
+        (lambda tr: {"norm_weight": tr.norm_weight.long()}, TypeError, "float tensor"),
+        (lambda tr: {"norm_weight": tr.norm_weight[None]}, ValueError, "norm_weight must have shape"),
+        (lambda tr: {"eps": -1.0}, ValueError, "eps must be a finite"),
+        (lambda tr: {"eps": float("nan")}, ValueError, "eps must be a finite"),
+        (lambda tr: {"eps": "1e-6"}, TypeError, "eps must be a float"),
+        (lambda tr: {"block_size": tr.block_size * 2}, ValueError, "block_size"),
+        (lambda tr: {"d": tr.d[:, :-1].contiguous()}, ValueError, "channels"),
+        (lambda tr: {"stream_offset": 70}, ValueError, "outside"),
+    ],
+)
+def test_validation_errors(change, error, match) -> None:
+    rng = random.Random(2)
+    tr = make_trace(rng, torch.float32, [(3, 2)])
+    args = _bad(tr, **change(tr))
+    with pytest.raises(error, match=match):
+        fused_sconv_add_rmsnorm(*args)
+    with pytest.raises(error, match=match):
+        sconv_add_rmsnorm_triton(*args)
