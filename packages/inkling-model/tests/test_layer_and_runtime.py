@@ -1,0 +1,230 @@
+"""InklingShortConv (weights, identity path, input checks) and the paged runtime
+(allocation, sliding-window freeing, slot mapping, errors)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from inkling_cache import ConvStateLayout, Stream
+from inkling_kernels import causal_conv_ref
+from inkling_model import (
+    BlockAllocator,
+    ConvStateOwner,
+    InklingShortConv,
+    OutOfBlocksError,
+    PagedConvRuntime,
+    forward_metadata,
+)
+from model_test_driver import Feed, run_schedule
+
+
+def make_layout(tp_size: int = 1) -> ConvStateLayout:
+    return ConvStateLayout.build(num_kv_heads=4, head_dim=8, hidden_size=32, kernel_size=4, tp_size=tp_size)
+
+
+# --- the layer -----------------------------------------------------------------
+def test_weight_is_fp32_checkpoint_shape(unique_name):
+    owner = ConvStateOwner(make_layout(), unique_name())
+    conv = InklingShortConv(32, 4, owner, Stream.V)
+    assert conv.weight.shape == (32, 1, 4) and conv.weight.dtype == torch.float32
+    assert not conv.weight.requires_grad
+
+
+@pytest.mark.parametrize("stream", list(Stream))
+@pytest.mark.parametrize("tp_size", [1, 2, 4])
+def test_load_weight_shards_by_the_layout_channel_mapping(stream, tp_size, unique_name):
+    full = torch.randn(32, 1, 4, dtype=torch.bfloat16)
+    shards = []
+    for rank in range(tp_size):
+        layout = make_layout(tp_size)
+        conv = InklingShortConv(layout.stream_dim(stream), 4, ConvStateOwner(layout, unique_name()), stream)
+        conv.load_weight(full, tp_rank=rank, tp_size=tp_size)
+        assert conv.weight.dtype == torch.float32
+        offset, width = layout.stream_range(stream)
+        for c in range(conv.dim):
+            head, d = layout.channel_to_head(stream, c)
+            global_channel = (rank * layout.num_heads + head) * width + d - offset
+            assert torch.equal(conv.weight[c], full[global_channel].float())
+        # The 2-D (channels, W) form and an already-sharded tensor load the same.
+        again = InklingShortConv(conv.dim, 4, conv.owner, stream)
+        again.load_weight(conv.weight[:, 0, :].clone(), tp_rank=rank, tp_size=tp_size)
+        assert torch.equal(again.weight, conv.weight)
+        shards.append(conv.weight)
+    assert torch.equal(torch.cat(shards), full.float())
+
+
+@pytest.mark.parametrize(
+    ("weight", "rank", "tp", "match"),
+    [
+        (torch.zeros(32, 1, 4), 0, 1, "tp_size 1 != the layout's tp_size 2"),
+        (torch.zeros(32, 1, 4), 2, 2, "tp_rank"),
+        (torch.zeros(24, 1, 4), 0, 2, "24 channels"),
+        (torch.zeros(32, 1, 3), 0, 2, "kernel 3"),
+        (torch.zeros(32, 2, 4), 0, 2, "channels, 1, W"),
+        (torch.zeros(32), 0, 2, "channels, 1, W"),
+    ],
+)
+def test_load_weight_rejects_bad_tensors(weight, rank, tp, match, unique_name):
+    conv = InklingShortConv(16, 4, ConvStateOwner(make_layout(2), unique_name()), Stream.ATTN)
+    with pytest.raises(ValueError, match=match):
+        conv.load_weight(weight, tp_rank=rank, tp_size=tp)
+
+
+def test_constructor_checks_dim_kernel_and_stream(unique_name):
+    owner = ConvStateOwner(make_layout(2), unique_name())
+    with pytest.raises(ValueError, match="dim 32 does not match"):
+        InklingShortConv(32, 4, owner, Stream.K)
+    with pytest.raises(ValueError, match="kernel_size 3"):
+        InklingShortConv(16, 3, owner, Stream.K)
+    with pytest.raises(ValueError, match="stream must be one of"):
+        InklingShortConv(16, 4, owner, 7)
+    with pytest.raises(TypeError, match="ConvStateOwner"):
+        InklingShortConv(16, 4, "layer", Stream.K)  # type: ignore[arg-type]
+
+
+def test_identity_without_metadata_or_cache_returns_a_copy(unique_name):
+    owner = ConvStateOwner(make_layout(), unique_name())
+    conv = InklingShortConv(32, 4, owner, Stream.MLP)
+    torch.nn.init.normal_(conv.weight)
+    x = torch.randn(6, 32)
+    runtime = PagedConvRuntime(8, 4, 4, max_num_tokens=16)
+    step = runtime.step([("a", 0, 6)])
+    for meta, bind in ((None, False), (step.metadata, False), (None, True)):
+        if bind:
+            runtime.allocate_caches([owner], torch.float32)
+        with forward_metadata(meta):
+            y = conv(x, step.positions)
+        assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
+    # With both, it convolves.
+    with forward_metadata(step.metadata):
+        torch.testing.assert_close(conv(x, step.positions), causal_conv_ref(x, conv.weight))
+
+
+def test_forward_input_checks(unique_name):
+    owner = ConvStateOwner(make_layout(), unique_name())
+    conv = InklingShortConv(32, 4, owner, Stream.MLP)
+    runtime = PagedConvRuntime(8, 4, 4, max_num_tokens=16)
+    runtime.allocate_caches([owner], torch.bfloat16)
+    step = runtime.step([("a", 0, 6)])
+    with pytest.raises(ValueError, match="x must be"):
+        conv(torch.randn(6, 16), step.positions)
+    with pytest.raises(ValueError, match="positions must be"):
+        conv(torch.randn(6, 32), step.positions[:5])
+    with forward_metadata(step.metadata):
+        with pytest.raises(ValueError, match="metadata describes 6 tokens"):
+            conv(torch.randn(5, 32), torch.arange(5))
+        with pytest.raises(TypeError, match="bind a cache of the activation dtype"):
+            conv(torch.randn(6, 32), step.positions)
+
+
+# --- the runtime ------------------------------------------------------------------
+def test_allocator_never_hands_out_the_null_block():
+    alloc = BlockAllocator(4)
+    got = sorted(alloc.allocate() for _ in range(3))
+    assert got == [1, 2, 3] and alloc.num_free == 0
+    with pytest.raises(OutOfBlocksError):
+        alloc.allocate()
+    alloc.free(2)
+    assert alloc.allocate() == 2
+    with pytest.raises(ValueError, match="not allocated"):
+        alloc.free(0)
+
+
+@pytest.mark.parametrize(("block_size", "window"), [(4, 4), (2, 4), (16, 4), (3, 5)])
+def test_step_slots_and_sliding_window_freeing(block_size, window):
+    rng = random.Random(block_size * 7 + window)
+    runtime = PagedConvRuntime(64, block_size, window, max_num_tokens=64, max_blocks_per_req=64)
+    pos = {"a": 0, "b": 0, "c": 0}
+    for _ in range(30):
+        chunks = [(r, p, rng.randint(1, 6)) for r, p in pos.items() if rng.random() < 0.8] or [("a", pos["a"], 1)]
+        step = runtime.step(chunks)
+        slots = step.metadata.slot_mapping.tolist()
+        positions = step.positions.tolist()
+        assert step.query_start_loc.tolist()[-1] == step.num_actual_tokens == len(slots)
+        for row_idx, (r, start, n) in enumerate(chunks):
+            table = runtime.block_table_row(r)
+            assert step.metadata.block_table[row_idx, : len(table)].tolist() == table
+            rows = step.token_slices[r]
+            assert positions[rows] == list(range(start, start + n))
+            for p, slot in zip(positions[rows], slots[rows]):
+                assert slot == table[p // block_size] * block_size + p % block_size and slot >= block_size
+            # Every block behind the window is freed; every block in it is held.
+            first_read = max(0, start - (window - 1))
+            for logical, block in enumerate(table):
+                live = (logical + 1) * block_size > first_read
+                assert (block != 0) == live, (r, start, logical, table)
+            pos[r] = start + n
+        # Physical blocks are never shared between requests.
+        held = [b for r in pos for b in runtime.live_blocks(r)]
+        assert len(held) == len(set(held)) == 63 - runtime.num_free_blocks
+    for r in list(pos):
+        runtime.finish(r)
+    assert runtime.num_free_blocks == 63
+
+
+def test_step_errors_and_rewind_rules():
+    runtime = PagedConvRuntime(6, 4, 4, max_num_tokens=32, max_blocks_per_req=4, max_num_reqs=2)
+    with pytest.raises(ValueError, match="must start at position 0"):
+        runtime.step([("a", 3, 1)])
+    runtime.step([("a", 0, 6)])
+    with pytest.raises(ValueError, match="appears twice"):
+        runtime.step([("a", 6, 1), ("a", 7, 1)])
+    with pytest.raises(ValueError, match=r"in \[0, 6\]"):
+        runtime.step([("a", 7, 1)])
+    runtime.step([("a", 4, 3)])  # a speculative rewind onto written positions is fine
+    with pytest.raises(ValueError, match=r"in \[4, 7\]"):
+        runtime.step([("a", 3, 1)])  # but not behind the last step's start
+    with pytest.raises(ValueError, match="beyond the block table"):
+        runtime.step([("a", 7, 10)])
+    with pytest.raises(ValueError, match="pad_to"):
+        runtime.step([("a", 7, 2)], pad_to=1)
+    with pytest.raises(ValueError, match="max_num_reqs"):
+        runtime.step([("a", 7, 1), ("b", 0, 1), ("c", 0, 1)])
+    with pytest.raises(OutOfBlocksError):
+        runtime.step([("b", 0, 16)])  # 4 blocks; 5 usable, 2 held by "a"
+    assert runtime.num_free_blocks == 3  # the failed step changed nothing
+    runtime.preempt("a")
+    assert runtime.num_free_blocks == 5 and not runtime.has_request("a")
+    runtime.step([("b", 0, 16)])
+    with pytest.raises(KeyError):
+        runtime.finish("a")
+
+
+def test_pad_rows_never_write(unique_name):
+    owner = ConvStateOwner(make_layout(), unique_name())
+    conv = InklingShortConv(32, 4, owner, Stream.K)
+    torch.nn.init.normal_(conv.weight)
+    runtime = PagedConvRuntime(8, 4, 4, max_num_tokens=16)
+    (cache,) = runtime.allocate_caches([owner], torch.float32, fill=float("nan"))
+    step = runtime.step([("a", 0, 3)], pad_to=8)
+    assert step.metadata.slot_mapping.tolist()[3:] == [-1] * 5
+    assert step.metadata.seq_idx.tolist()[3:] == [0] * 5
+    x = torch.randn(8, 32)
+    with forward_metadata(step.metadata):
+        y = conv(x, step.positions)
+    torch.testing.assert_close(y[:3], causal_conv_ref(x[:3], conv.weight))
+    written = ~torch.isnan(cache[..., :8])  # K range of each head
+    assert int(written.sum()) == 3 * 4 * 8  # 3 tokens x 4 heads x head_dim
+
+
+def test_many_requests_long_schedule_against_full_sequence(unique_name):
+    """More requests and steps than the parity tests, all four streams sharing one
+    cache, block size larger than W."""
+    torch.manual_seed(5)
+    owner = ConvStateOwner(make_layout(), unique_name())
+    feeds = []
+    lengths = [3, 60, 17, 44, 1, 29, 52, 8]
+    for stream in Stream:
+        conv = InklingShortConv(owner.stream_dim(stream), 4, owner, stream)
+        torch.nn.init.normal_(conv.weight)
+        feeds.append(Feed(conv, [torch.randn(n, conv.dim) for n in lengths]))
+    runtime = PagedConvRuntime(40, 8, 4, max_num_tokens=128, max_blocks_per_req=8)
+    runtime.allocate_caches([owner], torch.float32, fill=float("nan"))
+    outs, stats = run_schedule(runtime, feeds, seed=11, max_chunk=12)
+    assert stats.steps > 20 and stats.preemptions and stats.rejected
+    for feed, per_seq in zip(feeds, outs):
+        for x, y in zip(feed.inputs, per_seq):
+            torch.testing.assert_close(y, causal_conv_ref(x, feed.conv.weight), rtol=1e-5, atol=1e-5)
