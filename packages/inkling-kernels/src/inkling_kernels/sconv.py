@@ -1,0 +1,252 @@
+"""Triton kernel and typed launcher for ``fused_sconv`` (design brief §3).
+
+Tiling: one program owns ``BLOCK_T`` consecutive rows of ``x`` times ``BLOCK_C``
+channels of one head (so its cache addresses are contiguous along D). It loads its
+x tile once from HBM, stores it into the rows' slots, and forms the W taps with
+shifted loads (the in-forward taps re-read rows the program just loaded: L1/L2
+hits) or, for pre-forward taps, through the block table; fp32 accumulation. The
+grid is ``(cdiv(T, BLOCK_T), H * cdiv(stream_width, BLOCK_C))``: it depends only on
+T, nothing is allocated besides ``out`` and nothing syncs with the host, so the
+launch replays under CUDA graphs.
+
+Same-step hazard: a pre-forward tap may name a slot that another row of this very
+launch writes (a same-step prefix hit); program order is undefined on the GPU, so
+the cache may still hold a stale value there. For every pre-forward tap, the kernel
+looks the tap's slot up in ``slot_mapping`` (a vectorised scan in chunks, done only
+by programs whose tile has a pre-forward tap in that tap column: decode tiles, and
+the first W-1 rows of each request in prefill) and, on a hit, reads the writer's
+row of ``x`` instead of the cache. The cache load is issued before the scan so its
+latency overlaps it; the result equals "insert the whole batch, then convolve".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._validation import check_fused_sconv_args
+
+__all__ = ["SconvConfig", "choose_config", "fused_sconv_triton"]
+
+
+@triton.jit
+def _fused_sconv_kernel(
+    x_ptr,
+    w_ptr,
+    cache_ptr,
+    out_ptr,
+    pos_ptr,
+    table_ptr,
+    seq_ptr,
+    slot_ptr,
+    qs_ptr,
+    num_tokens,
+    channels,
+    num_slots,
+    num_reqs,
+    max_blocks,
+    stride_wc,
+    stride_wk,
+    stride_cb,
+    stride_ch,
+    stride_cn,
+    stride_table,
+    stream_offset,
+    WS: tl.constexpr,
+    N: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    SCAN: tl.constexpr,
+    SILU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    head = pid_c // CHUNKS
+    d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = d < WS
+    chan = head * WS + d  # channel in x / weight
+    ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
+
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < num_tokens
+    rows64 = rows.to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+
+    xmask = rmask[:, None] & cmask[None, :]
+    x_tile = tl.load(x_ptr + rows64[:, None] * channels + chan[None, :], mask=xmask, other=0.0)
+
+    # 1. store the rows into their slots (pad rows and out-of-cache slots: no write).
+    wmask = rmask & (slot >= 0) & (slot < num_slots)
+    wslot = tl.where(wmask, slot, 0)
+    dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
+    tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None] & cmask[None, :])
+
+    # 2. the W taps, fp32 accumulation.
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for i in tl.static_range(W):
+        dist: tl.constexpr = W - 1 - i
+        wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=cmask, other=0.0).to(tl.float32)
+        if dist == 0:
+            tap = x_tile.to(tl.float32)
+        else:
+            src = pos - dist
+            trow = rows64 - dist
+            has_tap = rmask & (src >= 0)
+            in_fwd = has_tap & (trow >= qs) & (trow >= 0)
+            pre = has_tap & ((trow < qs) | (trow < 0))
+            tap = tl.load(
+                x_ptr + trow[:, None] * channels + chan[None, :],
+                mask=in_fwd[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            if tl.max(pre.to(tl.int32), axis=0) > 0:
+                bidx = src // N
+                ok = pre & (seq >= 0) & (seq < num_reqs) & (bidx < max_blocks)
+                entry = tl.load(table_ptr + seq * stride_table + bidx, mask=ok, other=0).to(tl.int64)
+                pslot = entry * N + src % N
+                ok = ok & (pslot >= 0) & (pslot < num_slots)
+                pslot = tl.where(ok, pslot, 0)
+                # Issued before the scan so the two latencies overlap.
+                cval = tl.load(
+                    cache_ptr
+                    + ((pslot // N) * stride_cb + (pslot % N) * stride_cn)[:, None]
+                    + ccol[None, :],
+                    mask=ok[:, None] & cmask[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+                # Same-step hazard: the row of this launch that writes pslot, if any.
+                hit = tl.full([BLOCK_T], -1, tl.int64)
+                key = tl.where(ok, pslot, -2)  # -2 never equals a written slot
+                # (a while loop: the interpreter cannot range() over a runtime int
+                # with NumPy >= 2.4)
+                s0 = 0
+                while s0 < num_tokens:
+                    srows = s0 + tl.arange(0, SCAN)
+                    sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
+                    match = key[:, None] == sval[None, :]
+                    cand = tl.where(match, srows.to(tl.int64)[None, :], -1)
+                    hit = tl.maximum(hit, tl.max(cand, axis=1))
+                    s0 += SCAN
+                if tl.max(hit, axis=0) >= 0:
+                    hval = tl.load(
+                        x_ptr + tl.where(hit >= 0, hit, 0)[:, None] * channels + chan[None, :],
+                        mask=(hit >= 0)[:, None] & cmask[None, :],
+                        other=0.0,
+                    ).to(tl.float32)
+                    cval = tl.where((hit >= 0)[:, None], hval, cval)
+                tap += cval
+        acc += wv[None, :] * tap
+
+    # 3. activation, residual, cast.
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    if RESIDUAL:
+        acc += x_tile.to(tl.float32)
+    tl.store(
+        out_ptr + rows64[:, None] * channels + chan[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=xmask,
+    )
+
+
+@dataclass(frozen=True)
+class SconvConfig:
+    """One launch configuration of the fused kernel."""
+
+    block_t: int
+    block_c: int
+    num_warps: int
+    scan: int = 256
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def choose_config(num_tokens: int, num_heads: int, stream_width: int) -> SconvConfig:
+    """Heuristic tile choice per shape class (one config each: no autotuning).
+
+    BLOCK_C: the largest power of two dividing the stream width (<= 256), so tiles
+    never straddle heads and no lanes idle; BLOCK_T grows with T until the grid
+    holds a few waves of programs, then caps the tile at 8k elements.
+    """
+    if stream_width % 32 == 0:
+        block_c = min(256, stream_width & -stream_width)
+    else:
+        block_c = min(256, _pow2_ceil(stream_width))
+    chunks = num_heads * -(-stream_width // block_c)
+    # Enough programs for ~4 per SM on a large GPU, then as large as allowed.
+    target_programs = 512
+    block_t = _pow2_floor(max(1, (num_tokens * chunks) // target_programs))
+    block_t = max(1, min(block_t, 8192 // block_c, 64))
+    elems = block_t * block_c
+    num_warps = 8 if elems >= 8192 else 4 if elems >= 2048 else 2 if elems >= 512 else 1
+    return SconvConfig(block_t=block_t, block_c=block_c, num_warps=num_warps)
+
+
+def fused_sconv_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    stream_offset: int,
+    stream_width: int,
+    block_size: int,
+    *,
+    activation: str | None = None,
+    residual: bool = True,
+    config: SconvConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Validate, allocate ``out`` and launch the Triton kernel (CUDA, or CPU tensors
+    under ``TRITON_INTERPRET=1``). Same contract as :func:`inkling_kernels.fused_sconv`;
+    ``config`` overrides the heuristic tile choice (benchmarks); ``out`` (contiguous,
+    like x) receives the result instead of a new tensor (tests poison it first)."""
+    prob = check_fused_sconv_args(
+        x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
+        stream_offset, stream_width, block_size, activation, residual,
+    )
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+        raise ValueError("out must be a contiguous tensor with x's shape, dtype and device")
+    if prob.num_tokens == 0:
+        return out
+    cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width)
+    if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or cfg.scan & (cfg.scan - 1):
+        raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
+    chunks = -(-stream_width // cfg.block_c)
+    grid = (triton.cdiv(prob.num_tokens, cfg.block_t), prob.num_heads * chunks)
+    w2 = prob.weight2d
+    _fused_sconv_kernel[grid](
+        x, w2, cache, out,
+        positions, block_table, seq_idx, slot_mapping, query_start,
+        prob.num_tokens, prob.channels, prob.num_slots,
+        block_table.shape[0], block_table.shape[1],
+        w2.stride(0), w2.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
+        block_table.stride(0),
+        stream_offset,
+        WS=stream_width, N=block_size, W=prob.kernel_size,
+        BLOCK_T=cfg.block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=cfg.scan,
+        SILU=activation == "silu", RESIDUAL=residual,
+        num_warps=cfg.num_warps,
+    )
+    return out

@@ -1,0 +1,279 @@
+"""Test helpers: a small paged world that schedules requests into fused_sconv calls.
+
+The world keeps, per request and stream, the true sequence of conv inputs; every call
+is checked against the full-sequence causal conv of that sequence (an oracle that
+knows nothing of pages), against the reference op on a copy of the cache, and for
+bit-identity of every cache element it must not touch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from inkling_kernels import causal_conv_ref, fused_sconv, fused_sconv_ref
+
+TOL = {
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.float16: dict(rtol=2e-3, atol=2e-3),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2),
+}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """Same-size integer view: compares NaNs and signed zeros exactly."""
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@dataclass
+class Request:
+    values: dict[int, torch.Tensor]  # stream index -> [L_committed, C_s] true inputs
+    table: list[int] = field(default_factory=list)  # logical block -> physical
+
+    @property
+    def length(self) -> int:
+        return next(iter(self.values.values())).shape[0]
+
+
+@dataclass
+class Batch:
+    rows: list[tuple[int, int, int]]  # (rid, first position, n tokens) in batch order
+    num_pad: int
+    x: dict[int, torch.Tensor]  # stream -> [T, C_s]
+    positions: torch.Tensor
+    block_table: torch.Tensor
+    seq_idx: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start: torch.Tensor
+
+
+class PagedWorld:
+    """A packed paged cache [num_blocks, H, N, D] shared by several streams."""
+
+    def __init__(
+        self,
+        *,
+        num_heads: int = 2,
+        head_size: int = 32,
+        block_size: int = 4,
+        kernel_size: int = 4,
+        streams: tuple[tuple[int, int], ...] = ((0, 8), (8, 8), (16, 10), (26, 6)),
+        dtype: torch.dtype = torch.float32,
+        num_blocks: int = 64,
+        page_pad: int = 0,
+        weight_dtype: torch.dtype = torch.float32,
+        weight_3d: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.H, self.D, self.N, self.W = num_heads, head_size, block_size, kernel_size
+        self.streams = streams
+        self.dtype = dtype
+        page = num_heads * block_size * head_size
+        # Random (not NaN) contents: untouched elements must stay bit-identical.
+        self.storage = self.randn(num_blocks, page + page_pad).to(dtype)
+        self.cache = self.storage[:, :page].view(num_blocks, num_heads, block_size, head_size)
+        self.free = list(range(1, num_blocks))  # block 0 is the null block
+        self.rng.shuffle(self.free)
+        self.reqs: dict[int, Request] = {}
+        self.weights: dict[int, torch.Tensor] = {}
+        for s, (_, width) in enumerate(streams):
+            w = self.randn(num_heads * width, kernel_size) * 0.5
+            w = w.to(weight_dtype)
+            self.weights[s] = w.unsqueeze(1) if weight_3d else w
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen)
+
+    def channels(self, s: int) -> int:
+        return self.H * self.streams[s][1]
+
+    # -- requests -----------------------------------------------------------
+    def _block(self) -> int:
+        if not self.free:
+            raise RuntimeError("test world ran out of blocks")
+        return self.free.pop()
+
+    def _ensure_blocks(self, req: Request, last_position: int) -> None:
+        while len(req.table) <= last_position // self.N:
+            req.table.append(self._block())
+
+    def slot(self, req: Request, position: int) -> int:
+        return req.table[position // self.N] * self.N + position % self.N
+
+    def add_request(self, rid: int, history: int = 0) -> None:
+        """A request whose first `history` positions already sit in the cache
+        (only the last W-1 of them in live blocks; older entries are null blocks)."""
+        vals = {s: self.randn(history, self.channels(s)).to(self.dtype) for s in range(len(self.streams))}
+        req = Request(values=vals)
+        self.reqs[rid] = req
+        live_from = max(0, history - (self.W - 1))
+        req.table = [0] * (live_from // self.N)
+        if history:
+            self._ensure_blocks(req, history - 1)
+            for p in range(live_from, history):
+                slot = self.slot(req, p)
+                for s, (off, width) in enumerate(self.streams):
+                    row = vals[s][p].view(self.H, width)
+                    self.cache[slot // self.N, :, slot % self.N, off : off + width] = row
+
+    def free_out_of_window(self, rid: int) -> None:
+        """Sliding-window freeing: blocks wholly before the window go back to the
+        free list (and will be reused, overwritten, by others); the entry becomes the
+        null block."""
+        req = self.reqs[rid]
+        first_needed = max(0, req.length - (self.W - 1))
+        for b in range(min(first_needed // self.N, len(req.table))):
+            if req.table[b] != 0:
+                self.free.append(req.table[b])
+                req.table[b] = 0
+
+    def commit(self, batch: Batch, accepted: dict[int, int] | None = None) -> None:
+        """Append each request's first `accepted[rid]` fed tokens (all by default) to
+        its committed inputs; the rest were rejected drafts."""
+        row = 0
+        for rid, _, n in batch.rows:
+            keep = n if accepted is None else accepted.get(rid, n)
+            req = self.reqs[rid]
+            for s in req.values:
+                req.values[s] = torch.cat([req.values[s], batch.x[s][row : row + keep]])
+            row += n
+
+    # -- batches ------------------------------------------------------------
+    def make_batch(
+        self,
+        items: list[tuple[int, int]],
+        num_pad: int = 0,
+        extra_cols: int = 0,
+        values: dict[int, dict[int, torch.Tensor]] | None = None,
+    ) -> Batch:
+        """items: (rid, n_new_tokens) in batch order; values: optional given inputs
+        per rid and stream (else random)."""
+        rows: list[tuple[int, int, int]] = []
+        positions, seq_idx, slots, qstart = [], [], [], []
+        xs: dict[int, list[torch.Tensor]] = {s: [] for s in range(len(self.streams))}
+        for i, (rid, n) in enumerate(items):
+            req = self.reqs[rid]
+            start = req.length
+            self._ensure_blocks(req, start + n - 1)
+            row0 = len(positions)
+            rows.append((rid, start, n))
+            for p in range(start, start + n):
+                positions.append(p)
+                seq_idx.append(i)
+                slots.append(self.slot(req, p))
+                qstart.append(row0)
+            for s in xs:
+                if values is not None and rid in values:
+                    xs[s].append(values[rid][s][:n].to(self.dtype))
+                else:
+                    xs[s].append(self.randn(n, self.channels(s)).to(self.dtype))
+        for _ in range(num_pad):  # pad rows as engines pad CUDA-graph batches
+            positions.append(0)
+            seq_idx.append(0)
+            slots.append(-1)
+            qstart.append(0)
+        for s in xs:
+            xs[s].append(self.randn(num_pad, self.channels(s)).to(self.dtype))
+        width = max([len(self.reqs[rid].table) for rid, _ in items] + [1]) + extra_cols
+        table = torch.zeros(max(len(items), 1), width, dtype=torch.int32)
+        for i, (rid, _) in enumerate(items):
+            t = self.reqs[rid].table
+            table[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        return Batch(
+            rows=rows,
+            num_pad=num_pad,
+            x={s: torch.cat(v).contiguous() for s, v in xs.items()},
+            positions=torch.tensor(positions, dtype=torch.int64),
+            block_table=table,
+            seq_idx=torch.tensor(seq_idx, dtype=torch.int32),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            query_start=torch.tensor(qstart, dtype=torch.int32),
+        )
+
+    def expected(self, batch: Batch, s: int, activation: str | None, residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of real tokens and the oracle's output for them (full-sequence conv)."""
+        x = batch.x[s]
+        idx, outs = [], []
+        row = 0
+        for rid, start, n in batch.rows:
+            seq = torch.cat([self.reqs[rid].values[s], x[row : row + n]])
+            full = causal_conv_ref(seq, self.weights[s], activation=activation, residual=residual)
+            outs.append(full[start : start + n])
+            idx.extend(range(row, row + n))
+            row += n
+        cols = self.channels(s)
+        if not outs:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, cols, dtype=x.dtype)
+        return torch.tensor(idx, dtype=torch.long), torch.cat(outs)
+
+    def run(
+        self,
+        batch: Batch,
+        s: int,
+        impl: str,
+        *,
+        config: object = None,
+        activation: str | None = None,
+        residual: bool = True,
+    ) -> torch.Tensor:
+        """One fused_sconv call for stream s, with every check of the suite."""
+        off, width = self.streams[s]
+        x = batch.x[s]
+        args = (
+            batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping,
+            batch.query_start, off, width, self.N,
+        )
+        before = self.storage.clone()
+        # The reference op on a private copy of the cache.
+        ref_storage = self.storage.clone()
+        ref_cache = ref_storage[:, : self.cache[0].numel()].view(self.cache.shape)
+        ref_out = fused_sconv_ref(x, self.weights[s], ref_cache, *args, activation=activation, residual=residual)
+
+        if impl == "reference":
+            out = fused_sconv(x, self.weights[s], self.cache, *args, activation=activation, residual=residual)
+        elif impl == "triton":
+            from inkling_kernels.sconv import fused_sconv_triton
+
+            out = torch.full_like(x, float("nan"))  # poisoned: every row must be written
+            ret = fused_sconv_triton(
+                x, self.weights[s], self.cache, *args,
+                activation=activation, residual=residual, config=config, out=out,
+            )
+            assert ret is out
+        else:
+            raise AssertionError(impl)
+
+        tol = TOL[self.dtype]
+        assert out.shape == x.shape and out.dtype == x.dtype
+        assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) output rows"
+        torch.testing.assert_close(out, ref_out, **tol)
+        # Oracle: the full-sequence causal conv of each request's inputs.
+        idx, exp = self.expected(batch, s, activation, residual)
+        torch.testing.assert_close(out[idx], exp, **tol)
+        # Cache: written slots hold x exactly; everything else is bit-identical.
+        written = torch.zeros_like(before, dtype=torch.bool)
+        wview = written[:, : self.cache[0].numel()].view(self.cache.shape)
+        slots = batch.slot_mapping
+        valid = (slots >= 0) & (slots < self.cache.shape[0] * self.N)
+        vs = slots[valid]
+        wview[vs // self.N, :, vs % self.N, off : off + width] = True
+        assert torch.equal(bits(self.storage)[~written], bits(before)[~written]), (
+            "cache elements outside the written slots' stream range changed"
+        )
+        got = self.cache[vs // self.N, :, vs % self.N, off : off + width].reshape(-1, self.H * width)
+        assert torch.equal(bits(got.contiguous()), bits(x[valid])), "written slots differ from x"
+        assert torch.equal(bits(self.storage), bits(ref_storage)), "cache differs from the reference op's"
+        return out
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["DTYPES", "TOL", "PagedWorld", "bits", "ceil_div", "math"]

@@ -1,0 +1,216 @@
+"""fused_sconv: the Triton kernel (interpreted on CPU) and the CPU reference path,
+over randomly generated scheduling traces, against the full-sequence causal conv."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from _sconv_world import DTYPES, PagedWorld
+
+IMPLS = ("reference", "triton")
+
+
+def _trace(world: PagedWorld, kind: str, rng: random.Random) -> list[tuple[int, int]]:
+    """Adds requests to `world` and returns the batch items (rid, n_new)."""
+    items: list[tuple[int, int]] = []
+    rid = len(world.reqs)
+
+    def add(history: int, n: int) -> None:
+        nonlocal rid
+        world.add_request(rid, history)
+        items.append((rid, n))
+        rid += 1
+
+    if kind in ("prefill", "mixed"):
+        for _ in range(2):
+            add(0, rng.randint(1, 9))
+    if kind in ("decode", "mixed"):
+        for _ in range(rng.randint(2, 4)):
+            add(rng.randint(1, 400), 1)
+    if kind in ("chunked", "mixed"):
+        for _ in range(2):
+            add(rng.randint(1, 30), rng.randint(2, 7))
+    if kind in ("spec", "mixed"):
+        for _ in range(2):
+            add(rng.randint(3, 60), 3)
+    rng.shuffle(items)
+    return items
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", ["prefill", "decode", "chunked", "spec", "mixed"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_trace_kinds(impl: str, kind: str, dtype: torch.dtype) -> None:
+    seed = hash((kind, str(dtype))) % 1000
+    rng = random.Random(seed)
+    world = PagedWorld(dtype=dtype, num_blocks=96, seed=seed)
+    items = _trace(world, kind, rng)
+    batch = world.make_batch(items, num_pad=2 if kind == "mixed" else 0, extra_cols=1)
+    for s in range(len(world.streams)):  # several streams share one packed cache
+        world.run(batch, s, impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("block_size", [1, 4, 8, 16, 32])
+def test_block_sizes(impl: str, block_size: int) -> None:
+    rng = random.Random(block_size)
+    world = PagedWorld(block_size=block_size, kernel_size=4, dtype=torch.bfloat16,
+                       num_blocks=200 if block_size < 8 else 40, seed=block_size)
+    items = _trace(world, "mixed", rng)
+    batch = world.make_batch(items, num_pad=1)
+    for s in (0, 2):
+        world.run(batch, s, impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kernel_size", [2, 3, 4, 5])
+def test_kernel_sizes(impl: str, kernel_size: int) -> None:
+    rng = random.Random(10 + kernel_size)
+    world = PagedWorld(kernel_size=kernel_size, block_size=4, dtype=torch.float16, seed=kernel_size)
+    items = _trace(world, "mixed", rng)
+    batch = world.make_batch(items, num_pad=1)
+    for s in (1, 3):
+        world.run(batch, s, impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_page_strided_cache(impl: str) -> None:
+    """A non-contiguous cache view (pages padded to a larger stride), as engines
+    hand out when the conv page is padded up to the attention page."""
+    rng = random.Random(5)
+    world = PagedWorld(page_pad=24, dtype=torch.bfloat16, seed=5)
+    assert not world.cache.is_contiguous()
+    items = _trace(world, "mixed", rng)
+    batch = world.make_batch(items, num_pad=2)
+    for s in range(len(world.streams)):
+        world.run(batch, s, impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "weight_dtype,weight_3d,activation,residual",
+    [
+        ("act", False, None, True),
+        ("fp32", False, "silu", True),
+        ("act", True, "silu", False),
+        ("fp32", True, None, False),
+    ],
+)
+def test_weights_and_epilogue(impl: str, weight_dtype: str, weight_3d: bool,
+                              activation: str | None, residual: bool) -> None:
+    rng = random.Random(7)
+    dtype = torch.bfloat16
+    world = PagedWorld(dtype=dtype, weight_dtype=dtype if weight_dtype == "act" else torch.float32,
+                       weight_3d=weight_3d, seed=7)
+    batch = world.make_batch(_trace(world, "mixed", rng), num_pad=1)
+    world.run(batch, 2, impl, activation=activation, residual=residual)
+
+
+def test_tile_configs() -> None:
+    """Explicit tiles: several requests per tile, channel tiles straddling the stream
+    width (masked lanes), and a scan chunk smaller than T."""
+    from inkling_kernels.sconv import SconvConfig
+
+    for i, cfg in enumerate([
+        SconvConfig(block_t=16, block_c=8, num_warps=1, scan=4),
+        SconvConfig(block_t=4, block_c=16, num_warps=1, scan=8),
+        SconvConfig(block_t=32, block_c=4, num_warps=2, scan=32),
+    ]):
+        rng = random.Random(20 + i)
+        world = PagedWorld(dtype=torch.float32, seed=20 + i)
+        batch = world.make_batch(_trace(world, "mixed", rng), num_pad=3)
+        for s in (0, 2):
+            world.run(batch, s, "triton", config=cfg)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_multi_step(impl: str) -> None:
+    """Many steps of mixed chunked prefill, decode and speculative verification with
+    rejected drafts, sliding-window block freeing (freed blocks are reused, so a
+    stale read would show) and random batch order; every step is compared with the
+    full-sequence causal conv of the accepted tokens (PagedWorld.run)."""
+    rng = random.Random(1234)
+    world = PagedWorld(dtype=torch.bfloat16, block_size=4, num_blocks=48, seed=1234)
+    streams = (0, 2)
+    prompts: dict[int, int] = {}  # rid -> tokens of prompt left to prefill
+    next_rid = 0
+    for step in range(14):
+        while len(prompts) < 4 and rng.random() < 0.7:
+            world.add_request(next_rid, 0)
+            prompts[next_rid] = rng.randint(1, 14)
+            next_rid += 1
+        items: list[tuple[int, int]] = []
+        accepted: dict[int, int] = {}
+        for rid, left in prompts.items():
+            if left > 0:  # (chunked) prefill
+                n = min(left, rng.randint(1, 6))
+                prompts[rid] = left - n
+                items.append((rid, n))
+            elif rng.random() < 0.5:  # speculative verify: last token + drafts
+                n = rng.randint(2, 4)
+                items.append((rid, n))
+                accepted[rid] = rng.randint(1, n)
+            else:  # decode
+                items.append((rid, 1))
+        rng.shuffle(items)
+        batch = world.make_batch(items, num_pad=rng.randint(0, 2))
+        for s in streams:
+            world.run(batch, s, impl)
+        world.commit(batch, accepted)
+        for rid in list(prompts):
+            world.free_out_of_window(rid)
+            if prompts[rid] == 0 and world.reqs[rid].length > 20 and rng.random() < 0.3:
+                req = world.reqs.pop(rid)  # finished: its blocks go back
+                world.free.extend(b for b in req.table if b != 0)
+                del prompts[rid]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
+def test_same_step_prefix_hit(impl: str, hit_first: bool) -> None:
+    """Design brief §3: request A computes a prompt; request B, the same prompt, hits
+    A's first blocks (registered as cached when allocated) and computes the rest in
+    the same call. B's pre-forward taps name slots that A writes in this call; they
+    are NaN before it. B placed first reproduces the stale read on the interpreter
+    (programs run in order); the result must be right in both orders."""
+    from inkling_kernels.sconv import SconvConfig
+
+    dtype = torch.bfloat16
+    world = PagedWorld(dtype=dtype, block_size=4, num_blocks=40, seed=99)
+    prompt_len, hit = 22, 12
+    prompt = {s: world.randn(prompt_len, world.channels(s)).to(dtype) for s in range(len(world.streams))}
+    world.add_request(0, 0)  # A
+    a = world.reqs[0]
+    world._ensure_blocks(a, prompt_len - 1)
+    world.add_request(1, 0)  # B: prefix hit on A's first hit // N blocks
+    b = world.reqs[1]
+    b.table = list(a.table[: hit // world.N])
+    b.values = {s: prompt[s][:hit].clone() for s in prompt}
+    values = {0: prompt, 1: {s: prompt[s][hit:] for s in prompt}}
+    items = [(1, prompt_len - hit), (0, prompt_len)] if hit_first else [(0, prompt_len), (1, prompt_len - hit)]
+    batch = world.make_batch(items, num_pad=1, values=values)
+    for s in range(len(world.streams)):
+        off, width = world.streams[s]
+        for p in range(hit - (world.W - 1), hit):
+            slot = world.slot(b, p)
+            world.cache[slot // world.N, :, slot % world.N, off : off + width] = float("nan")
+        # Small tiles, so A's and B's rows sit in different programs.
+        cfg = SconvConfig(block_t=4, block_c=8, num_warps=1, scan=8)
+        world.run(batch, s, impl, config=cfg if impl == "triton" else None)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_batch(impl: str) -> None:
+    world = PagedWorld(seed=3)
+    batch = world.make_batch([], num_pad=0)
+    world.run(batch, 0, impl)
+
+
+def test_pad_only_batch() -> None:
+    world = PagedWorld(seed=4)
+    batch = world.make_batch([], num_pad=3)
+    for impl in IMPLS:
+        world.run(batch, 1, impl)
