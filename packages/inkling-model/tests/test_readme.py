@@ -1,0 +1,30 @@
+"""The README's runtime example runs, prints what it says, and computes the conv."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import torch
+
+from inkling_kernels import causal_conv_ref
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_runtime_example():
+    text = README.read_text(encoding="utf-8")
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace: dict = {"__name__": "readme_example"}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, str(README), "exec"), namespace)
+    printed = out.getvalue().strip()
+    claimed = re.search(r'print\(rt\.block_table_row\("a"\), rt\.num_free_blocks\)\s+# (.*?):', code)
+    assert claimed is not None and printed == claimed.group(1)
+    conv, x, outs = namespace["conv"], namespace["x"], namespace["outs"]
+    torch.testing.assert_close(torch.cat(outs["a"]), causal_conv_ref(x["a"], conv.weight))
+    torch.testing.assert_close(torch.cat(outs["b"]), causal_conv_ref(x["b"], conv.weight))
+    assert torch.equal(namespace["same"], x["a"])
