@@ -151,6 +151,12 @@ def fused_sconv(
     Preconditions: a request's rows are contiguous with consecutive positions; taps
     inside the window resolve through valid block-table entries.
     """
+    # Checked here too so that bad types raise TypeError/ValueError, not a
+    # dispatcher RuntimeError.
+    check_fused_sconv_args(
+        x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
+        stream_offset, stream_width, block_size, activation, residual,
+    )
     return torch.ops.inkling.fused_sconv(
         x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
         stream_offset, stream_width, block_size, activation, residual,
@@ -174,6 +180,10 @@ def sconv_seq_metadata(
             rows ``[0, num_padded_tokens)`` are written, pad rows get 0.
         num_padded_tokens: rows to fill (>= num_actual_tokens).
     """
+    check_seq_metadata_args(
+        query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
+        num_padded_tokens,
+    )
     torch.ops.inkling.sconv_seq_metadata(
         query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
         num_padded_tokens,

@@ -1,0 +1,142 @@
+"""Input validation (before any launch) and the torch custom-op registration."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from inkling_kernels import fused_sconv, fused_sconv_ref
+
+from _sconv_world import PagedWorld
+
+
+def _base() -> dict[str, Any]:
+    world = PagedWorld(dtype=torch.bfloat16, seed=0)
+    world.add_request(0, 6)
+    world.add_request(1, 0)
+    b = world.make_batch([(0, 2), (1, 3)], num_pad=1)
+    off, width = world.streams[2]
+    return dict(
+        x=b.x[2], weight=world.weights[2], cache=world.cache, positions=b.positions,
+        block_table=b.block_table, seq_idx=b.seq_idx, slot_mapping=b.slot_mapping,
+        query_start=b.query_start, stream_offset=off, stream_width=width,
+        block_size=world.N, activation=None, residual=True,
+    )
+
+
+def _call(fn: Callable[..., torch.Tensor], kw: dict[str, Any]) -> torch.Tensor:
+    kw = dict(kw)
+    act, res = kw.pop("activation"), kw.pop("residual")
+    names = ["x", "weight", "cache", "positions", "block_table", "seq_idx", "slot_mapping",
+             "query_start", "stream_offset", "stream_width", "block_size"]
+    return fn(*[kw[n] for n in names], activation=act, residual=res)
+
+
+def _transposed_d(c: torch.Tensor) -> torch.Tensor:
+    return c.transpose(2, 3).contiguous().transpose(2, 3)
+
+
+BAD: list[tuple[str, str, Callable[[dict[str, Any]], Any], type[Exception], str]] = [
+    ("x 1-D", "x", lambda k: k["x"].flatten(), ValueError, "2-D"),
+    ("x int", "x", lambda k: k["x"].to(torch.int32), TypeError, "bfloat16, float16 or float32"),
+    ("x strided", "x", lambda k: torch.cat([k["x"], k["x"]], 1)[:, ::2], ValueError, "contiguous"),
+    ("cache dtype", "cache", lambda k: k["cache"].float(), TypeError, "same dtype"),
+    ("cache 3-D", "cache", lambda k: k["cache"][0], ValueError, "4-D"),
+    ("cache D stride", "cache", lambda k: _transposed_d(k["cache"]), ValueError, "stride 1"),
+    ("block size", "cache", lambda k: k["cache"][:, :, :2], ValueError, "block dimension"),
+    ("weight channels", "weight", lambda k: k["weight"][:-1], ValueError, "channels"),
+    ("weight W=1", "weight", lambda k: k["weight"][..., :1], ValueError, ">= 2"),
+    ("weight (C,2,W)", "weight", lambda k: k["weight"].expand(-1, 2, -1), ValueError, r"\(dim, 1, W\)"),
+    ("weight fp16", "weight", lambda k: k["weight"].half(), TypeError, "float32 or x's dtype"),
+    ("weight 4-D", "weight", lambda k: k["weight"][None], ValueError, "weight must be"),
+    ("positions length", "positions", lambda k: k["positions"][:-1], ValueError, "one entry per row"),
+    ("positions int16", "positions", lambda k: k["positions"].short(), TypeError, "int32 or int64"),
+    ("slots float", "slot_mapping", lambda k: k["slot_mapping"].float(), TypeError, "int32 or int64"),
+    ("seq_idx device", "seq_idx", lambda k: k["seq_idx"].to("meta"), ValueError, "is on meta"),
+    ("query_start strided", "query_start", lambda k: torch.stack([k["query_start"]] * 2, 1)[:, 0], ValueError, "contiguous"),
+    ("block_table 1-D", "block_table", lambda k: k["block_table"][0], ValueError, "2-D"),
+    ("block_table float", "block_table", lambda k: k["block_table"].float(), TypeError, "int32 or int64"),
+]
+
+KW_BAD: list[tuple[str, str, Any, type[Exception], str]] = [
+    ("stream outside D", "stream_offset", 30, ValueError, "outside"),
+    ("stream width vs x", "stream_width", 8, ValueError, "channels but the cache has"),
+    ("offset float", "stream_offset", 1.0, TypeError, "int"),
+    ("negative width", "stream_width", 0, ValueError, ">= 1"),
+    ("activation", "activation", "gelu", ValueError, "silu"),
+    ("residual", "residual", 1, TypeError, "bool"),
+    ("block_size 0", "block_size", 0, ValueError, ">= 1"),
+]
+
+
+def _impls() -> list[Callable[..., torch.Tensor]]:
+    from inkling_kernels.sconv import fused_sconv_triton
+
+    return [fused_sconv, fused_sconv_ref, fused_sconv_triton]
+
+
+@pytest.mark.parametrize("name,key,mutate,exc,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_tensor_args(name: str, key: str, mutate: Callable[[dict[str, Any]], Any],
+                         exc: type[Exception], msg: str) -> None:
+    kw = _base()
+    cache = kw["cache"]
+    before = cache.clone()
+    kw[key] = mutate(kw)
+    for fn in _impls():
+        with pytest.raises(exc, match=msg):
+            _call(fn, kw)
+    assert torch.equal(cache, before)  # raised before anything was written
+
+
+@pytest.mark.parametrize("name,key,value,exc,msg", KW_BAD, ids=[b[0] for b in KW_BAD])
+def test_bad_scalar_args(name: str, key: str, value: Any, exc: type[Exception], msg: str) -> None:
+    kw = _base()
+    kw[key] = value
+    for fn in _impls():
+        with pytest.raises(exc, match=msg):
+            _call(fn, kw)
+
+
+def test_custom_ops_registered() -> None:
+    assert hasattr(torch.ops.inkling, "fused_sconv")
+    assert hasattr(torch.ops.inkling, "sconv_seq_metadata")
+    schema = str(torch.ops.inkling.fused_sconv.default._schema)
+    assert "Tensor(a2!) cache" in schema  # declared as mutated
+
+
+def test_fake_impl() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kw = _base()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fk = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        out = _call(fused_sconv, fk)
+        assert out.shape == kw["x"].shape and out.dtype == kw["x"].dtype
+        fk["stream_width"] = 8
+        with pytest.raises(ValueError, match="channels"):
+            _call(fused_sconv, fk)
+
+
+def test_torch_compile_and_opcheck() -> None:
+    kw = _base()
+    cache_eager = kw["cache"].clone()
+    eager = _call(fused_sconv, {**kw, "cache": cache_eager})
+
+    def fn(**k: Any) -> torch.Tensor:
+        return _call(fused_sconv, k) * 2
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    cache_c = kw["cache"].clone()
+    out = compiled(**{**kw, "cache": cache_c})
+    torch.testing.assert_close(out, eager * 2)
+    assert torch.equal(cache_c, cache_eager)  # the mutation survives compilation
+
+    args = tuple(kw[n] for n in ["x", "weight", "cache", "positions", "block_table", "seq_idx",
+                                 "slot_mapping", "query_start", "stream_offset", "stream_width",
+                                 "block_size", "activation", "residual"])
+    torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
+    qsl = torch.tensor([0, 2, 5], dtype=torch.int32)
+    bufs = (torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
+    torch.library.opcheck(torch.ops.inkling.sconv_seq_metadata.default, (qsl, 2, 5, bufs[0], bufs[1], 7))
