@@ -1,0 +1,227 @@
+"""The ATTN/MLP short conv fused with the layer's residual add and the next RMSNorm.
+
+In an Inkling decoder layer each sublayer output ``d`` (attention after ``o_proj``,
+the MLP/MoE output) is convolved, added to the residual stream, and the result is
+normalised by the next RMSNorm (``post_attention_layernorm`` after attention; the
+next layer's ``input_layernorm``, or the model's final norm, after the MLP)::
+
+    new_hidden = hidden + (d + conv(d))
+    normed     = rmsnorm(new_hidden) * norm_weight
+
+:class:`InklingShortConvAddRMSNorm` does the three in one pass through
+``inkling_kernels.fused_sconv_add_rmsnorm``, reaching the cache and the metadata the
+way :class:`~inkling_model.InklingShortConv` does: a custom op
+(``torch.ops.inkling_model.paged_short_conv_add_rmsnorm``) looks the owner (by name)
+and the current metadata (through the provider) up when it *runs*, so a graph traced
+on an engine's profiling pass still convolves later. With no metadata or no bound
+cache the conv is the identity and the op returns ``(hidden + d, rmsnorm(hidden + d))``.
+
+Tensor parallelism: RMSNorm needs the whole hidden row, and with tp > 1 the layout
+convolves the ATTN/MLP streams on the rank's ``hidden/tp`` shard (before the
+all-gather). The fused layer therefore requires a layout whose stream covers the
+whole hidden row (``tp_size == 1``); at tp > 1 use ``InklingShortConv`` on the shard,
+all-gather, then the norm.
+"""
+
+# No ``from __future__ import annotations``: torch.library infers the op schema
+# from the real annotation objects.
+import math
+from typing import Union
+
+import torch
+from torch import nn
+
+from inkling_cache import Stream
+from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_rmsnorm, rms_norm_ref
+
+from .sconv import InklingShortConv
+from .state import ConvStateOwner, current_metadata, get_owner
+
+__all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add_rmsnorm"]
+
+
+@torch.library.custom_op("inkling_model::paged_short_conv_add_rmsnorm", mutates_args=())
+def paged_short_conv_add_rmsnorm(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    norm_weight: torch.Tensor,
+    positions: torch.Tensor,
+    owner_name: str,
+    stream: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hidden + d + conv(d), rmsnorm(that))`` for owner ``owner_name``'s ``stream``.
+
+    Writes ``d`` into the owner's cache. With no metadata for this owner or no bound
+    cache the conv is the identity: ``(hidden + d, rmsnorm(hidden + d))`` (new
+    tensors; a custom op may not return its inputs).
+    """
+    owner = get_owner(owner_name)
+    meta = current_metadata(owner_name)
+    if meta is None or not owner.is_bound:
+        new_hidden = hidden + d
+        return new_hidden, rms_norm_ref(new_hidden, norm_weight, eps)
+    cache = owner.cache
+    num_tokens = d.shape[0]
+    if meta.num_tokens != num_tokens:
+        raise ValueError(
+            f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but d has "
+            f"{num_tokens} rows; pad the batch to the metadata's padded token count"
+        )
+    if cache.dtype != d.dtype:
+        raise TypeError(
+            f"layer {owner_name!r}: d is {d.dtype} but the bound cache is {cache.dtype}; "
+            "bind a cache of the activation dtype"
+        )
+    if cache.device != d.device:
+        raise ValueError(f"layer {owner_name!r}: d is on {d.device}, the cache on {cache.device}")
+    offset, width = owner.stream_range(stream)
+    return fused_sconv_add_rmsnorm(
+        hidden.contiguous(),
+        d.contiguous(),
+        weight,
+        cache,
+        positions,
+        meta.block_table,
+        meta.seq_idx,
+        meta.slot_mapping,
+        meta.query_start,
+        offset,
+        width,
+        owner.block_size,
+        norm_weight,
+        eps,
+    )
+
+
+@paged_short_conv_add_rmsnorm.register_fake
+def _paged_short_conv_add_rmsnorm_fake(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    norm_weight: torch.Tensor,
+    positions: torch.Tensor,
+    owner_name: str,
+    stream: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    like = dict(memory_format=torch.contiguous_format)
+    return torch.empty_like(d, **like), torch.empty_like(d, **like)
+
+
+class InklingShortConvAddRMSNorm(nn.Module):
+    """ATTN or MLP short conv + the outer residual add + the following RMSNorm.
+
+    Args:
+        dim: the hidden size; must be the stream's channels on this rank, i.e. the
+            whole hidden row (``tp_size == 1``).
+        kernel_size: W (must match the owner's layout).
+        owner: the layer's :class:`~inkling_model.ConvStateOwner`.
+        stream: ``Stream.ATTN`` or ``Stream.MLP``.
+        eps: the norm's epsilon (transformers' ``rms_norm_eps``).
+        dtype: conv weight dtype (fp32, as transformers keeps it).
+        norm_dtype: norm weight dtype (fp32 by default; a bf16 checkpoint weight
+            loads exactly).
+
+    Parameters: ``conv.weight`` ``(dim, 1, W)`` (an :class:`InklingShortConv`, whose
+    ``load_weight`` loads transformers' ``attn_sconv.conv1d.weight`` /
+    ``mlp_sconv.conv1d.weight``) and ``norm_weight`` ``(dim,)`` (transformers'
+    ``post_attention_layernorm.weight``, or the next layer's ``input_layernorm.weight``).
+    The norm is applied as ``InklingRMSNorm`` does: ``w * dt(x * rsqrt(mean(x^2) + eps))``
+    (no ``1 + w`` offset), its output in the activation dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: int,
+        owner: ConvStateOwner,
+        stream: Union[Stream, int],
+        *,
+        eps: float = 1e-6,
+        dtype: torch.dtype = torch.float32,
+        norm_dtype: torch.dtype = torch.float32,
+        device: Union[torch.device, str, None] = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(owner, ConvStateOwner):
+            raise TypeError(f"owner must be a ConvStateOwner, got {type(owner).__name__}")
+        try:
+            stream = Stream(stream)
+        except ValueError:
+            raise ValueError(f"stream must be one of {[s.name for s in Stream]}, got {stream!r}") from None
+        if stream not in (Stream.ATTN, Stream.MLP):
+            raise ValueError(
+                f"the fused conv + residual + RMSNorm serves the ATTN and MLP streams, got "
+                f"{stream.name}: use InklingShortConv for K and V"
+            )
+        layout = owner.layout
+        if layout.tp_size != 1 or owner.stream_dim(stream) != layout.hidden_size:
+            raise ValueError(
+                f"layer {owner.name!r} has tp_size {layout.tp_size}: its {stream.name} conv runs "
+                f"on a {owner.stream_dim(stream)}-channel shard of the {layout.hidden_size}-wide "
+                "hidden row, but RMSNorm needs the whole row. Use InklingShortConv on the shard, "
+                "all-gather, then the norm (the fused layer needs tp_size 1)"
+            )
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+        # Validates dim and kernel_size against the layout, and owns the conv weight.
+        self.conv = InklingShortConv(dim, kernel_size, owner, stream, dtype=dtype, device=device)
+        self.norm_weight = nn.Parameter(
+            torch.ones(dim, dtype=norm_dtype, device=device), requires_grad=False
+        )
+        self.eps = float(eps)
+
+    @property
+    def dim(self) -> int:
+        return self.conv.dim
+
+    @property
+    def owner(self) -> ConvStateOwner:
+        return self.conv.owner
+
+    @property
+    def stream(self) -> Stream:
+        return self.conv.stream
+
+    def load_weight(self, weight: torch.Tensor, tp_rank: int = 0, tp_size: int = 1) -> None:
+        """Load the conv weight (``(dim, 1, W)`` or ``(dim, W)``); see
+        :meth:`InklingShortConv.load_weight`."""
+        self.conv.load_weight(weight, tp_rank, tp_size)
+
+    @torch.no_grad()
+    def load_norm_weight(self, weight: torch.Tensor) -> None:
+        """Load the following RMSNorm's weight ``(dim,)`` (any float dtype)."""
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"norm weight must be a torch.Tensor, got {type(weight).__name__}")
+        if tuple(weight.shape) != (self.dim,):
+            raise ValueError(f"norm weight must have shape ({self.dim},), got {tuple(weight.shape)}")
+        if not weight.is_floating_point():
+            raise TypeError(f"norm weight must be a float tensor, got {weight.dtype}")
+        self.norm_weight.copy_(weight)
+
+    def forward(
+        self, hidden: torch.Tensor, d: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden``, ``d``: ``[T, dim]`` (flat tokens, pad rows included, one dtype);
+        ``positions [T]`` -> ``(new_hidden, normed)``, both ``[T, dim]`` in d's dtype."""
+        if d.dim() != 2 or d.shape[1] != self.dim:
+            raise ValueError(f"d must be [num_tokens, {self.dim}], got {tuple(d.shape)}")
+        if hidden.shape != d.shape:
+            raise ValueError(f"hidden must have d's shape {tuple(d.shape)}, got {tuple(hidden.shape)}")
+        if hidden.dtype != d.dtype:
+            raise TypeError(f"hidden is {hidden.dtype} but d is {d.dtype}: pass one activation dtype")
+        if positions.dim() != 1 or positions.shape[0] != d.shape[0]:
+            raise ValueError(
+                f"positions must be [num_tokens] = [{d.shape[0]}], got {tuple(positions.shape)}"
+            )
+        if positions.dtype != torch.int64:
+            positions = positions.to(torch.int64)
+        return paged_short_conv_add_rmsnorm(
+            hidden, d, self.conv.weight, self.norm_weight, positions,
+            self.owner.name, int(self.stream), self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, stream={self.stream.name}, eps={self.eps}, owner={self.owner.name!r}"
