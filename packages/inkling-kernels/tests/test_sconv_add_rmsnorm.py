@@ -4,10 +4,8 @@ random scheduling traces; the cache is written exactly where it must be."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module loads
-
+# conftest.py sets TRITON_INTERPRET=1 (before any kernel module loads) where there is
+# no GPU; with one, the kernel runs compiled on CUDA copies of the inputs.
 import random
 from dataclasses import dataclass
 
@@ -168,9 +166,21 @@ def run_unfused(tr: Trace, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return new_hidden, rms_norm_ref(new_hidden, tr.norm_weight, EPS)
 
 
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def run_kernel(tr: Trace, cache: torch.Tensor, config: NormConfig | None):
-    poison = (torch.full_like(tr.d, float("nan")), torch.full_like(tr.d, float("nan")))
-    return sconv_add_rmsnorm_triton(*tr.args(cache), config=config, outputs=poison)
+    """The Triton kernel on KERNEL_DEVICE, NaN-poisoned outputs; ``cache`` is updated."""
+    dev = KERNEL_DEVICE
+    args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in tr.args(cache)]
+    if dev.type != "cpu":
+        args[3] = torch.empty_strided(cache.shape, cache.stride(), dtype=cache.dtype, device=dev)
+        args[3].copy_(cache)
+    poison = (torch.full_like(args[1], float("nan")), torch.full_like(args[1], float("nan")))
+    out = sconv_add_rmsnorm_triton(*args, config=config, outputs=poison)
+    if dev.type != "cpu":
+        cache.copy_(args[3])
+    return tuple(o.cpu() for o in out)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
@@ -298,7 +308,7 @@ def test_empty_batch() -> None:
     for name in ("positions", "seq_idx", "slot_mapping", "query_start"):
         setattr(tr, name, getattr(tr, name)[:0])
     cache = clone_cache(tr.cache)
-    for out in (sconv_add_rmsnorm_triton(*tr.args(cache)), fused_sconv_add_rmsnorm(*tr.args(cache))):
+    for out in (run_kernel(tr, cache, None), fused_sconv_add_rmsnorm(*tr.args(cache))):
         assert out[0].shape == (0, tr.d.shape[1]) and out[1].shape == (0, tr.d.shape[1])
     assert torch.equal(cache, tr.cache)
 
