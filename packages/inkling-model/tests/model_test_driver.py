@@ -106,12 +106,14 @@ def run_schedule(
                 rejected = n - accepted
                 if rejected:
                     # Rejected drafts: inputs the true sequence never has.
-                    garbage = torch.randn(rejected, true.shape[1], generator=gen).to(true.dtype) * 3
+                    garbage = torch.randn(rejected, true.shape[1], generator=gen).to(true.device, true.dtype) * 3
                     true = torch.cat([true, garbage])
                 parts.append(true)
             if pad_rows:
                 parts.append(
-                    torch.randn(pad_rows, feed.inputs[0].shape[1], generator=gen).to(feed.inputs[0].dtype)
+                    torch.randn(pad_rows, feed.inputs[0].shape[1], generator=gen).to(
+                        feed.inputs[0].device, feed.inputs[0].dtype
+                    )
                 )
             x = torch.cat(parts)
             with forward_metadata(step.metadata):

@@ -75,6 +75,8 @@ class SconvMetadataBuilder:
         self.slot_mapping_buffer = torch.full(
             (max_num_tokens,), -1, dtype=torch.int64, device=self.device
         )
+        # "cuda" and "cuda:0" compare unequal: keep the resolved device.
+        self.device = self.seq_idx_buffer.device
 
     def build(
         self,

@@ -359,7 +359,7 @@ class PagedConvRuntime:
         metadata = self.builder.build(
             query_start_loc_t,
             self.slot_mapping_buffer[:num_padded],
-            self.block_table_buffer[:num_reqs],
+            self.block_table_buffer,  # whole buffer: a fixed shape and address to capture
             num_reqs,
             num_tokens,
             num_padded,
