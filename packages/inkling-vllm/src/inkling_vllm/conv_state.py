@@ -1,0 +1,236 @@
+"""The conv state of one decoder layer as a vLLM sliding-window KV cache.
+
+vLLM only needs to see an attention-like layer that asks for pages: each decoder
+layer gets one :class:`InklingConvStateLayer` (an ``AttentionLayerBase``) that
+emits a ``SlidingWindowSpec`` (heads ``H`` per rank, head size = the packed ``D``
+of the ``inkling_cache`` layout, ``head_size_v = 0``, block size = window = ``W``)
+and is registered in ``compilation_config.static_forward_context`` under its
+prefix. Its backend (``INKLING_SCONV_SWA``) computes nothing; its metadata builder
+maps vLLM's ``CommonAttentionMetadata`` onto ``inkling_model.SconvMetadata``.
+
+Everything else (layout math, metadata math, the op) lives below, in
+``inkling_cache``, ``inkling_model`` and ``inkling_kernels``. The layer wraps an
+``inkling_model.ConvStateOwner`` (named by the prefix) that the model's
+``InklingShortConv`` modules read through; :func:`install_metadata_provider`
+makes the owners see ``get_forward_context().attn_metadata[prefix]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.forward_context import get_forward_context, is_forward_context_available
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+)
+from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
+
+from inkling_cache import ConvStateLayout
+from inkling_model.metadata import SconvMetadata, SconvMetadataBuilder
+from inkling_model.state import ConvStateOwner, get_metadata_provider, set_metadata_provider
+
+from .compat import check_vllm_version
+
+__all__ = [
+    "BACKEND_NAME",
+    "SUPPORTED_DTYPES",
+    "InklingConvStateLayer",
+    "InklingSconvBackend",
+    "InklingSconvMetadataBuilder",
+    "install_metadata_provider",
+    "vllm_metadata_provider",
+]
+
+BACKEND_NAME = "INKLING_SCONV_SWA"
+#: Activation / cache dtypes the conv state supports (the kernels' dtypes).
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # type: ignore[misc]
+    """Per-step metadata of one conv-state KV-cache group.
+
+    The seq_idx/query_start buffers are allocated once (for the most tokens one
+    forward may hold) so their addresses survive across steps (CUDA-graph replay).
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        layer_names: list[str],
+        vllm_config: VllmConfig,
+        device: torch.device,
+    ) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        if not isinstance(kv_cache_spec, SlidingWindowSpec):
+            raise TypeError(
+                f"the {BACKEND_NAME} backend serves SlidingWindowSpec groups, got "
+                f"{type(kv_cache_spec).__name__} for layers {layer_names}"
+            )
+        self._builder = SconvMetadataBuilder(_max_forward_tokens(vllm_config), device)
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> SconvMetadata:
+        cm = common_attn_metadata
+        num_reqs = int(cm.num_reqs)
+        num_actual = int(cm.query_start_loc_cpu[num_reqs])
+        # Rows of the forward (pad rows included): vLLM sizes slot_mapping (and
+        # num_actual_tokens, despite its name) to the padded batch.
+        num_padded = max(int(cm.num_actual_tokens), int(cm.slot_mapping.shape[0]), num_actual)
+        return self._builder.build(
+            cm.query_start_loc,
+            cm.slot_mapping,
+            cm.block_table_tensor,
+            num_reqs,
+            num_actual,
+            num_padded,
+        )
+
+
+def _max_forward_tokens(vllm_config: VllmConfig) -> int:
+    most = int(vllm_config.scheduler_config.max_num_batched_tokens)
+    sizes = getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or []
+    return max([most, *[int(s) for s in sizes]])
+
+
+class InklingSconvBackend(AttentionBackend):  # type: ignore[misc]
+    """No-op backend: it only gives vLLM a metadata builder for the conv groups.
+    The convolution runs inside the model through ``inkling_model``."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = list(SUPPORTED_DTYPES)
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> Any:
+        raise NotImplementedError(
+            f"{BACKEND_NAME} has no attention implementation: the short convolution "
+            "runs out of band through inkling_model"
+        )
+
+    @staticmethod
+    def get_builder_cls() -> type[InklingSconvMetadataBuilder]:
+        return InklingSconvMetadataBuilder
+
+
+def vllm_metadata_provider(owner_name: str) -> SconvMetadata | None:
+    """``inkling_model`` metadata provider backed by vLLM's forward context.
+
+    ``None`` (identity conv) when there is no forward context, when
+    ``attn_metadata`` is not a dict (profiling / warm-up passes) or holds nothing
+    for this layer.
+    """
+    if not is_forward_context_available():
+        return None
+    attn_metadata = get_forward_context().attn_metadata
+    if not isinstance(attn_metadata, dict):
+        return None
+    meta = attn_metadata.get(owner_name)
+    return meta if isinstance(meta, SconvMetadata) else None
+
+
+def install_metadata_provider() -> None:
+    """Make :func:`vllm_metadata_provider` the process-wide provider (idempotent)."""
+    if get_metadata_provider() is not vllm_metadata_provider:
+        set_metadata_provider(vllm_metadata_provider)
+
+
+class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc]
+    """One decoder layer's conv state, seen by vLLM as a sliding-window layer.
+
+    Args:
+        num_kv_heads: the layer's total KV heads (global or sliding).
+        head_dim: the layer's head dim.
+        hidden_size: model hidden size.
+        kernel_size: the conv kernel ``W``.
+        prefix: the layer name in vLLM's forward context (and the owner's name).
+        padding: how ``D`` is padded (``inkling_cache`` padding spec; vLLM's seed
+            uses ``"pow2"``).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_kv_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        kernel_size: int,
+        prefix: str,
+        padding: str = "pow2",
+    ) -> None:
+        super().__init__()
+        check_vllm_version()
+        vllm_config = get_current_vllm_config()
+        tp_size = get_tensor_model_parallel_world_size()
+        if tp_size > num_kv_heads or num_kv_heads % tp_size:
+            raise ValueError(
+                f"{prefix}: tensor_parallel_size {tp_size} does not split {num_kv_heads} KV "
+                "heads into whole heads per rank; the Inkling conv state needs "
+                f"tensor_parallel_size <= {num_kv_heads} and dividing it"
+            )
+        dtype = vllm_config.model_config.dtype
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"{prefix}: model dtype {dtype} is not supported by the Inkling conv "
+                "state; use dtype='float32', 'bfloat16' or 'float16'"
+            )
+        self.layout = ConvStateLayout.build(
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            hidden_size=hidden_size,
+            kernel_size=kernel_size,
+            tp_size=tp_size,
+            padding=padding,
+        )
+        self.prefix = prefix
+        self.dtype = dtype
+        # replace=True: a new engine in the same process re-uses the layer names.
+        self.owner = ConvStateOwner(self.layout, prefix, replace=True)
+        self.kv_cache = torch.tensor([])
+        install_metadata_provider()
+        context = vllm_config.compilation_config.static_forward_context
+        if prefix in context:
+            raise ValueError(f"duplicate layer name in vLLM's forward context: {prefix}")
+        context[prefix] = self
+
+    def forward(self) -> None:  # vLLM never calls it; nn.Module wants one
+        return None
+
+    def get_attn_backend(self) -> type[AttentionBackend]:
+        return InklingSconvBackend
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
+        return SlidingWindowSpec(
+            block_size=self.layout.kernel_size,
+            num_kv_heads=self.layout.num_heads,
+            head_size=self.layout.head_size,
+            head_size_v=0,  # all four streams are packed into head_size
+            dtype=self.dtype,
+            sliding_window=self.layout.kernel_size,
+        )
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Bind the engine's ``[num_blocks, H, N, D]`` view (N is the runtime
+        block size, possibly enlarged; the block stride may be padded)."""
+        self.kv_cache = kv_cache
+        self.owner.bind_cache(kv_cache)
+
+    @property
+    def block_size(self) -> int:
+        """The runtime block size (``shape[2]`` of the bound cache)."""
+        return self.owner.block_size

@@ -1,0 +1,36 @@
+"""What vLLM actually bound to each layer's conv state (for tests and debugging).
+
+Use through ``LLM.apply_model(describe_conv_state)`` (a module-level function, so
+vLLM can send it to its workers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["describe_conv_state"]
+
+
+def describe_conv_state(model: Any) -> dict[str, Any]:
+    """Per decoder layer: the bound cache's shape, strides, contiguity and dtype,
+    the runtime block size against the kernel size, the packed head size, and the
+    attention layer's sliding window."""
+    layers = []
+    for layer in model.model.layers:
+        state = layer.conv_state
+        cache = state.kv_cache
+        layers.append(
+            {
+                "name": state.prefix,
+                "shape": list(cache.shape),
+                "stride": list(cache.stride()),
+                "contiguous": bool(cache.is_contiguous()),
+                "dtype": str(cache.dtype).replace("torch.", ""),
+                "block_size": int(state.block_size),
+                "kernel_size": int(state.layout.kernel_size),
+                "head_size": int(state.layout.head_size),
+                "raw_head_size": int(state.layout.raw_head_size),
+                "attn_sliding_window": layer.self_attn.attn.sliding_window,
+            }
+        )
+    return {"layers": layers}

@@ -1,0 +1,186 @@
+"""Serve the tiny Inkling through vLLM (with the inkling-vllm plugin) and record
+what each scenario produced, as JSON, for the pytest side to compare with
+transformers.
+
+    python run_scenarios.py ENGINE CHECKPOINT OUT.json
+
+ENGINE picks the engine settings and the scenarios run on it (see ENGINES). One
+engine per process: vLLM spawns workers, so this file is spawn-safe (work under
+``__main__`` only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model
+
+WINDOW = 4  # conv kernel of the tiny model
+
+
+def prompts(seed: int, lengths: list[int], vocab: int = 259) -> list[list[int]]:
+    """Random token-id prompts (ids 3..vocab-1: bytes, no specials)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def _tokens(outputs: Any) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def _metric(llm: Any, name: str) -> float:
+    total = 0.0
+    for m in llm.get_metrics():
+        if m.name == name and hasattr(m, "value"):
+            total += float(m.value)
+    return total
+
+
+def greedy(max_tokens: int) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def _run(llm: Any, token_prompts: list[list[int]], params: Any) -> Any:
+    return llm.generate([{"prompt_token_ids": p} for p in token_prompts], params, use_tqdm=False)
+
+
+# --- scenarios ---------------------------------------------------------------------
+def sc_concurrent(llm: Any) -> dict[str, Any]:
+    # many prompts of different lengths (1 token to past the sliding window and
+    # several conv blocks) in one batch
+    lengths = [1, 2, 3, 4, 5, 7, 13, 24, 25, 31, 64, 65, 100, 129, 200, 257]
+    ps = prompts(1, lengths)
+    out = _run(llm, ps, greedy(12))
+    return {"prompts": ps, "tokens": _tokens(out)}
+
+
+def sc_logprobs(llm: Any) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    ps = prompts(2, [150, 37])
+    out = llm.generate(
+        [{"prompt_token_ids": p} for p in ps],
+        SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1),
+        use_tqdm=False,
+    )
+    lps = []
+    for p, o in zip(ps, out):
+        row = []
+        for i, entry in enumerate(o.prompt_logprobs[1:], start=1):
+            row.append(float(entry[p[i]].logprob))
+        lps.append(row)
+    return {"prompts": ps, "logprobs": lps}
+
+
+def _prefix_prompts() -> list[list[int]]:
+    shared = prompts(3, [300])[0]
+    tails = prompts(4, [1, 5, 17, 40])
+    return [shared + t for t in tails]
+
+
+def sc_prefix(llm: Any) -> dict[str, Any]:
+    ps = _prefix_prompts()
+    hits0 = _metric(llm, "vllm:prefix_cache_hits")
+    first = _run(llm, ps[:1], greedy(10))  # fills the cache
+    rest = _run(llm, ps[1:], greedy(10))  # served from it
+    hits = _metric(llm, "vllm:prefix_cache_hits") - hits0
+    return {
+        "prompts": ps,
+        "tokens": _tokens(first) + _tokens(rest),
+        "num_cached_tokens": [o.num_cached_tokens for o in list(first) + list(rest)],
+        "prefix_cache_hits": hits,
+    }
+
+
+def sc_prefix_uncached(llm: Any) -> dict[str, Any]:
+    ps = _prefix_prompts()
+    out = _run(llm, ps, greedy(10))
+    return {"prompts": ps, "tokens": _tokens(out), "num_cached_tokens": [o.num_cached_tokens for o in out]}
+
+
+def sc_same_step(llm: Any) -> dict[str, Any]:
+    # One fresh prompt twice in one call: both are admitted in the same step and
+    # the second hits the blocks the first computes in that step.
+    p = prompts(5, [333])[0]
+    out = _run(llm, [p, p], greedy(10))
+    return {"prompts": [p, p], "tokens": _tokens(out), "num_cached_tokens": [o.num_cached_tokens for o in out]}
+
+
+def sc_chunked(llm: Any) -> dict[str, Any]:
+    lengths = [150, 77, 203, 9]
+    ps = prompts(6, lengths)
+    out = _run(llm, ps, greedy(12))
+    return {"prompts": ps, "tokens": _tokens(out)}
+
+
+def sc_preemption(llm: Any) -> dict[str, Any]:
+    ps = prompts(7, [180, 220, 160, 240, 200, 190, 170, 230])
+    pre0 = _metric(llm, "vllm:num_preemptions")
+    out = _run(llm, ps, greedy(40))
+    return {"prompts": ps, "tokens": _tokens(out), "preemptions": _metric(llm, "vllm:num_preemptions") - pre0}
+
+
+def sc_inspect(llm: Any) -> dict[str, Any]:
+    from inkling_vllm.diagnostics import describe_conv_state
+
+    return llm.apply_model(describe_conv_state)[0]
+
+
+COMMON = dict(dtype="float32", max_model_len=512, seed=0, disable_log_stats=False)
+
+ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    # vLLM defaults: torch.compile, prefix caching and chunked prefill on
+    "compiled": (dict(), ["inspect", "concurrent", "logprobs", "prefix", "same_step"]),
+    # eager, no prefix caching, a token budget that ends chunks inside a block
+    # and inside the conv window (37 is not a multiple of W = 4)
+    "eager_chunked": (
+        dict(enforce_eager=True, enable_prefix_caching=False, max_num_batched_tokens=37, max_num_seqs=4),
+        ["inspect", "chunked", "prefix_uncached", "concurrent"],
+    ),
+    # strided (padded) conv pages, a user block size, and a KV cache so small
+    # that requests get preempted and recomputed
+    "small_padded": (
+        dict(enforce_eager=True, block_size=32, num_gpu_blocks_override=24, max_num_seqs=8),
+        ["inspect", "preemption", "concurrent"],
+    ),
+}
+
+SCENARIOS = {
+    "concurrent": sc_concurrent,
+    "logprobs": sc_logprobs,
+    "prefix": sc_prefix,
+    "prefix_uncached": sc_prefix_uncached,
+    "same_step": sc_same_step,
+    "chunked": sc_chunked,
+    "preemption": sc_preemption,
+    "inspect": sc_inspect,
+}
+
+
+def main(argv: list[str]) -> int:
+    engine, checkpoint, out_path = argv[1], argv[2], argv[3]
+    from vllm import LLM
+
+    settings, names = ENGINES[engine]
+    started = time.time()
+    llm = LLM(model=checkpoint, **COMMON, **settings)
+    results: dict[str, Any] = {"engine_start_s": time.time() - started}
+    for name in names:
+        t = time.time()
+        results[name] = SCENARIOS[name](llm)
+        results[name]["seconds"] = time.time() - t
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
