@@ -29,7 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from inkling_cache import ConvStateLayout, Stream  # noqa: E402
 from inkling_kernels import causal_conv_ref  # noqa: E402
-from inkling_model import ConvStateOwner, InklingShortConv, PagedConvRuntime, forward_metadata  # noqa: E402
+from inkling_model import (  # noqa: E402
+    ConvStateOwner,
+    InklingShortConv,
+    PagedConvRuntime,
+    ScheduledChunk,
+    forward_metadata,
+)
 from model_test_driver import Feed, run_schedule  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -62,6 +68,42 @@ def check_schedules() -> None:
                 f"({stats.rejected} rejected), {stats.preemptions} preemptions, "
                 f"{stats.padded_steps} padded steps ({time.perf_counter() - t0:.1f} s)"
             )
+
+
+def check_same_step_prefix_hit() -> None:
+    """B starts on a shared prefix whose last block A computes in the same launch
+    (design brief §3), in both batch orders, repeated: every launch must be right."""
+    dtype = torch.bfloat16
+    lay = layout()
+    for block_size in (4, 16):
+        for b_first in (True, False):
+            owner = ConvStateOwner(lay, f"hit.{block_size}.{b_first}")
+            conv = InklingShortConv(lay.stream_dim(Stream.ATTN), 4, owner, Stream.ATTN, device=DEV)
+            torch.nn.init.normal_(conv.weight, std=0.5)
+            bad = 0
+            for trial in range(50):
+                rt = PagedConvRuntime(512, block_size, 4, max_num_tokens=2048, max_blocks_per_req=256, device=DEV)
+                rt.allocate_caches([owner], dtype, fill=float("nan"))
+                prefix = 32 * block_size
+                a = torch.randn(64 * block_size, conv.dim, device=DEV).to(dtype)
+                b = torch.cat([a[:prefix], torch.randn(9, conv.dim, device=DEV).to(dtype)])
+                step0 = rt.step([("A", 0, 1)])
+                with forward_metadata(step0.metadata):
+                    conv(a[:1], step0.positions)
+                hit = ScheduledChunk("B", prefix, 9, prefix_from="A")
+                a_chunk = ("A", 1, len(a) - 1)
+                chunks = [hit, a_chunk] if b_first else [a_chunk, hit]
+                step = rt.step(chunks)
+                parts = {"A": a[1:], "B": b[prefix:]}
+                x = torch.cat([parts["B"], parts["A"]] if b_first else [parts["A"], parts["B"]])
+                with forward_metadata(step.metadata):
+                    y = conv(x, step.positions)
+                want = causal_conv_ref(b, conv.weight)[prefix:]
+                if not torch.allclose(y[step.token_slices["B"]], want, **TOL[dtype]):
+                    bad += 1
+            if bad:
+                raise AssertionError(f"same-step prefix hit: {bad}/50 launches wrong (N={block_size}, b_first={b_first})")
+            print(f"same-step prefix hit ok: N={block_size} {'B first' if b_first else 'A first'}: 50/50 launches")
 
 
 def check_cuda_graph() -> None:
@@ -156,6 +198,7 @@ def check_compile() -> None:
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     check_schedules()
+    check_same_step_prefix_hit()
     check_cuda_graph()
     check_compile()
     print("all CUDA checks passed")

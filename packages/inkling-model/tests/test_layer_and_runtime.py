@@ -16,6 +16,7 @@ from inkling_model import (
     InklingShortConv,
     OutOfBlocksError,
     PagedConvRuntime,
+    ScheduledChunk,
     forward_metadata,
 )
 from model_test_driver import Feed, run_schedule
@@ -228,3 +229,68 @@ def test_many_requests_long_schedule_against_full_sequence(unique_name):
     for feed, per_seq in zip(feeds, outs):
         for x, y in zip(feed.inputs, per_seq):
             torch.testing.assert_close(y, causal_conv_ref(x, feed.conv.weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_prefix_hit_on_blocks_computed_in_the_same_step(b_first, block_size, unique_name):
+    """Design brief §3: B starts on a prefix whose last blocks A computes in the same
+    step; B's pre-forward taps name slots written in this very launch."""
+    torch.manual_seed(block_size)
+    owner = ConvStateOwner(make_layout(), unique_name())
+    conv = InklingShortConv(32, 4, owner, Stream.ATTN)
+    torch.nn.init.normal_(conv.weight)
+    runtime = PagedConvRuntime(32, block_size, 4, max_num_tokens=64, max_blocks_per_req=16)
+    runtime.allocate_caches([owner], torch.float32, fill=float("nan"))
+    prefix = 2 * block_size
+    a = torch.randn(3 * block_size + 5, 32)
+    b = torch.cat([a[:prefix], torch.randn(7, 32)])  # same prompt prefix, own continuation
+
+    outs = {"A": [], "B": []}
+
+    def run(chunks):
+        step = runtime.step(chunks)
+        triples = [(c.req_id, c.start, c.num_tokens) if isinstance(c, ScheduledChunk) else c for c in chunks]
+        x = torch.cat([(a if r == "A" else b)[s : s + n] for r, s, n in triples])
+        with forward_metadata(step.metadata):
+            y = conv(x, step.positions)
+        for r, _, _ in triples:
+            outs[r].append(y[step.token_slices[r]])
+
+    run([("A", 0, 3)])
+    hit = ScheduledChunk("B", prefix, 4, prefix_from="A")
+    a_chunk = ("A", 3, len(a) - 3 - 2)
+    run([hit, a_chunk] if b_first else [a_chunk, hit])
+    table_a, table_b = runtime.block_table_row("A"), runtime.block_table_row("B")
+    shared = table_b[runtime_first_live(prefix, block_size) : prefix // block_size]
+    assert shared and shared == table_a[runtime_first_live(prefix, block_size) : prefix // block_size]
+    assert all(runtime.allocator.ref_count(blk) == 2 for blk in shared)
+    run([("B", prefix + 4, 3), ("A", len(a) - 2, 2)])
+    torch.testing.assert_close(torch.cat(outs["A"]), causal_conv_ref(a, conv.weight))
+    torch.testing.assert_close(torch.cat(outs["B"]), causal_conv_ref(b, conv.weight)[prefix:])
+    # Each holder drops its own references; B's blocks outlive A.
+    runtime.finish("A")
+    assert runtime.num_free_blocks == 31 - len(runtime.live_blocks("B"))
+    runtime.finish("B")
+    assert runtime.num_free_blocks == 31
+
+
+def runtime_first_live(start: int, block_size: int) -> int:
+    return max(0, start - 3) // block_size
+
+
+def test_prefix_hit_errors():
+    runtime = PagedConvRuntime(16, 4, 4, max_num_tokens=64)
+    runtime.step([("A", 0, 16)])
+    with pytest.raises(ValueError, match="block boundary"):
+        runtime.step([ScheduledChunk("B", 6, 1, prefix_from="A")])
+    with pytest.raises(ValueError, match="holds positions up to 16"):
+        runtime.step([ScheduledChunk("B", 20, 1, prefix_from="A")])
+    with pytest.raises(ValueError, match="unknown prefix source"):
+        runtime.step([ScheduledChunk("B", 4, 1, prefix_from="Z")])
+    with pytest.raises(ValueError, match="already exists"):
+        runtime.step([ScheduledChunk("A", 4, 1, prefix_from="A")])
+    with pytest.raises(ValueError, match="already freed"):
+        runtime.step([("A", 16, 1), ScheduledChunk("B", 8, 1, prefix_from="A")])
+    runtime.step([ScheduledChunk("B", 16, 2, prefix_from="A")])
+    assert runtime.block_table_row("B")[3] == runtime.block_table_row("A")[3]

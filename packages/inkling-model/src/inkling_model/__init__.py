@@ -2,6 +2,7 @@
 conv-state cache, framework-neutral metadata, tensor-parallel weight loading and a
 standalone paged runtime. Never imports vllm."""
 
+from .fused_norm import InklingShortConvAddRMSNorm, paged_short_conv_add_rmsnorm
 from .metadata import SconvMetadata, SconvMetadataBuilder
 from .runtime import BlockAllocator, OutOfBlocksError, PagedConvRuntime, RuntimeStep, ScheduledChunk
 from .sconv import InklingShortConv, paged_short_conv
@@ -21,6 +22,7 @@ __all__ = [
     "BlockAllocator",
     "ConvStateOwner",
     "InklingShortConv",
+    "InklingShortConvAddRMSNorm",
     "MetadataProvider",
     "OutOfBlocksError",
     "PagedConvRuntime",
@@ -33,5 +35,6 @@ __all__ = [
     "get_metadata_provider",
     "get_owner",
     "paged_short_conv",
+    "paged_short_conv_add_rmsnorm",
     "set_metadata_provider",
 ]

@@ -48,10 +48,11 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockAllocator:
-    """Free-list allocator of physical block ids ``[0, num_blocks)``.
+    """Reference-counted free-list allocator of physical block ids ``[0, num_blocks)``.
 
     ``null_block`` (default 0) is reserved and never handed out: block-table
-    entries that fell out of the window point at it.
+    entries that fell out of the window point at it. A block shared by several
+    requests (a common prefix) returns to the free list when its last holder frees it.
     """
 
     def __init__(self, num_blocks: int, *, null_block: int = 0) -> None:
@@ -63,7 +64,7 @@ class BlockAllocator:
         self.null_block = null_block
         # Pop from the end: low ids first, which keeps small tests readable.
         self._free = [b for b in range(num_blocks - 1, -1, -1) if b != null_block]
-        self._used: set[int] = set()
+        self._refs: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -71,7 +72,10 @@ class BlockAllocator:
 
     @property
     def num_used(self) -> int:
-        return len(self._used)
+        return len(self._refs)
+
+    def ref_count(self, block: int) -> int:
+        return self._refs.get(block, 0)
 
     def allocate(self) -> int:
         if not self._free:
@@ -80,24 +84,45 @@ class BlockAllocator:
                 "or build the runtime with more blocks"
             )
         block = self._free.pop()
-        self._used.add(block)
+        self._refs[block] = 1
+        return block
+
+    def share(self, block: int) -> int:
+        """Take one more reference to an allocated block."""
+        if block not in self._refs:
+            raise ValueError(f"block {block} is not allocated: only live blocks can be shared")
+        self._refs[block] += 1
         return block
 
     def free(self, block: int) -> None:
-        if block not in self._used:
+        """Drop one reference; the block is free again when none is left."""
+        refs = self._refs.get(block)
+        if refs is None:
             raise ValueError(f"block {block} is not allocated (double free or the null block)")
-        self._used.remove(block)
-        self._free.append(block)
+        if refs == 1:
+            del self._refs[block]
+            self._free.append(block)
+        else:
+            self._refs[block] = refs - 1
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
     """``num_tokens`` new tokens of request ``req_id`` at positions
-    ``start, start + 1, ...``."""
+    ``start, start + 1, ...``.
+
+    ``prefix_from`` (a prefix-cache hit): a *new* request starts at ``start > 0``
+    (a multiple of the block size) on the blocks of request ``prefix_from`` holding
+    positions ``[0, start)``, shared, not copied. The source must have computed
+    those positions (final inputs, not speculative drafts) by the end of this step;
+    it may compute them in this very step (the same-step hit of design brief §3,
+    which the kernel resolves).
+    """
 
     req_id: Hashable
     start: int
     num_tokens: int
+    prefix_from: Hashable | None = None
 
 
 @dataclass
@@ -246,6 +271,37 @@ class PagedConvRuntime:
         # Positions >= start - (W - 1) are still read; blocks wholly before them are dead.
         return first_live_block(start, self.sliding_window, self.block_size)
 
+    def _check_prefix_hit(self, chunk: ScheduledChunk, parsed: Sequence[ScheduledChunk]) -> None:
+        name, source_id = chunk.req_id, chunk.prefix_from
+        if name in self._requests:
+            raise ValueError(f"request {name!r} already exists: only a new request can start on a shared prefix")
+        if chunk.start <= 0 or chunk.start % self.block_size:
+            raise ValueError(
+                f"request {name!r}: a shared prefix must end on a block boundary (a positive "
+                f"multiple of block_size {self.block_size}), got start {chunk.start}"
+            )
+        in_step = [c for c in parsed if c.req_id == source_id]
+        if in_step and in_step[0].prefix_from is not None:
+            raise ValueError(f"request {name!r}: its prefix source {source_id!r} is itself a new prefix hit")
+        source = self._requests.get(source_id)
+        if source is None and not in_step:
+            raise ValueError(f"request {name!r}: unknown prefix source {source_id!r}")
+        written = source.written if source is not None else 0
+        source_start = source.min_start if source is not None else 0
+        if in_step:
+            written = max(written, in_step[0].start + in_step[0].num_tokens)
+            source_start = in_step[0].start
+        if written < chunk.start:
+            raise ValueError(
+                f"request {name!r}: prefix source {source_id!r} holds positions up to {written}, "
+                f"fewer than the {chunk.start} shared"
+            )
+        if self._first_needed_block(source_start) > self._first_needed_block(chunk.start):
+            raise ValueError(
+                f"request {name!r}: prefix source {source_id!r} has already freed blocks that "
+                f"position {chunk.start} still reads (its window moved past them)"
+            )
+
     # --- the step -------------------------------------------------------------
     def step(
         self,
@@ -257,8 +313,9 @@ class PagedConvRuntime:
         build positions, slot mapping, block table and metadata.
 
         Args:
-            chunks: per request ``(req_id, start, num_tokens)``; a new (or
-                preempted) request must start at 0; a known one at any ``start``
+            chunks: per request ``(req_id, start, num_tokens)`` or a
+                :class:`ScheduledChunk`; a new (or preempted) request must start at 0
+                (or on a shared prefix, ``prefix_from``); a known one at any ``start``
                 between its previous step's start and the positions it has written.
             pad_to: pad the batch to this many rows (pad rows: slot -1, position 0).
         """
@@ -281,7 +338,10 @@ class PagedConvRuntime:
             if not isinstance(chunk.start, int) or chunk.start < 0:
                 raise ValueError(f"request {chunk.req_id!r}: start must be >= 0, got {chunk.start!r}")
             req = self._requests.get(chunk.req_id)
-            if req is None:
+            if chunk.prefix_from is not None:
+                self._check_prefix_hit(chunk, parsed)
+                req = _Request()
+            elif req is None:
                 if chunk.start != 0:
                     raise ValueError(
                         f"request {chunk.req_id!r} is new (or was preempted): it must start at "
@@ -302,7 +362,10 @@ class PagedConvRuntime:
                     f"table's {self.max_blocks_per_req} blocks of {self.block_size}"
                 )
             first_live = self._first_needed_block(chunk.start)
-            blocks_freed += sum(1 for b in req.blocks[:first_live] if b != null)
+            # Shared blocks may stay held by another request: count only sole holders.
+            blocks_freed += sum(
+                1 for b in req.blocks[:first_live] if b != null and self.allocator.ref_count(b) == 1
+            )
             for logical in range(chunk.start // self.block_size, last_block + 1):
                 if logical >= len(req.blocks) or req.blocks[logical] == null:
                     blocks_needed += 1
@@ -320,15 +383,16 @@ class PagedConvRuntime:
                 f"{self.allocator.num_free + blocks_freed} are free: preempt or finish a request"
             )
 
-        # Validated: now mutate.
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start_loc = [0]
-        token_slices: dict[Hashable, slice] = {}
-        self.block_table_buffer[: len(parsed)].fill_(null)
-        for row, chunk in enumerate(parsed):
+        # Validated: now mutate. Prefix hits go last, so that they can share blocks
+        # their source allocates in this step (the batch order stays as given).
+        for chunk in sorted(parsed, key=lambda c: c.prefix_from is not None):
             req = self._requests.setdefault(chunk.req_id, _Request())
             first_live = self._first_needed_block(chunk.start)
+            if chunk.prefix_from is not None:
+                source = self._requests[chunk.prefix_from]
+                shared = range(first_live, chunk.start // self.block_size)
+                req.blocks = [null] * first_live + [self.allocator.share(source.blocks[b]) for b in shared]
+                req.written = chunk.start
             for logical in range(min(first_live, len(req.blocks))):
                 if req.blocks[logical] != null:
                     self.allocator.free(req.blocks[logical])
@@ -340,6 +404,15 @@ class PagedConvRuntime:
             for logical in range(chunk.start // self.block_size, last_block + 1):
                 if req.blocks[logical] == null:
                     req.blocks[logical] = self.allocator.allocate()
+
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start_loc = [0]
+        token_slices: dict[Hashable, slice] = {}
+        self.block_table_buffer[: len(parsed)].fill_(null)
+        for row, chunk in enumerate(parsed):
+            req = self._requests[chunk.req_id]
+            end = chunk.start + chunk.num_tokens
             for pos in range(chunk.start, end):
                 positions.append(pos)
                 slots.append(slot_of(pos, req.blocks, self.block_size))
