@@ -1,0 +1,472 @@
+"""Benchmark (and GPU check) of fused_sconv_add_rmsnorm at the Inkling 975B shapes.
+
+Compares, by CUDA-graph replay (median of replays, each replay running the op
+``--iters`` times), the fused op with the unfused sequences it replaces:
+
+* ``unfused eager``: ``fused_sconv`` + ``hidden + s`` + transformers' RMSNorm written
+  in torch ops (what a model without the fusion runs);
+* ``unfused F.rms_norm``: ``fused_sconv`` + add + ``torch.nn.functional.rms_norm``;
+* ``unfused compiled``: ``fused_sconv`` + one torch.compile'd (inductor) add+RMSNorm
+  kernel: the best unfused composition (``--no-compile`` skips it).
+
+Shapes: hidden 6144 on the global-layer layout of the 975B config at tp 1 (8 KV
+heads, ATTN stream width 768 in D 2048), bf16, W = N = 4. Bytes counted for GB/s are
+the fused op's minimum: read hidden and d, write new_hidden, normed and the slots,
+read pre-forward taps and the weights. The device's copy bandwidth is measured in
+the same run.
+
+Before timing, ``--check`` compares the compiled kernel with the fp32 reference on
+the same shapes (and on the same-step prefix-hit case in both batch orders, many
+launches each, and under graph replay with the metadata changing between replays).
+
+Run (GPU machine, from the repository root):
+
+    PYTHONPATH=packages/inkling-cache/src:packages/inkling-kernels/src \\
+        python3 packages/inkling-kernels/benchmarks/bench_sconv_add_rmsnorm.py --check --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+if "--dry-run" in sys.argv:  # CPU, Triton interpreter, tiny shapes: exercises the script
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+import triton
+
+from inkling_cache import ConvStateLayout, Stream
+from inkling_kernels import fused_sconv
+from inkling_kernels.sconv_add_rmsnorm import (
+    check_sconv_add_rmsnorm_args,
+    fused_sconv_add_rmsnorm,
+    fused_sconv_add_rmsnorm_ref,
+)
+from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, choose_norm_config, sconv_add_rmsnorm_triton
+
+DRY = "--dry-run" in sys.argv
+DEVICE = "cpu" if DRY else "cuda"
+HIDDEN = 64 if DRY else 6144
+HEAD_DIM = 8 if DRY else 128
+EPS = 1e-5
+# Same-step hazard case: A computes HAZ_PROMPT tokens, B hits HAZ_HIT of them.
+HAZ_PROMPT, HAZ_HIT, HAZ_LAUNCHES = (24, 12, 3) if DRY else (1024, 512, 200)
+
+
+@dataclass
+class Case:
+    name: str
+    requests: list[tuple[int, int]]  # (history, new tokens) in batch order
+
+
+DRY_CASES = [
+    Case("decode 1 req", [(30, 1)]),
+    Case("decode 4 reqs", [(3 + 5 * i, 1) for i in range(4)]),
+    Case("prefill 20", [(0, 20)]),
+    Case("chunked 9 after 14", [(14, 9)]),
+    Case("mixed 10 prefill + 3 decodes", [(0, 10)] + [(2 + 7 * i, 1) for i in range(3)]),
+]
+
+CASES = DRY_CASES if DRY else [
+    Case("decode 1 req", [(1000, 1)]),
+    Case("decode 64 reqs", [(200 + 37 * i, 1) for i in range(64)]),
+    Case("decode 256 reqs", [(200 + 13 * i, 1) for i in range(256)]),
+    Case("spec verify 64 x 4", [(300 + 29 * i, 4) for i in range(64)]),
+    Case("prefill 8192", [(0, 8192)]),
+    Case("chunked 8192 after 8190", [(8190, 8192)]),
+    Case("mixed 2048 prefill + 255 decodes", [(0, 2048)] + [(100 + 17 * i, 1) for i in range(255)]),
+]
+
+
+@dataclass
+class Problem:
+    hidden: torch.Tensor
+    d: torch.Tensor
+    weight: torch.Tensor
+    cache: torch.Tensor
+    positions: torch.Tensor
+    block_table: torch.Tensor
+    seq_idx: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start: torch.Tensor
+    offset: int
+    width: int
+    block_size: int
+    norm_weight: torch.Tensor
+    pre_taps: int
+
+    def args(self) -> tuple:
+        return (self.hidden, self.d, self.weight, self.cache, self.positions, self.block_table,
+                self.seq_idx, self.slot_mapping, self.query_start, self.offset, self.width,
+                self.block_size, self.norm_weight, EPS)
+
+    def sconv_args(self) -> tuple:
+        return (self.d, self.weight, self.cache, self.positions, self.block_table, self.seq_idx,
+                self.slot_mapping, self.query_start, self.offset, self.width, self.block_size)
+
+
+def build(requests: list[tuple[int, int]], layout: ConvStateLayout, dtype: torch.dtype, seed: int,
+          *, shared: dict[int, int] | None = None) -> Problem:
+    """Random physical blocks for each request's live window (older entries: null
+    block 0). ``shared`` maps request -> request whose blocks it reuses (prefix hit)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    n, width = layout.block_size, layout.kernel_size
+    offset, ws = layout.stream_range(Stream.ATTN)
+    spans = []
+    for hist, new in requests:
+        first = max(0, hist - (width - 1)) // n
+        last = (hist + new - 1) // n
+        spans.append((first, last))
+    num_blocks = 1 + sum(last - first + 1 for first, last in spans)
+    physical = list(range(1, num_blocks))
+    rng.shuffle(physical)
+    max_blocks = max(last for _, last in spans) + 1
+    table = torch.zeros(len(requests), max_blocks, dtype=torch.int32)
+    for r, (first, last) in enumerate(spans):
+        for b in range(first, last + 1):
+            table[r, b] = physical.pop()
+    for r, src in (shared or {}).items():
+        hist = requests[r][0]
+        table[r, : hist // n] = table[src, : hist // n]
+    pos, seq, qs, slots = [], [], [], []
+    pre_taps = 0
+    for r, (hist, new) in enumerate(requests):
+        start = len(pos)
+        pre_taps += min(hist, width - 1)
+        for p in range(hist, hist + new):
+            pos.append(p)
+            seq.append(r)
+            qs.append(start)
+            slots.append(int(table[r, p // n]) * n + p % n)
+    t = len(pos)
+    dev = DEVICE
+    cache = torch.randn(num_blocks, layout.num_heads, n, layout.head_size, generator=gen).to(dtype)
+    return Problem(
+        hidden=torch.randn(t, HIDDEN, generator=gen).to(dtype).to(dev),
+        d=torch.randn(t, HIDDEN, generator=gen).to(dtype).to(dev),
+        weight=(0.5 * torch.randn(HIDDEN, 1, width, generator=gen)).to(dev),
+        cache=cache.to(dev),
+        positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+        block_table=table.to(dev),
+        seq_idx=torch.tensor(seq, dtype=torch.int32, device=dev),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+        query_start=torch.tensor(qs, dtype=torch.int32, device=dev),
+        offset=offset,
+        width=ws,
+        block_size=n,
+        norm_weight=(1 + 0.2 * torch.randn(HIDDEN, generator=gen)).to(dtype).to(dev),
+        pre_taps=pre_taps,
+    )
+
+
+def min_bytes(p: Problem) -> int:
+    el = p.d.element_size()
+    t, c = p.d.shape
+    return (5 * t * c + p.pre_taps * c) * el + p.weight.numel() * 4 + c * el
+
+
+def reference(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    cache = p.cache.clone()
+    args = list(p.args())
+    args[3] = cache
+    prob = check_sconv_add_rmsnorm_args(*args)
+    out = fused_sconv_add_rmsnorm_ref(p.hidden, p.d, prob, *args[3:])
+    return out[0], out[1], cache
+
+
+def graph_time_us(fn, iters: int, replays: int) -> float:
+    if DRY:  # no graphs on the CPU: one wall-clock call
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / iters)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs() -> float:
+    a = torch.empty(1 << (20 if DRY else 31), dtype=torch.uint8, device=DEVICE)
+    b = torch.empty_like(a)
+    us = graph_time_us(lambda: b.copy_(a), iters=5, replays=10)
+    return 2 * a.numel() / (us * 1e-6) / 1e9
+
+
+def ulp_stats(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(fraction bit-exact, max |diff| in units of the dtype's epsilon times
+    ``|want| + mean|want|``: about one rounding step; the mean keeps elements that
+    cancel to near zero from inflating it)."""
+    exact = (got == want).float().mean().item()
+    w = want.float()
+    unit = torch.finfo(want.dtype).eps * (w.abs() + w.abs().mean())
+    return exact, ((got.float() - w).abs() / unit).max().item()
+
+
+def check(layout: ConvStateLayout, dtype: torch.dtype, report: dict) -> bool:
+    ok_all = True
+    rows = []
+    for i, case in enumerate(CASES):
+        p = build(case.requests, layout, dtype, seed=100 + i)
+        want_h, want_n, want_cache = reference(p)
+        for cfg in (None, NormConfig(2, 1024, 4), NormConfig(1, 8192, 16)) if not DRY else (None,):
+            args = list(p.args())
+            args[3] = p.cache.clone()
+            poison = (torch.full_like(p.d, float("nan")), torch.full_like(p.d, float("nan")))
+            got_h, got_n = sconv_add_rmsnorm_triton(*args, config=cfg, outputs=poison)
+            eh, uh = ulp_stats(got_h, want_h)
+            en, un = ulp_stats(got_n, want_n)
+            cache_ok = torch.equal(args[3], want_cache)
+            nan = bool(torch.isnan(got_h).any() or torch.isnan(got_n).any())
+            good = cache_ok and not nan and uh <= 2.01 and un <= 4.01
+            ok_all &= good
+            rows.append(dict(case=case.name, config=str(cfg), exact_h=eh, max_ulp_h=uh, exact_n=en,
+                             max_ulp_n=un, cache_exact=cache_ok, nan=nan, ok=good))
+            print(f"check {case.name:34s} {str(cfg):48s} new_h exact {eh:.4f} max {uh:.1f} ulp | "
+                  f"normed exact {en:.4f} max {un:.1f} ulp | cache exact {cache_ok} | {'OK' if good else 'FAIL'}")
+    report["check_cases"] = rows
+
+    # Same-step prefix hit: A computes a 1024-token prompt, B (same prompt, 512-token
+    # hit on A's blocks) reads A's in-flight slots; NaN there before every launch.
+    hazard = {}
+    for b_first in (True, False):
+        reqs = ([(HAZ_HIT, HAZ_PROMPT - HAZ_HIT), (0, HAZ_PROMPT)] if b_first
+                else [(0, HAZ_PROMPT), (HAZ_HIT, HAZ_PROMPT - HAZ_HIT)])
+        a, b = (1, 0) if b_first else (0, 1)
+        p = build(reqs, layout, dtype, seed=7, shared={b: a})
+        n = p.block_size
+        a_rows = slice(HAZ_HIT, HAZ_HIT + HAZ_PROMPT) if b_first else slice(0, HAZ_PROMPT)
+        b_rows = slice(0, HAZ_HIT) if b_first else slice(HAZ_PROMPT, HAZ_PROMPT + HAZ_HIT)
+        p.d[b_rows] = p.d[a_rows][HAZ_HIT:]
+        p.hidden[b_rows] = p.hidden[a_rows][HAZ_HIT:]
+        # The block holding positions HAZ_HIT-N .. HAZ_HIT-1: B's pre-forward taps.
+        last = HAZ_HIT // n - 1
+        shared_blocks = p.block_table[a, last : last + 1].long()
+        stale = 0
+        for _ in range(HAZ_LAUNCHES):
+            p.cache[shared_blocks] = float("nan")
+            _, normed = fused_sconv_add_rmsnorm(*p.args())
+            stale += int(torch.isnan(normed).any().item())
+        _, normed = fused_sconv_add_rmsnorm(*p.args())
+        same = torch.equal(normed[b_rows], normed[a_rows][HAZ_HIT:])
+        hazard["B first" if b_first else "A first"] = dict(launches=HAZ_LAUNCHES, stale=stale, b_equals_a=same)
+        ok_all &= stale == 0 and same
+        print(f"hazard {'B first' if b_first else 'A first'}: stale taps in {stale}/{HAZ_LAUNCHES} launches; "
+              f"B rows == A rows: {same}")
+    report["hazard"] = hazard
+
+    if DRY:
+        return ok_all
+    try:
+        graph_ok = check_graph_replay(layout, dtype)
+    except Exception:
+        traceback.print_exc()
+        graph_ok = False
+    report["graph_replay_ok"] = graph_ok
+    return ok_all and graph_ok
+
+
+def check_graph_replay(layout: ConvStateLayout, dtype: torch.dtype) -> bool:
+    """Graph replay with the metadata (and inputs) changing between replays (same T)."""
+    reqs_sets = [[(40 + 9 * i, 1) for i in range(64)], [(0, 40)] + [(7 * i, 1) for i in range(24)],
+                 [(100, 16)] * 4]
+    probs = [build(r, layout, dtype, seed=50 + k) for k, r in enumerate(reqs_sets)]
+    t = probs[0].d.shape[0]
+    assert all(q.d.shape[0] == t for q in probs)
+    num_blocks = max(q.cache.shape[0] for q in probs)
+    max_blocks = max(q.block_table.shape[1] for q in probs)
+    buf = build(reqs_sets[0], layout, dtype, seed=50)
+    buf.cache = torch.zeros(num_blocks, *buf.cache.shape[1:], dtype=dtype, device="cuda")
+    buf.block_table = torch.zeros(64, max_blocks, dtype=torch.int32, device="cuda")
+    outs = {}
+
+    def step():
+        outs["o"] = fused_sconv_add_rmsnorm(*buf.args())
+
+    graph_ok = True
+    g = torch.cuda.CUDAGraph()
+    step()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        step()
+    for q in probs:
+        for name in ("hidden", "d", "weight", "norm_weight", "positions", "seq_idx", "slot_mapping",
+                     "query_start"):
+            getattr(buf, name).copy_(getattr(q, name))
+        buf.block_table.zero_()
+        buf.block_table[: q.block_table.shape[0], : q.block_table.shape[1]] = q.block_table
+        buf.cache.zero_()
+        buf.cache[: q.cache.shape[0]] = q.cache
+        want_h, want_n, _ = reference(q)
+        g.replay()
+        torch.cuda.synchronize()
+        uh, un = ulp_stats(outs["o"][0], want_h)[1], ulp_stats(outs["o"][1], want_n)[1]
+        graph_ok &= uh <= 2.01 and un <= 4.01
+    print(f"graph replay with changing metadata: {'OK' if graph_ok else 'FAIL'}")
+    return graph_ok
+
+
+def unfused_eager(p: Problem):
+    s = fused_sconv(*p.sconv_args())
+    new_h = p.hidden + s
+    x = new_h.float()
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)).to(new_h.dtype)
+    return new_h, p.norm_weight * y
+
+
+def unfused_frms(p: Problem):
+    s = fused_sconv(*p.sconv_args())
+    new_h = p.hidden + s
+    return new_h, torch.nn.functional.rms_norm(new_h, (new_h.shape[-1],), p.norm_weight, EPS)
+
+
+def _add_norm(hidden: torch.Tensor, s: torch.Tensor, w: torch.Tensor):
+    new_h = hidden + s
+    x = new_h.float()
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)).to(new_h.dtype)
+    return new_h, w * y
+
+
+SWEEP = [NormConfig(1, 64, 2), NormConfig(2, 32, 1)] if DRY else [
+    NormConfig(1, 2048, 4), NormConfig(1, 2048, 8), NormConfig(1, 4096, 8), NormConfig(1, 8192, 16),
+    NormConfig(1, 8192, 8), NormConfig(2, 1024, 4), NormConfig(2, 2048, 8), NormConfig(4, 512, 4),
+    NormConfig(4, 1024, 8), NormConfig(8, 512, 8), NormConfig(1, 2048, 8, scan=1024),
+    NormConfig(2, 2048, 8, scan=1024), NormConfig(16, 256, 8), NormConfig(8, 1024, 8),
+    NormConfig(2, 4096, 8), NormConfig(4, 2048, 8),
+]
+
+
+def bench(layout: ConvStateLayout, dtype: torch.dtype, args, report: dict) -> None:
+    copy_gbs = copy_bandwidth_gbs()
+    report["copy_gbs"] = copy_gbs
+    print(f"device copy bandwidth (read + write): {copy_gbs:.0f} GB/s")
+    compiled = None
+    if not args.no_compile and not DRY:
+        try:
+            compiled = torch.compile(_add_norm, dynamic=True)
+        except Exception:  # pragma: no cover - reported, not fatal
+            traceback.print_exc()
+    rows = []
+    for i, case in enumerate(CASES):
+        try:
+            rows.append(bench_case(i, case, layout, dtype, args, copy_gbs, compiled))
+        except Exception:
+            traceback.print_exc()
+    report["bench"] = rows
+
+
+def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
+    if True:
+        p = build(case.requests, layout, dtype, seed=200 + i)
+        t = p.d.shape[0]
+        nbytes = min_bytes(p)
+        row = dict(case=case.name, T=t, C=HIDDEN, min_bytes=nbytes)
+        heur = choose_norm_config(t, HIDDEN)
+        row["heuristic"] = str(heur)
+        row["fused_us"] = graph_time_us(lambda: fused_sconv_add_rmsnorm(*p.args()), args.iters, args.replays)
+        sweep = {}
+        for cfg in SWEEP if args.sweep else []:
+            try:
+                sweep[str(cfg)] = graph_time_us(
+                    lambda cfg=cfg: sconv_add_rmsnorm_triton(*p.args(), config=cfg), args.iters, args.replays)
+            except Exception as exc:  # e.g. out of resources for a config
+                sweep[str(cfg)] = f"error: {type(exc).__name__}"
+        row["sweep_us"] = sweep
+        numeric = {k: v for k, v in sweep.items() if isinstance(v, float)}
+        if numeric:
+            best = min(numeric, key=numeric.get)
+            row["best_config"], row["best_us"] = best, numeric[best]
+        row["sconv_only_us"] = graph_time_us(lambda: fused_sconv(*p.sconv_args()), args.iters, args.replays)
+        row["unfused_eager_us"] = graph_time_us(lambda: unfused_eager(p), args.iters, args.replays)
+        row["unfused_frms_us"] = graph_time_us(lambda: unfused_frms(p), args.iters, args.replays)
+        if compiled is not None:
+            try:
+                def unfused_compiled():
+                    s = fused_sconv(*p.sconv_args())
+                    return compiled(p.hidden, s, p.norm_weight)
+                for _ in range(2):
+                    unfused_compiled()
+                row["unfused_compiled_us"] = graph_time_us(unfused_compiled, args.iters, args.replays)
+            except Exception:
+                traceback.print_exc()
+        row["fused_gbs"] = nbytes / (row["fused_us"] * 1e-6) / 1e9
+        best_unfused = min(v for k, v in row.items() if k.startswith("unfused") and isinstance(v, float))
+        print(f"{case.name:34s} T={t:5d} fused {row['fused_us']:8.2f} us ({row['fused_gbs']:6.0f} GB/s, "
+              f"{row['fused_gbs'] / copy_gbs:.2f} of copy) | best sweep {row.get('best_us', float('nan')):8.2f} "
+              f"{row.get('best_config', '')} | sconv only {row['sconv_only_us']:8.2f} | unfused eager "
+              f"{row['unfused_eager_us']:8.2f} F.rms {row['unfused_frms_us']:8.2f} compiled "
+              f"{row.get('unfused_compiled_us', float('nan')):8.2f} | speedup vs best unfused "
+              f"{best_unfused / row['fused_us']:.2f}x", flush=True)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="GPU correctness checks first")
+    parser.add_argument("--no-bench", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="also time a set of tile configs")
+    parser.add_argument("--no-compile", action="store_true", help="skip the inductor baseline")
+    parser.add_argument("--iters", type=int, default=20, help="ops per graph replay")
+    parser.add_argument("--replays", type=int, default=15)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--dry-run", action="store_true", help="CPU + interpreter, tiny shapes")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    dtype = torch.float32 if DRY else torch.bfloat16  # the interpreter truncates to bf16
+    layout = ConvStateLayout.build(num_kv_heads=8, head_dim=HEAD_DIM, hidden_size=HIDDEN, kernel_size=4)
+    report: dict = dict(
+        device="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        cuda=torch.version.cuda, python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        command=" ".join(sys.argv), layout=dict(num_heads=layout.num_heads, head_size=layout.head_size,
+                                                attn_range=list(layout.stream_range(Stream.ATTN))),
+    )
+    print(json.dumps({k: v for k, v in report.items()}, indent=None))
+    ok = True
+    t0 = time.time()
+    if args.check:
+        try:
+            ok = check(layout, dtype, report)
+        except Exception:
+            traceback.print_exc()
+            ok = False
+        report["check_ok"] = ok
+        print(f"checks {'passed' if ok else 'FAILED'} in {time.time() - t0:.1f} s", flush=True)
+    if not args.no_bench:
+        bench(layout, dtype, args, report)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    print(f"total {time.time() - t0:.1f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
