@@ -119,6 +119,12 @@ def test_forward_input_checks(unique_name):
             conv(torch.randn(5, 32), torch.arange(5))
         with pytest.raises(TypeError, match="bind a cache of the activation dtype"):
             conv(torch.randn(6, 32), step.positions)
+    # Slots computed for N = 4 must not be used with a cache of 8-row blocks.
+    assert step.metadata.block_size == 4
+    owner.bind_cache(torch.zeros(8, 4, 8, owner.layout.head_size))
+    with forward_metadata(step.metadata):
+        with pytest.raises(ValueError, match="built for block size 4 but the bound cache has 8"):
+            conv(torch.randn(6, 32), step.positions)
 
 
 # --- the runtime ------------------------------------------------------------------

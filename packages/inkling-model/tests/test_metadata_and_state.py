@@ -70,6 +70,10 @@ def test_builder_pads_a_short_slot_mapping_with_minus_one():
     meta = builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8)
     assert meta.slot_mapping.tolist() == [8, 9, 20, 21, 22, -1, -1, -1]
     assert meta.slot_mapping.data_ptr() == builder.slot_mapping_buffer.data_ptr()
+    assert meta.block_size is None
+    assert builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8, block_size=16).block_size == 16
+    with pytest.raises(ValueError, match="block_size"):
+        builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8, block_size=0)
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,9 @@ class SconvMetadata:
         query_start: ``[T]`` int32, first flat row of the token's request in this
             forward (0 for pad rows).
         num_actual_tokens: real (non-pad) tokens, when known; informational.
+        block_size: tokens per block the slot mapping was computed with, when
+            known; the layers then check it against their bound cache's
+            ``shape[2]`` (a mismatch silently corrupts the state otherwise).
     """
 
     block_table: torch.Tensor
@@ -45,6 +48,7 @@ class SconvMetadata:
     seq_idx: torch.Tensor
     query_start: torch.Tensor
     num_actual_tokens: int | None = None
+    block_size: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -86,6 +90,8 @@ class SconvMetadataBuilder:
         num_reqs: int,
         num_actual_tokens: int,
         num_padded_tokens: int,
+        *,
+        block_size: int | None = None,
     ) -> SconvMetadata:
         """Build the metadata of one forward.
 
@@ -101,6 +107,8 @@ class SconvMetadataBuilder:
             num_reqs: requests in this forward.
             num_actual_tokens: real tokens (``query_start_loc[num_reqs]``).
             num_padded_tokens: rows of the padded batch (``>= num_actual_tokens``).
+            block_size: the block size of the slot mapping, if the caller knows it
+                (recorded for the layers to check; optional).
 
         Returns:
             Metadata whose ``seq_idx``/``query_start`` are views of this builder's
@@ -115,6 +123,8 @@ class SconvMetadataBuilder:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+            raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
         if num_padded_tokens < num_actual_tokens:
             raise ValueError(
                 f"num_padded_tokens ({num_padded_tokens}) must be >= num_actual_tokens "
@@ -183,4 +193,5 @@ class SconvMetadataBuilder:
             seq_idx=self.seq_idx_buffer[:num_padded_tokens],
             query_start=self.query_start_buffer[:num_padded_tokens],
             num_actual_tokens=num_actual_tokens,
+            block_size=block_size,
         )

@@ -436,6 +436,7 @@ class PagedConvRuntime:
             num_reqs,
             num_tokens,
             num_padded,
+            block_size=self.block_size,
         )
         return RuntimeStep(
             metadata=metadata,

@@ -51,6 +51,11 @@ def paged_short_conv(
             f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but x has "
             f"{num_tokens} rows; pad x to the metadata's padded token count"
         )
+    if meta.block_size is not None and meta.block_size != owner.block_size:
+        raise ValueError(
+            f"layer {owner_name!r}: the metadata was built for block size {meta.block_size} "
+            f"but the bound cache has {owner.block_size} rows per block"
+        )
     if cache.dtype != x.dtype:
         raise TypeError(
             f"layer {owner_name!r}: x is {x.dtype} but the bound cache is {cache.dtype}; "
