@@ -202,9 +202,12 @@ class PagedWorld:
         idx, outs = [], []
         row = 0
         for rid, start, n in batch.rows:
-            seq = torch.cat([self.reqs[rid].values[s], x[row : row + n]])
+            # The conv of the whole sequence; only its last W-1+n inputs matter for
+            # the n new outputs (older inputs fall outside every window).
+            lo = max(0, start - (self.W - 1))
+            seq = torch.cat([self.reqs[rid].values[s][lo:], x[row : row + n]])
             full = causal_conv_ref(seq, self.weights[s], activation=activation, residual=residual)
-            outs.append(full[start : start + n])
+            outs.append(full[start - lo :])
             idx.extend(range(row, row + n))
             row += n
         cols = self.channels(s)

@@ -64,6 +64,8 @@ def _fused_sconv_kernel(
     SCAN: tl.constexpr,
     SILU: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    HAZARD_SCAN: tl.constexpr,
+    SLOT32: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -93,7 +95,7 @@ def _fused_sconv_kernel(
     # 2. the W taps, fp32 accumulation.
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     for i in tl.static_range(W):
-        dist: tl.constexpr = W - 1 - i
+        dist = W - 1 - i  # constexpr: i comes from static_range
         wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=cmask, other=0.0).to(tl.float32)
         if dist == 0:
             tap = x_tile.to(tl.float32)
@@ -123,26 +125,38 @@ def _fused_sconv_kernel(
                     mask=ok[:, None] & cmask[None, :],
                     other=0.0,
                 ).to(tl.float32)
-                # Same-step hazard: the row of this launch that writes pslot, if any.
-                hit = tl.full([BLOCK_T], -1, tl.int64)
-                key = tl.where(ok, pslot, -2)  # -2 never equals a written slot
-                # (a while loop: the interpreter cannot range() over a runtime int
-                # with NumPy >= 2.4)
-                s0 = 0
-                while s0 < num_tokens:
-                    srows = s0 + tl.arange(0, SCAN)
-                    sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
-                    match = key[:, None] == sval[None, :]
-                    cand = tl.where(match, srows.to(tl.int64)[None, :], -1)
-                    hit = tl.maximum(hit, tl.max(cand, axis=1))
-                    s0 += SCAN
-                if tl.max(hit, axis=0) >= 0:
-                    hval = tl.load(
-                        x_ptr + tl.where(hit >= 0, hit, 0)[:, None] * channels + chan[None, :],
-                        mask=(hit >= 0)[:, None] & cmask[None, :],
-                        other=0.0,
-                    ).to(tl.float32)
-                    cval = tl.where((hit >= 0)[:, None], hval, cval)
+                if HAZARD_SCAN:
+                    # Same-step hazard: the row of this launch that writes pslot, if any.
+                    # Slots compare as int32 when every slot fits (half the work).
+                    hit = tl.full([BLOCK_T], -1, tl.int32)
+                    if SLOT32:
+                        key = tl.where(ok, pslot, -2).to(tl.int32)  # -2: never a written slot
+                    else:
+                        key = tl.where(ok, pslot, -2)
+                    # (a while loop: the interpreter cannot range() over a runtime int
+                    # with NumPy >= 2.4)
+                    s0 = 0
+                    while s0 < num_tokens:
+                        srows = s0 + tl.arange(0, SCAN)
+                        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+                        # only rows that really write (in-cache slots) can match
+                        sval = tl.where((sval >= 0) & (sval < num_slots), sval, -1)
+                        if SLOT32:
+                            sval = sval.to(tl.int32)
+                        else:
+                            sval = sval.to(tl.int64)
+                        match = key[:, None] == sval[None, :]
+                        cand = tl.where(match, srows[None, :], -1)
+                        hit = tl.maximum(hit, tl.max(cand, axis=1))
+                        s0 += SCAN
+                    if tl.max(hit, axis=0) >= 0:
+                        hrow = tl.where(hit >= 0, hit, 0).to(tl.int64)
+                        hval = tl.load(
+                            x_ptr + hrow[:, None] * channels + chan[None, :],
+                            mask=(hit >= 0)[:, None] & cmask[None, :],
+                            other=0.0,
+                        ).to(tl.float32)
+                        cval = tl.where((hit >= 0)[:, None], hval, cval)
                 tap += cval
         acc += wv[None, :] * tap
 
@@ -166,6 +180,9 @@ class SconvConfig:
     block_c: int
     num_warps: int
     scan: int = 256
+    # Benchmark-only switch: False skips the same-step hazard scan (incorrect under
+    # same-step prefix hits); used to measure the scan's cost.
+    hazard_scan: bool = True
 
 
 def _pow2_floor(n: int) -> int:
@@ -247,6 +264,7 @@ def fused_sconv_triton(
         WS=stream_width, N=block_size, W=prob.kernel_size,
         BLOCK_T=cfg.block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=cfg.scan,
         SILU=activation == "silu", RESIDUAL=residual,
+        HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
         num_warps=cfg.num_warps,
     )
     return out

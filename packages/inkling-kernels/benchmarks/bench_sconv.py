@@ -1,0 +1,370 @@
+"""Benchmark fused_sconv and sconv_seq_metadata on the Inkling 975B shapes (H200).
+
+Timing: each case builds several independent input sets (so the working set is
+well beyond L2), captures one CUDA graph that launches the op once per set, and
+reports the median replay time divided by the number of sets. Bandwidth counts the
+minimum bytes (read x + write slot + write out + weights + pre-forward taps) and is
+compared with a device-to-device copy measured in the same run (read + write).
+
+The peer (vLLM 0.33.0's in-tree ops) is imported from --peer-dir, written there by
+fetch_peer.py; without it the peer columns are skipped.
+
+    PYTHONPATH=packages/inkling-kernels/src python3 packages/inkling-kernels/benchmarks/bench_sconv.py \
+        --peer-dir .peer --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import math
+import pathlib
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import triton
+
+from inkling_kernels import fused_sconv, sconv_seq_metadata
+from inkling_kernels.sconv import SconvConfig, choose_config, fused_sconv_triton
+
+W = 4
+N = 4
+DTYPE = torch.bfloat16
+# (H per rank, D, stream offset, stream width) of the 975B layers
+ATTN_GLOBAL = (8, 2048, 256, 768)
+ATTN_GLOBAL_TP8 = (1, 2048, 256, 768)
+K_GLOBAL = (8, 2048, 0, 128)
+K_SLIDING = (16, 1024, 0, 128)
+
+
+@dataclass
+class Case:
+    name: str
+    stream: tuple[int, int, int, int]
+    requests: list[tuple[int, int]]  # (history length, new tokens)
+    peer_us: float  # design brief §4, for reference only
+
+
+def _hist(i: int) -> int:
+    return 700 + (i * 7919) % 6000  # long, varied histories
+
+
+def cases() -> list[Case]:
+    return [
+        Case("decode 1 req, ATTN", ATTN_GLOBAL, [(_hist(0), 1)], 2.89),
+        Case("decode 64 reqs, ATTN", ATTN_GLOBAL, [(_hist(i), 1) for i in range(64)], 3.80),
+        Case("decode 256 reqs, K (global)", K_GLOBAL, [(_hist(i), 1) for i in range(256)], 3.37),
+        Case("decode 256 reqs, ATTN", ATTN_GLOBAL, [(_hist(i), 1) for i in range(256)], 7.63),
+        Case("decode 256 reqs, ATTN, tp8", ATTN_GLOBAL_TP8, [(_hist(i), 1) for i in range(256)], 3.33),
+        Case("spec verify 64x4, ATTN", ATTN_GLOBAL, [(_hist(i), 4) for i in range(64)], 7.54),
+        Case("prefill 8192, ATTN", ATTN_GLOBAL, [(0, 8192)], 180.7),
+        Case("chunked 8192 after 8190, ATTN", ATTN_GLOBAL, [(8190, 8192)], 180.6),
+        Case("prefill 8192, K", K_GLOBAL, [(0, 8192)], 32.6),
+        Case("prefill 16384, K (sliding)", K_SLIDING, [(0, 16384)], 122.0),
+        Case("mixed 2048 + 255 decodes, ATTN", ATTN_GLOBAL, [(0, 2048)] + [(_hist(i), 1) for i in range(255)], 54.6),
+    ]
+
+
+@dataclass
+class Inputs:
+    x: torch.Tensor
+    positions: torch.Tensor
+    table: torch.Tensor
+    seq: torch.Tensor
+    slots: torch.Tensor
+    qs: torch.Tensor
+
+
+def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, list[Inputs]]:
+    heads, head_size, off, width = case.stream
+    c = heads * width
+    per_req = []
+    for hist, n in case.requests:
+        first = max(0, hist - (W - 1)) // N
+        last = (hist + n - 1) // N
+        per_req.append((first, last))
+    blocks_per_set = sum(last - first + 1 for first, last in per_req)
+    num_blocks = 1 + num_sets * blocks_per_set
+    cache = torch.randn(num_blocks, heads, N, head_size, device="cuda", dtype=DTYPE)
+    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()  # block 0: null block
+    max_blocks = max(last for _, last in per_req) + 1
+    sets = []
+    cursor = 0
+    for _ in range(num_sets):
+        table = torch.zeros(len(case.requests), max_blocks, dtype=torch.int32)
+        pos, seq, slots, qs = [], [], [], []
+        for r, ((hist, n), (first, last)) in enumerate(zip(case.requests, per_req)):
+            ids = perm[cursor : cursor + last - first + 1]
+            cursor += last - first + 1
+            table[r, first : last + 1] = torch.tensor(ids, dtype=torch.int32)
+            p = torch.arange(hist, hist + n)
+            row0 = len(pos) and sum(len(a) for a in pos)
+            pos.append(p)
+            seq.append(torch.full((n,), r, dtype=torch.int32))
+            slots.append(table[r, p // N].long() * N + p % N)
+            qs.append(torch.full((n,), row0, dtype=torch.int32))
+        t = sum(len(a) for a in pos)
+        sets.append(Inputs(
+            x=torch.randn(t, c, device="cuda", dtype=DTYPE),
+            positions=torch.cat(pos).cuda(),
+            table=table.cuda(),
+            seq=torch.cat(seq).cuda(),
+            slots=torch.cat(slots).cuda(),
+            qs=torch.cat(qs).cuda(),
+        ))
+    weight = (torch.randn(c, W, device="cuda", generator=None) * 0.5).float()
+    return cache, weight, sets
+
+
+def min_bytes(case: Case) -> int:
+    heads, _, _, width = case.stream
+    c = heads * width
+    t = sum(n for _, n in case.requests)
+    taps = sum(min(W - 1, hist) for hist, _ in case.requests)
+    e = DTYPE.itemsize
+    return 3 * t * c * e + c * W * 4 + taps * c * e
+
+
+def time_graph(launches: list[Callable[[], Any]], reps: int) -> float:
+    """Median µs per launch over `reps` replays of one graph holding all launches."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in launches:  # compile / warm up outside capture
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in launches:
+            f()
+    for _ in range(3):
+        g.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(a.elapsed_time(b) for a, b in ev)
+    del g
+    return ms * 1000.0 / len(launches)
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    us = time_graph([lambda: b.copy_(a)] * 4, reps=30)
+    del a, b
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+def load_peer(peer_dir: pathlib.Path | None) -> Any:
+    if peer_dir is None:
+        return None
+    path = peer_dir / "vllm_sconv_peer.py"
+    if not path.exists():
+        print(f"[peer] {path} not found: peer columns skipped (run fetch_peer.py first)")
+        return None
+    spec = importlib.util.spec_from_file_location("vllm_sconv_peer", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sweep_configs(case: Case) -> list[SconvConfig]:
+    """The heuristic's choice plus alternatives around it (tile rows, channels, warps)."""
+    heads, _, _, width = case.stream
+    t = sum(n for _, n in case.requests)
+    out = [choose_config(t, heads, width)]
+    bcs = [bc for bc in (128, 256) if width % bc == 0]
+    bts = (1, 2, 4, 8, 16) if t <= 1024 else (16, 32, 64)
+    for bt in bts:
+        for bc in bcs:
+            elems = bt * bc
+            for nw in sorted({max(1, min(8, elems // 1024)), max(1, min(8, elems // 512))}):
+                cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw)
+                if cfg not in out:
+                    out.append(cfg)
+    return out
+
+
+def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generator) -> dict[str, Any]:
+    heads, head_size, off, width = case.stream
+    nbytes = min_bytes(case)
+    num_sets = max(2, min(16, math.ceil(256e6 / nbytes)))
+    cache, weight, sets = build(case, num_sets, gen)
+    t = sets[0].x.shape[0]
+
+    def ours(cfg: SconvConfig | None) -> list[Callable[[], Any]]:
+        if cfg is None:  # the public op, heuristic config
+            return [lambda s=s: fused_sconv(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs,
+                                            off, width, N) for s in sets]
+        return [lambda s=s: fused_sconv_triton(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs,
+                                               off, width, N, config=cfg) for s in sets]
+
+    res: dict[str, Any] = dict(case=case.name, T=t, C=heads * width, bytes=nbytes, sets=num_sets,
+                               peer_us_brief=case.peer_us)
+    heur = choose_config(t, heads, width)
+    res["config"] = dataclasses.asdict(heur)
+    res["ours_us"] = time_graph(ours(None), reps)
+    res["ours_noscan_us"] = time_graph(ours(dataclasses.replace(heur, hazard_scan=False)), reps)
+    if peer is not None:
+        res["peer_us"] = time_graph(
+            [lambda s=s: peer.fused_sconv(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs,
+                                          off, width, N) for s in sets], reps)
+    # correctness spot check of this very data: ours vs the reference on set 0
+    from inkling_kernels import fused_sconv_ref
+
+    s = sets[0]
+    c2 = cache.clone()
+    ref = fused_sconv_ref(s.x, weight, c2, s.positions, s.table, s.seq, s.slots, s.qs, off, width, N)
+    got = fused_sconv(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs, off, width, N)
+    res["max_abs_err_vs_ref"] = float((got.float() - ref.float()).abs().max())
+    if sweep:
+        rows = []
+        for cfg in sweep_configs(case):
+            try:
+                us = time_graph(ours(cfg), reps)
+            except Exception as e:  # a config that fails to compile: report, go on
+                rows.append((dataclasses.asdict(cfg), None, repr(e)[:120]))
+                continue
+            rows.append((dataclasses.asdict(cfg), us, None))
+        rows.sort(key=lambda r: r[1] if r[1] is not None else 1e9)
+        res["sweep"] = rows
+    del cache, sets
+    torch.cuda.empty_cache()
+    return res
+
+
+def bench_metadata(peer: Any, reps: int) -> list[dict[str, Any]]:
+    out = []
+    for name, lens, pad in [
+        ("decode 256", [1] * 256, 0),
+        ("spec 64x4", [4] * 64, 0),
+        ("mixed 2048 + 255", [2048] + [1] * 255, 0),
+        ("prefill 8192", [8192], 0),
+        ("decode 200 padded to 256", [1] * 200, 56),
+    ]:
+        qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        na = sum(lens)
+        npad = na + pad
+        seq = torch.empty(npad, dtype=torch.int32, device="cuda")
+        qs = torch.empty_like(seq)
+        r: dict[str, Any] = dict(case=name, R=len(lens), T=npad)
+        r["ours_us"] = time_graph([lambda: sconv_seq_metadata(qsl, len(lens), na, seq, qs, npad)] * 20, reps)
+        if peer is not None:
+            ps, pq = torch.empty_like(seq), torch.empty_like(seq)
+            r["peer_us"] = time_graph([lambda: peer.sconv_seq_metadata(qsl, len(lens), na, ps, pq, npad)] * 20, reps)
+            sconv_seq_metadata(qsl, len(lens), na, seq, qs, npad)
+            r["equal_to_peer"] = bool(torch.equal(seq, ps) and torch.equal(qs, pq))
+        out.append(r)
+    return out
+
+
+def bench_hazard(peer: Any, launches: int) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    from test_gpu import _hazard_case  # the GPU test's case builder
+
+    out = []
+    impls = [("ours", fused_sconv)] + ([("peer", peer.fused_sconv)] if peer is not None else [])
+    for prompt_len, hit in [(1024, 512), (8192, 4096)]:
+        for b_first in (False, True):
+            case = _hazard_case(prompt_len, hit, b_first)
+            d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+            w2 = d["weight"][:, 0, :].contiguous()
+            for name, fn in impls:
+                stale = 0
+                for _ in range(launches):
+                    ps = d["pre_slots"]
+                    d["cache"][ps // d["n"], :, ps % d["n"], d["off"] : d["off"] + d["width"]] = float("nan")
+                    o = fn(d["x"], w2, d["cache"], d["positions"], d["table"], d["seq"], d["slots"], d["qs"],
+                           d["off"], d["width"], d["n"])
+                    bad = ~torch.isclose(o.float(), d["expected"].float(), rtol=1.6e-2, atol=1.6e-2)
+                    stale += int(bad.any())
+                out.append(dict(prompt=prompt_len, hit=hit, order="B first" if b_first else "A first",
+                                impl=name, stale=stale, launches=launches))
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    bw = results["copy_GBps"]
+    lines = [
+        f"Device copy bandwidth (read + write, same run): {bw:.0f} GB/s",
+        "",
+        "| case | T | C | µs | GB/s | of copy | peer µs | peer of copy | ratio (peer/ours) | µs without hazard scan | config (BT x BC, warps) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["cases"]:
+        gbps = r["bytes"] / (r["ours_us"] * 1e-6) / 1e9
+        peer = r.get("peer_us")
+        pgbps = r["bytes"] / (peer * 1e-6) / 1e9 if peer else None
+        cfg = r["config"]
+        lines.append(
+            f"| {r['case']} | {r['T']} | {r['C']} | {r['ours_us']:.2f} | {gbps:.0f} | {gbps / bw:.2f} | "
+            + (f"{peer:.2f} | {pgbps / bw:.2f} | {peer / r['ours_us']:.2f}x" if peer else "— | — | —")
+            + f" | {r['ours_noscan_us']:.2f} | {cfg['block_t']}x{cfg['block_c']}, {cfg['num_warps']} |"
+        )
+    lines += ["", "| sconv_seq_metadata | R | T | ours µs | peer µs | same output |", "|---|---|---|---|---|---|"]
+    for r in results["metadata"]:
+        lines.append(f"| {r['case']} | {r['R']} | {r['T']} | {r['ours_us']:.2f} | "
+                     + (f"{r['peer_us']:.2f} | {r['equal_to_peer']} |" if "peer_us" in r else "— | — |"))
+    if results.get("hazard"):
+        lines += ["", "| same-step hazard | order | impl | launches with a stale tap |", "|---|---|---|---|"]
+        for r in results["hazard"]:
+            lines.append(f"| A {r['prompt']}, B hits {r['hit']} | {r['order']} | {r['impl']} | "
+                         f"{r['stale']} / {r['launches']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peer-dir", type=pathlib.Path, default=None)
+    ap.add_argument("--json", type=pathlib.Path, default=None)
+    ap.add_argument("--md", type=pathlib.Path, default=None)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    ap.add_argument("--hazard-launches", type=int, default=200)
+    ap.add_argument("--only", default=None, help="substring filter on case names")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    peer = load_peer(args.peer_dir)
+    results: dict[str, Any] = dict(
+        device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join(sys.argv), peer=peer is not None,
+    )
+    results["copy_GBps"] = copy_bandwidth()
+    print(f"copy bandwidth {results['copy_GBps']:.0f} GB/s", flush=True)
+    results["cases"] = []
+    for case in cases():
+        if args.only and args.only not in case.name:
+            continue
+        r = bench_case(case, peer, args.reps, args.sweep, gen)
+        results["cases"].append(r)
+        print(json.dumps({k: v for k, v in r.items() if k != "sweep"}), flush=True)
+        if args.sweep:
+            for cfg, us, err in r["sweep"][:4]:
+                print("   ", cfg, us, err or "", flush=True)
+    results["metadata"] = bench_metadata(peer, args.reps)
+    results["hazard"] = bench_hazard(peer, args.hazard_launches) if args.hazard_launches else []
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    md = markdown(results)
+    if args.md:
+        args.md.write_text(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

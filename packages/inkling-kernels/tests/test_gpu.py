@@ -1,0 +1,200 @@
+"""GPU checks of the compiled kernels (skipped without CUDA; CI has none).
+
+Run on a GPU machine:  python -m pytest -q packages/inkling-kernels/tests/test_gpu.py
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from inkling_kernels import causal_conv_ref, fused_sconv, fused_sconv_ref, sconv_seq_metadata, sconv_seq_metadata_ref
+
+from _sconv_world import TOL, PagedWorld, bits
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# (name, H per rank, D, stream offset, stream width): Inkling 975B layers.
+SHAPES = [
+    ("attn-global", 8, 2048, 256, 768),
+    ("k-global", 8, 2048, 0, 128),
+    ("mlp-sliding", 16, 1024, 640, 384),
+    ("attn-global-tp8", 1, 2048, 256, 768),
+    ("v-sliding", 16, 1024, 128, 128),
+]
+
+
+def _mixed(world: PagedWorld, rng: random.Random, scale: int = 1) -> list[tuple[int, int]]:
+    items = []
+    rid = len(world.reqs)
+    plan = [(0, rng.randint(100, 300)), (0, rng.randint(1, 40))]
+    plan += [(rng.randint(1, 600), 1) for _ in range(40 * scale)]
+    plan += [(rng.randint(5, 500), 4) for _ in range(4)]
+    plan += [(rng.randint(10, 900), rng.randint(50, 120)) for _ in range(2)]
+    for history, n in plan:
+        world.add_request(rid, history)
+        items.append((rid, n))
+        rid += 1
+    rng.shuffle(items)
+    return items
+
+
+def _gpu_copy(world: PagedWorld) -> tuple[torch.Tensor, torch.Tensor]:
+    storage = world.storage.cuda()
+    cache = storage.as_strided(world.cache.shape, world.cache.stride())
+    return storage, cache
+
+
+CASES = [(shape, torch.bfloat16, n) for shape in SHAPES for n in (4, 16)] + [
+    (shape, dtype, 4) for shape in SHAPES[:2] for dtype in (torch.float16, torch.float32)
+]
+
+
+@pytest.mark.parametrize("shape,dtype,block_size", CASES, ids=[f"{c[0][0]}-{c[1]}-N{c[2]}" for c in CASES])
+def test_inkling_shapes_vs_reference(shape: tuple, dtype: torch.dtype, block_size: int) -> None:
+    name, heads, head_size, off, width = shape
+    rng = random.Random(hash((name, str(dtype), block_size)) % 10_000)
+    world = PagedWorld(num_heads=heads, head_size=head_size, block_size=block_size, streams=((off, width),),
+                       dtype=dtype, num_blocks=400 if block_size == 4 else 160, page_pad=64, seed=rng.randint(0, 999))
+    batch = world.make_batch(_mixed(world, rng), num_pad=5)
+    storage, cache = _gpu_copy(world)
+    args = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
+    out = fused_sconv(batch.x[0].cuda(), world.weights[0].cuda(), cache, *[a.cuda() for a in args],
+                      off, width, block_size)
+    torch.cuda.synchronize()
+    ref = world.run(batch, 0, "reference")  # CPU reference + oracle, updates the world's cache
+    torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
+    assert torch.equal(bits(storage.cpu()), bits(world.storage))
+
+
+def test_cuda_graph_replay_with_changing_metadata() -> None:
+    """Capture one launch with static buffers; replay it over different batches
+    (different request mixes, pad rows) written into those buffers."""
+    rng = random.Random(7)
+    heads, head_size, off, width = 8, 2048, 256, 768
+    world = PagedWorld(num_heads=heads, head_size=head_size, streams=((off, width),),
+                       dtype=torch.bfloat16, num_blocks=3000, seed=7)
+    T, R, max_blocks = 96, 48, 1024
+    storage, cache = _gpu_copy(world)
+    st = dict(
+        x=torch.zeros(T, heads * width, dtype=torch.bfloat16, device="cuda"),
+        positions=torch.zeros(T, dtype=torch.int64, device="cuda"),
+        table=torch.zeros(R, max_blocks, dtype=torch.int32, device="cuda"),
+        seq=torch.zeros(T, dtype=torch.int32, device="cuda"),
+        slots=torch.full((T,), -1, dtype=torch.int64, device="cuda"),
+        qs=torch.zeros(T, dtype=torch.int32, device="cuda"),
+    )
+    weight = world.weights[0].cuda()
+
+    def launch() -> torch.Tensor:
+        return fused_sconv(st["x"], weight, cache, st["positions"], st["table"], st["seq"], st["slots"],
+                           st["qs"], off, width, 4)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch()  # warm-up/compile outside capture (writes pad rows only: slot -1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = launch()
+    for step in range(6):
+        items = []
+        rid = len(world.reqs)
+        n_left = T - rng.randint(0, 8)
+        while n_left > 0 and len(items) < R:
+            n = min(n_left, rng.choice([1, 1, 1, 4, 17]))
+            world.add_request(rid, rng.randint(0, 2000))
+            items.append((rid, n))
+            rid += 1
+            n_left -= n
+        used = sum(n for _, n in items)
+        batch = world.make_batch(items, num_pad=T - used)
+        storage.copy_(world.storage)  # same pre-state as the CPU world
+        st["x"].copy_(batch.x[0])
+        st["positions"].copy_(batch.positions)
+        st["table"].zero_()
+        st["table"][: batch.block_table.shape[0], : batch.block_table.shape[1]].copy_(batch.block_table)
+        st["seq"].copy_(batch.seq_idx)
+        st["slots"].copy_(batch.slot_mapping)
+        st["qs"].copy_(batch.query_start)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = world.run(batch, 0, "reference")
+        torch.testing.assert_close(static_out.cpu(), ref, **TOL[torch.bfloat16])
+        assert torch.equal(bits(storage.cpu()), bits(world.storage)), f"cache differs at step {step}"
+
+
+def _hazard_case(prompt_len: int, hit: int, b_first: bool, seed: int = 0, device: str = "cuda"):
+    """A computes a prompt; B (same prompt) hit A's first blocks, computes the rest."""
+    g = torch.Generator().manual_seed(seed)
+    heads, head_size, off, width, n, w = 8, 2048, 256, 768, 4, 4
+    c = heads * width
+    blocks = torch.randperm(2 * prompt_len // n, generator=g) + 1
+    table_a = blocks[: prompt_len // n]
+    table_b = torch.cat([table_a[: hit // n], blocks[prompt_len // n : prompt_len // n + (prompt_len - hit) // n]])
+    prompt = torch.randn(prompt_len, c, generator=g).to(torch.bfloat16)
+    weight = (torch.randn(c, 1, w, generator=g) * 0.5)
+    pos_a = torch.arange(prompt_len)
+    pos_b = torch.arange(hit, prompt_len)
+    slot_a = table_a[pos_a // n] * n + pos_a % n
+    slot_b = table_b[pos_b // n] * n + pos_b % n
+    parts = [(prompt, pos_a, slot_a, 0), (prompt[hit:], pos_b, slot_b, 1)]
+    if b_first:
+        parts.reverse()
+    x = torch.cat([p[0] for p in parts]).contiguous()
+    positions = torch.cat([p[1] for p in parts])
+    slots = torch.cat([p[2] for p in parts])
+    table = torch.zeros(2, prompt_len // n, dtype=torch.int32)
+    table[0], table[1] = table_a, table_b
+    seq = torch.cat([torch.full((len(p[1]),), p[3], dtype=torch.int32) for p in parts])
+    qs = torch.cat([torch.full((len(parts[0][1]),), 0, dtype=torch.int32),
+                    torch.full((len(parts[1][1]),), len(parts[0][1]), dtype=torch.int32)])
+    full = causal_conv_ref(prompt, weight)
+    expected = torch.cat([full if p[3] == 0 else full[hit:] for p in parts])
+    pre_slots = table_a[torch.arange(hit - (w - 1), hit) // n] * n + torch.arange(hit - (w - 1), hit) % n
+    cache = torch.randn(2 * prompt_len // n + 1, heads, n, head_size, device=device).to(torch.bfloat16)
+    return dict(x=x, weight=weight, cache=cache, positions=positions, table=table, seq=seq, slots=slots, qs=qs,
+                off=off, width=width, n=n, expected=expected, pre_slots=pre_slots)
+
+
+@pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
+@pytest.mark.parametrize("prompt_len,hit,launches", [(1024, 512, 200), (8192, 4096, 100)])
+def test_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit: int, launches: int) -> None:
+    case = _hazard_case(prompt_len, hit, b_first)
+    d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+    expected = d["expected"]
+    stale = 0
+    for _ in range(launches):
+        ps = d["pre_slots"]
+        d["cache"][ps // d["n"], :, ps % d["n"], d["off"]: d["off"] + d["width"]] = float("nan")
+        out = fused_sconv(d["x"], d["weight"], d["cache"], d["positions"], d["table"], d["seq"], d["slots"],
+                          d["qs"], d["off"], d["width"], d["n"])
+        bad = ~torch.isclose(out.float(), expected.float(), rtol=1.6e-2, atol=1.6e-2)
+        stale += int(bad.any(dim=1).any())
+    assert stale == 0, f"{stale} of {launches} launches had a stale tap"
+
+
+def test_seq_metadata_gpu() -> None:
+    rng = random.Random(3)
+    for _ in range(20):
+        lens = [rng.choice([0, 1, 1, 4, 300]) for _ in range(rng.randint(1, 300))]
+        qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        num_actual = sum(lens)
+        num_padded = num_actual + rng.randint(0, 50)
+        out = [torch.full((num_padded + 3,), 77, dtype=torch.int32) for _ in range(4)]
+        sconv_seq_metadata_ref(qsl, len(lens), num_actual, out[0], out[1], num_padded)
+        g = [o.cuda() for o in out[2:]]
+        sconv_seq_metadata(qsl.cuda(), len(lens), num_actual, g[0], g[1], num_padded)
+        assert torch.equal(g[0].cpu(), out[0]) and torch.equal(g[1].cpu(), out[1])
+
+
+def test_fused_sconv_ref_on_cuda_matches() -> None:
+    """The reference itself runs on CUDA tensors too (used by benchmarks)."""
+    case = _hazard_case(256, 128, True, seed=1)
+    d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+    out = fused_sconv_ref(d["x"], d["weight"], d["cache"], d["positions"], d["table"], d["seq"], d["slots"],
+                          d["qs"], d["off"], d["width"], d["n"])
+    torch.testing.assert_close(out.float(), d["expected"].float(), rtol=1.6e-2, atol=1.6e-2)
