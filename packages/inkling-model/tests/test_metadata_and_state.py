@@ -71,6 +71,10 @@ def test_builder_pads_a_short_slot_mapping_with_minus_one():
     assert meta.slot_mapping.tolist() == [8, 9, 20, 21, 22, -1, -1, -1]
     assert meta.slot_mapping.data_ptr() == builder.slot_mapping_buffer.data_ptr()
     assert meta.block_size is None
+    # Between the real and the padded count: copied, the rest -1.
+    six = torch.tensor([8, 9, 20, 21, 22, -1], dtype=torch.int64)
+    meta = builder.build(qsl, six, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8)
+    assert meta.slot_mapping.tolist() == [8, 9, 20, 21, 22, -1, -1, -1]
     assert builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8, block_size=16).block_size == 16
     with pytest.raises(ValueError, match="block_size"):
         builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8, block_size=0)
@@ -84,7 +88,7 @@ def test_builder_pads_a_short_slot_mapping_with_minus_one():
         (dict(block_table=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "int32"),
         (dict(block_table=torch.zeros(1, 3, dtype=torch.int32)), ValueError, "fewer than num_reqs"),
         (dict(slot_mapping=torch.zeros(6, dtype=torch.int32)), TypeError, "int64"),
-        (dict(slot_mapping=torch.zeros(6, dtype=torch.int64)), ValueError, "entries"),
+        (dict(slot_mapping=torch.zeros(4, dtype=torch.int64)), ValueError, "fewer than num_actual_tokens"),
         (dict(query_start_loc=torch.tensor([0, 2], dtype=torch.int32)), ValueError, "num_reqs \\+ 1"),
         (dict(num_reqs=-1), ValueError, "num_reqs"),
     ],

@@ -99,10 +99,10 @@ class SconvMetadataBuilder:
             query_start_loc: ``[>= num_reqs + 1]`` int32 request row offsets
                 (``query_start_loc[i]`` is request ``i``'s first flat row and
                 ``query_start_loc[num_reqs] == num_actual_tokens``).
-            slot_mapping: int64 slots; either ``>= num_padded_tokens`` entries whose
-                pad rows are already ``-1`` (used as a view, no copy), or exactly
-                ``num_actual_tokens`` entries (copied into a persistent buffer whose
-                pad rows are set to ``-1``).
+            slot_mapping: int64 slots, at least ``num_actual_tokens`` of them. With
+                ``>= num_padded_tokens`` entries (pad rows already ``-1``) it is used
+                as a view, no copy; a shorter one is copied into a persistent buffer
+                whose remaining rows are set to ``-1``.
             block_table: ``[num_reqs or more, max_blocks]`` int32.
             num_reqs: requests in this forward.
             num_actual_tokens: real tokens (``query_start_loc[num_reqs]``).
@@ -166,17 +166,17 @@ class SconvMetadataBuilder:
                     f"{name} is on {tensor.device}, the builder's buffers on {self.device}"
                 )
 
-        if slot_mapping.shape[0] >= num_padded_tokens:
+        given = int(slot_mapping.shape[0])
+        if given >= num_padded_tokens:
             slots = slot_mapping[:num_padded_tokens]
-        elif slot_mapping.shape[0] == num_actual_tokens:
+        elif given >= num_actual_tokens:
             slots = self.slot_mapping_buffer[:num_padded_tokens]
-            slots[:num_actual_tokens].copy_(slot_mapping)
-            slots[num_actual_tokens:].fill_(-1)
+            slots[:given].copy_(slot_mapping)
+            slots[given:].fill_(-1)
         else:
             raise ValueError(
-                f"slot_mapping has {slot_mapping.shape[0]} entries: give either at least "
-                f"num_padded_tokens ({num_padded_tokens}) with pad rows set to -1, or exactly "
-                f"num_actual_tokens ({num_actual_tokens})"
+                f"slot_mapping has {given} entries, fewer than num_actual_tokens "
+                f"({num_actual_tokens}): give a slot for every real token (pad rows -1)"
             )
 
         sconv_seq_metadata(
