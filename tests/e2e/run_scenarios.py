@@ -35,9 +35,10 @@ def _tokens(outputs: Any) -> list[list[int]]:
 
 
 def _metric(llm: Any, name: str) -> float:
+    """Sum of a counter over its label sets (prometheus may add ``_total``)."""
     total = 0.0
     for m in llm.get_metrics():
-        if m.name == name and hasattr(m, "value"):
+        if m.name in (name, name + "_total") and hasattr(m, "value"):
             total += float(m.value)
     return total
 
@@ -56,7 +57,7 @@ def _run(llm: Any, token_prompts: list[list[int]], params: Any) -> Any:
 def sc_concurrent(llm: Any) -> dict[str, Any]:
     # many prompts of different lengths (1 token to past the sliding window and
     # several conv blocks) in one batch
-    lengths = [1, 2, 3, 4, 5, 7, 13, 24, 25, 31, 64, 65, 100, 129, 200, 257]
+    lengths = [1, 2, 3, 4, 5, 7, 13, 24, 25, 31, 64, 65, 100, 129, 200, 231]
     ps = prompts(1, lengths)
     out = _run(llm, ps, greedy(12))
     return {"prompts": ps, "tokens": _tokens(out)}
@@ -122,10 +123,15 @@ def sc_chunked(llm: Any) -> dict[str, Any]:
 
 
 def sc_preemption(llm: Any) -> dict[str, Any]:
-    ps = prompts(7, [180, 220, 160, 240, 200, 190, 170, 230])
+    ps = prompts(7, [180, 120, 160, 140, 200, 190, 170, 150])
     pre0 = _metric(llm, "vllm:num_preemptions")
     out = _run(llm, ps, greedy(40))
-    return {"prompts": ps, "tokens": _tokens(out), "preemptions": _metric(llm, "vllm:num_preemptions") - pre0}
+    return {
+        "prompts": ps,
+        "tokens": _tokens(out),
+        "preemptions": _metric(llm, "vllm:num_preemptions") - pre0,
+        "metric_names": sorted({m.name for m in llm.get_metrics()}),
+    }
 
 
 def sc_inspect(llm: Any) -> dict[str, Any]:
@@ -148,7 +154,15 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # strided (padded) conv pages, a user block size, and a KV cache so small
     # that requests get preempted and recomputed
     "small_padded": (
-        dict(enforce_eager=True, block_size=32, num_gpu_blocks_override=24, max_num_seqs=8),
+        dict(
+            enforce_eager=True,
+            block_size=32,
+            max_model_len=256,
+            max_num_batched_tokens=64,
+            num_gpu_blocks_override=36,
+            scheduler_reserve_full_isl=False,  # admit by chunk: decode growth preempts
+            max_num_seqs=8,
+        ),
         ["inspect", "preemption", "concurrent"],
     ),
 }
@@ -170,8 +184,10 @@ def main(argv: list[str]) -> int:
     from vllm import LLM
 
     settings, names = ENGINES[engine]
+    if os.environ.get("INKLING_E2E_SETTINGS"):  # experiments: extra settings as JSON
+        settings = {**settings, **json.loads(os.environ["INKLING_E2E_SETTINGS"])}
     started = time.time()
-    llm = LLM(model=checkpoint, **COMMON, **settings)
+    llm = LLM(model=checkpoint, **{**COMMON, **settings})
     results: dict[str, Any] = {"engine_start_s": time.time() - started}
     for name in names:
         t = time.time()

@@ -219,3 +219,81 @@ def missing_api(items: tuple[ApiItem, ...] = REQUIRED_API) -> list[str]:
                     label = f"{where}.{item.method}" if item.method else where
                     problems.append(f"{label}: no parameter {param!r}")
     return problems
+
+
+def spec_problems() -> list[str]:
+    """Build the ``SlidingWindowSpec`` the adapter emits (for a small layout) with
+    the installed vLLM and check that vLLM sizes its page as ``inkling_cache`` does
+    (``head_size_v = 0``: no separate V half). Returns one line per problem."""
+    import torch
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from inkling_cache import ConvStateLayout
+
+    problems: list[str] = []
+    for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+        layout = ConvStateLayout.build(num_kv_heads=2, head_dim=64, hidden_size=128, kernel_size=4)
+        spec = SlidingWindowSpec(
+            block_size=layout.kernel_size,
+            num_kv_heads=layout.num_heads,
+            head_size=layout.head_size,
+            head_size_v=0,
+            dtype=dtype,
+            sliding_window=layout.kernel_size,
+        )
+        if spec.page_size_bytes != layout.page_bytes(name):
+            problems.append(
+                f"SlidingWindowSpec page_size_bytes {spec.page_size_bytes} != layout page "
+                f"{layout.page_bytes(name)} ({name})"
+            )
+    return problems
+
+
+ADAPTER_MODULES = ("inkling_vllm.conv_state", "inkling_vllm.model", "inkling_vllm.plugin")
+
+
+def import_problems() -> list[str]:
+    """Import the adapter's vLLM-facing modules with the installed vLLM."""
+    problems: list[str] = []
+    for name in ADAPTER_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # reported, not raised
+            problems.append(f"{name}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def api_fingerprint(items: tuple[ApiItem, ...] = REQUIRED_API) -> str:
+    """A stable digest of :data:`REQUIRED_API` (a recorded check names what it checked)."""
+    import hashlib
+
+    text = repr(sorted(repr(i) for i in items))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_report() -> dict[str, object]:
+    """Everything this module checks, against the installed (or PYTHONPATH) vLLM."""
+    import vllm
+
+    return {
+        "vllm_version": str(vllm.__version__),
+        "api_fingerprint": api_fingerprint(),
+        "items": len(REQUIRED_API),
+        "missing_api": missing_api(),
+        "spec_problems": spec_problems(),
+        "import_problems": import_problems(),
+    }
+
+
+if __name__ == "__main__":  # python -m inkling_vllm.compat [OUT.json]
+    import json
+    import sys
+
+    report = check_report()
+    text = json.dumps(report, indent=2)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            f.write(text + "\n")
+    print(text)
+    failed = report["missing_api"] or report["spec_problems"] or report["import_problems"]
+    sys.exit(1 if failed else 0)

@@ -363,8 +363,6 @@ class InklingForCausalLM(nn.Module):
         checkpoint); returns the names of the parameters filled."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
-        tp_rank = get_tensor_model_parallel_rank()
-        tp_size = get_tensor_model_parallel_world_size()
         loaded: set[str] = set()
         for name, tensor in weights:
             if name.startswith("model.mtp."):
@@ -387,7 +385,7 @@ class InklingForCausalLM(nn.Module):
                 conv = modules.get(module_name)
                 if not isinstance(conv, InklingShortConv):
                     raise KeyError(f"{name}: no short conv {module_name!r} in the model")
-                conv.load_weight(tensor, tp_rank, tp_size)
+                conv.load_weight(tensor, get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size())
                 loaded.add(f"{module_name}.weight")
                 continue
             for ckpt, ours, shard in _STACKED:
