@@ -1,0 +1,258 @@
+"""The adapter without an engine: spec, errors, metadata builder, provider, plugin,
+and the model's refusal of checkpoints outside the supported subset."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+from inkling_cache import ConvStateLayout, Stream
+from inkling_model.metadata import SconvMetadata
+from inkling_model.state import current_metadata, get_owner
+from inkling_vllm import conv_state
+from inkling_vllm.model import InklingForCausalLM, UnsupportedCheckpoint, check_supported_config
+
+
+def fake_vllm_config(dtype: torch.dtype = torch.float32, max_tokens: int = 64) -> Any:
+    return SimpleNamespace(
+        model_config=SimpleNamespace(dtype=dtype),
+        compilation_config=SimpleNamespace(static_forward_context={}, cudagraph_capture_sizes=[]),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+    )
+
+
+@pytest.fixture
+def vllm_env(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Patch what InklingConvStateLayer reads from vLLM's globals."""
+    state = SimpleNamespace(config=fake_vllm_config(), tp=1)
+    monkeypatch.setattr(conv_state, "get_current_vllm_config", lambda: state.config)
+    monkeypatch.setattr(conv_state, "get_tensor_model_parallel_world_size", lambda: state.tp)
+    return state
+
+
+def make_layer(prefix: str, heads: int = 2, head_dim: int = 64, hidden: int = 128, **kw: Any) -> Any:
+    return conv_state.InklingConvStateLayer(
+        num_kv_heads=heads, head_dim=head_dim, hidden_size=hidden, kernel_size=4, prefix=prefix, **kw
+    )
+
+
+# --- the layer and its spec -------------------------------------------------------
+@pytest.mark.parametrize("tp,heads,hidden", [(1, 2, 128), (2, 4, 256), (4, 8, 512)])
+def test_spec_is_one_sliding_window_of_the_packed_layout(vllm_env: Any, tp: int, heads: int, hidden: int) -> None:
+    vllm_env.tp = tp
+    layer = make_layer(f"spec.{tp}", heads=heads, hidden=hidden)
+    spec = layer.get_kv_cache_spec(vllm_env.config)
+    expected = ConvStateLayout.build(num_kv_heads=heads, head_dim=64, hidden_size=hidden, kernel_size=4, tp_size=tp)
+    assert isinstance(spec, SlidingWindowSpec)
+    assert spec.block_size == 4 and spec.sliding_window == 4
+    assert spec.num_kv_heads == heads // tp == expected.num_heads
+    assert spec.head_size == expected.head_size
+    assert spec.head_size_v == 0
+    assert spec.dtype == torch.float32
+    assert spec.page_size_bytes == expected.page_bytes("float32")
+    assert vllm_env.config.compilation_config.static_forward_context[f"spec.{tp}"] is layer
+    assert layer.get_attn_backend().get_name() == "INKLING_SCONV_SWA"
+    assert layer.get_attn_backend().get_builder_cls() is conv_state.InklingSconvMetadataBuilder
+
+
+def test_duplicate_layer_name_is_refused(vllm_env: Any) -> None:
+    make_layer("dup")
+    with pytest.raises(ValueError, match="duplicate layer name"):
+        make_layer("dup")
+
+
+@pytest.mark.parametrize("tp,heads", [(4, 2), (3, 4)])
+def test_tp_that_splits_kv_heads_is_refused(vllm_env: Any, tp: int, heads: int) -> None:
+    vllm_env.tp = tp
+    with pytest.raises(ValueError, match=f"tensor_parallel_size {tp}"):
+        make_layer(f"tp.{tp}", heads=heads, hidden=heads * 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8])
+def test_unsupported_dtype_is_refused(vllm_env: Any, dtype: torch.dtype) -> None:
+    vllm_env.config = fake_vllm_config(dtype)
+    with pytest.raises(ValueError, match="dtype"):
+        make_layer(f"dtype.{dtype}")
+
+
+def test_unsupported_vllm_version_is_refused(vllm_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.30.1")
+    from inkling_vllm.compat import UnsupportedVllmVersion
+
+    with pytest.raises(UnsupportedVllmVersion, match="0.30.1"):
+        make_layer("old")
+
+
+def test_bind_uses_the_runtime_block_size_and_accepts_strided_pages(vllm_env: Any) -> None:
+    layer = make_layer("bind", heads=4, hidden=128, padding="none")  # D = 192
+    assert layer.block_size == 4  # unbound: the layout's W
+    # the engine enlarged the block to 16 rows and padded each page to 16384 floats
+    raw = torch.zeros(10, 16384)
+    view = raw[:, : 4 * 16 * 192].view(10, 4, 16, 192)
+    layer.bind_kv_cache(view)
+    assert layer.kv_cache is view and not view.is_contiguous()
+    assert layer.block_size == 16 and layer.owner.block_size == 16
+    assert get_owner("bind").cache is view
+
+
+# --- metadata builder -------------------------------------------------------------
+def _expected_rows(qsl: list[int], padded: int) -> tuple[list[int], list[int]]:
+    seq, start = [0] * padded, [0] * padded
+    for r in range(len(qsl) - 1):
+        for t in range(qsl[r], qsl[r + 1]):
+            seq[t], start[t] = r, qsl[r]
+    return seq, start
+
+
+@pytest.mark.parametrize("lens,pad", [([3, 1, 5], 0), ([1], 7), ([4, 4, 4, 4], 3), ([17], 0)])
+def test_builder_maps_common_metadata(lens: list[int], pad: int) -> None:
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=2, head_size=256, head_size_v=0, dtype=torch.float32, sliding_window=4)
+    builder = conv_state.InklingSconvMetadataBuilder(spec, ["x"], fake_vllm_config(max_tokens=64), torch.device("cpu"))
+    assert builder.get_cudagraph_support(None, spec).name == "UNIFORM_BATCH"
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    actual, padded = qsl[-1], qsl[-1] + pad
+    g = torch.Generator().manual_seed(actual)
+    slots = torch.randint(0, 1000, (padded,), generator=g, dtype=torch.int64)
+    slots[actual:] = -1
+    table = torch.randint(0, 50, (len(lens), 8), generator=g, dtype=torch.int32)
+    cm = SimpleNamespace(
+        num_reqs=len(lens),
+        num_actual_tokens=padded,
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
+        slot_mapping=slots,
+        block_table_tensor=table,
+    )
+    first = builder.build(0, cm)
+    assert isinstance(first, SconvMetadata)
+    seq, start = _expected_rows(qsl, padded)
+    assert first.seq_idx.tolist() == seq
+    assert first.query_start.tolist() == start
+    assert first.slot_mapping.tolist() == slots.tolist()
+    assert first.block_table is table
+    # persistent buffers: a second build writes the same storage
+    second = builder.build(0, cm)
+    assert second.seq_idx.data_ptr() == first.seq_idx.data_ptr()
+    assert second.query_start.data_ptr() == first.query_start.data_ptr()
+
+
+def test_builder_refuses_other_specs() -> None:
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    with pytest.raises(TypeError, match="SlidingWindowSpec"):
+        conv_state.InklingSconvMetadataBuilder(spec, ["x"], fake_vllm_config(), torch.device("cpu"))
+
+
+# --- metadata provider ------------------------------------------------------------
+def test_provider_reads_the_forward_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    meta = SconvMetadata(
+        block_table=torch.zeros(1, 1, dtype=torch.int32),
+        slot_mapping=torch.zeros(1, dtype=torch.int64),
+        seq_idx=torch.zeros(1, dtype=torch.int32),
+        query_start=torch.zeros(1, dtype=torch.int32),
+    )
+    ctx = SimpleNamespace(attn_metadata=None)
+    available = {"v": False}
+    monkeypatch.setattr(conv_state, "is_forward_context_available", lambda: available["v"])
+    monkeypatch.setattr(conv_state, "get_forward_context", lambda: ctx)
+    conv_state.install_metadata_provider()
+    assert current_metadata("layer.a") is None  # no forward context at all
+    available["v"] = True
+    assert current_metadata("layer.a") is None  # profiling pass: not a dict
+    ctx.attn_metadata = [{"layer.a": meta}]  # micro-batched list: not handled -> identity
+    assert current_metadata("layer.a") is None
+    ctx.attn_metadata = {"layer.b": meta}
+    assert current_metadata("layer.a") is None  # nothing for this layer
+    ctx.attn_metadata = {"layer.a": meta, "layer.c": object()}
+    assert current_metadata("layer.a") is meta
+    assert current_metadata("layer.c") is None  # someone else's metadata type
+
+
+# --- model config / weights -------------------------------------------------------
+def tiny_hf_config(**overrides: Any) -> Any:
+    cfg = dict(
+        num_hidden_layers=2,
+        layer_types=["hybrid_sliding", "hybrid"],
+        mlp_layer_types=["dense", "dense"],
+        log_scaling_n_floor=None,
+        unpadded_vocab_size=None,
+        vocab_size=100,
+        hidden_act="silu",
+    )
+    cfg.update(overrides)
+    return SimpleNamespace(**cfg)
+
+
+def test_supported_config_passes() -> None:
+    check_supported_config(tiny_hf_config())
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"mlp_layer_types": ["dense", "sparse"]}, "MoE"),
+        ({"log_scaling_n_floor": 128}, "log scaling"),
+        ({"layer_types": ["hybrid", "linear"]}, "layer_types"),
+        ({"unpadded_vocab_size": 90}, "unpadded_vocab_size"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
+def test_unsupported_configs_are_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(UnsupportedCheckpoint, match=message):
+        check_supported_config(tiny_hf_config(**overrides))
+
+
+def test_nonzero_relative_logits_are_refused_at_load() -> None:
+    stub = torch.nn.Module()
+    proj = torch.zeros(4, 24)
+    # a zero projection is skipped (nothing to load) ...
+    assert InklingForCausalLM.load_weights(stub, [("model.layers.0.self_attn.rel_logits_proj.proj", proj)]) == set()
+    proj[1, 3] = 1e-3
+    with pytest.raises(UnsupportedCheckpoint, match="relative-logit"):
+        InklingForCausalLM.load_weights(stub, [("model.layers.0.self_attn.rel_logits_proj.proj", proj)])
+
+
+def test_moe_weights_are_refused_at_load() -> None:
+    with pytest.raises(UnsupportedCheckpoint, match="MoE"):
+        InklingForCausalLM.load_weights(torch.nn.Module(), [("model.layers.1.mlp.experts.gate_up_proj", torch.zeros(2, 2))])
+
+
+# --- plugin -----------------------------------------------------------------------
+def test_entry_point_is_declared() -> None:
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert any(ep.value == "inkling_vllm.plugin:register" for ep in eps)
+
+
+def test_register_is_reentrant_and_points_at_our_model() -> None:
+    from vllm import ModelRegistry
+
+    from inkling_vllm import plugin
+
+    plugin.register()
+    plugin.register()
+    entry = ModelRegistry.models["InklingForCausalLM"]
+    assert getattr(entry, "module_name", None) == "inkling_vllm.model"
+    assert getattr(entry, "class_name", None) == "InklingForCausalLM"
+
+
+def test_plugin_import_is_lazy() -> None:
+    code = "import sys, inkling_vllm.plugin; print('vllm' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_stream_widths_match_the_model_layers(vllm_env: Any) -> None:
+    layer = make_layer("widths", heads=4, hidden=128)
+    assert layer.owner.stream_dim(Stream.K) == 4 * 64
+    assert layer.owner.stream_dim(Stream.ATTN) == 128
