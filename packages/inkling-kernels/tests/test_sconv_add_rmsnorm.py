@@ -203,8 +203,9 @@ def assert_cache_writes(tr: Trace, before: torch.Tensor, after: torch.Tensor) ->
 
 CONFIGS = (
     None,  # the heuristic
-    NormConfig(block_t=4, block_c=16, num_warps=2, scan=4),  # chunks cross heads, tiny scan
-    NormConfig(block_t=2, block_c=64, num_warps=1, scan=8),  # one masked chunk per row
+    NormConfig(block_t=4, block_h=1, block_j=16, num_warps=2, scan=4),  # 2 j-chunks a head, tiny scan
+    NormConfig(block_t=2, block_h=2, block_j=32, num_warps=1, scan=8),  # the whole row, masked j
+    NormConfig(block_t=1, block_h=4, block_j=8, num_warps=1, scan=256),  # masked heads
 )
 
 
@@ -237,7 +238,7 @@ def test_other_kernel_sizes(kernel_size: int) -> None:
     tr = make_trace(rng, torch.float32, random_requests(rng), kernel_size=kernel_size)
     ref = run_reference(tr, clone_cache(tr.cache))
     cache = clone_cache(tr.cache)
-    out = run_kernel(tr, cache, NormConfig(block_t=2, block_c=32, num_warps=1, scan=8))
+    out = run_kernel(tr, cache, NormConfig(block_t=2, block_h=1, block_j=32, num_warps=1, scan=8))
     for got, want in zip(out, ref):
         assert_close(got, want, torch.float32)
     assert_cache_writes(tr, tr.cache, cache)
@@ -271,7 +272,7 @@ def test_same_step_prefix_hit(hit_first: bool) -> None:
         b_rows = slice(0, b_len)
         a_rows = slice(b_len, b_len + prompt)
     ref = run_reference(tr, clone_cache(tr.cache))
-    for cfg in (None, NormConfig(block_t=2, block_c=16, num_warps=1, scan=4)):
+    for cfg in (None, NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4)):
         cache = clone_cache(tr.cache)
         out = run_kernel(tr, cache, cfg)
         for got, want in zip(out, ref):

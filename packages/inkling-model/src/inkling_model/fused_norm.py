@@ -168,6 +168,13 @@ class InklingShortConvAddRMSNorm(nn.Module):
             raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
         # Validates dim and kernel_size against the layout, and owns the conv weight.
         self.conv = InklingShortConv(dim, kernel_size, owner, stream, dtype=dtype, device=device)
+        # Same (dim, 1, W) parameter, stored channel-contiguous (the transpose of a
+        # (W, dim) tensor): the fused kernel then reads each tap's weights with vector
+        # loads. Loading and state_dict work through the usual copies.
+        self.conv.weight = nn.Parameter(
+            torch.zeros(kernel_size, dim, dtype=dtype, device=device).t().unsqueeze(1),
+            requires_grad=False,
+        )
         self.norm_weight = nn.Parameter(
             torch.ones(dim, dtype=norm_dtype, device=device), requires_grad=False
         )

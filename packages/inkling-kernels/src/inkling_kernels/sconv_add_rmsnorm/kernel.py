@@ -1,27 +1,34 @@
 """Triton kernel and launcher for ``fused_sconv_add_rmsnorm``.
 
 Tiling: one program owns ``BLOCK_T`` consecutive rows and the *whole* hidden row
-(RMSNorm needs it), walked in ``BLOCK_C``-channel chunks. Grid ``cdiv(T, BLOCK_T)``:
-it depends only on T, nothing but the two outputs is allocated and nothing syncs
-with the host, so the launch replays under CUDA graphs.
+(RMSNorm needs it). The row's ``C = H * stream_width`` channels are walked as
+``[BLOCK_T, BLOCK_H, BLOCK_J]`` tiles: ``BLOCK_H`` heads times ``BLOCK_J`` channels
+of each head's stream range, so every tile's cache addresses are contiguous along
+``j`` (vector loads and stores; ``stream_width`` need not be a power of two: the
+last ``j`` chunk of a head is masked). Grid ``cdiv(T, BLOCK_T)``: it depends only
+on T, nothing but the two outputs is allocated and nothing syncs with the host, so
+the launch replays under CUDA graphs.
 
 Per program:
 
-0. resolve the ``W-1`` earlier taps of each row once, as a ``[BLOCK_T, KW]`` table
-   (``KW`` = W rounded up to a power of two): in-forward taps name a row of ``d``;
-   pre-forward taps a cache slot through the block table. Same-step hazard, handled
-   as ``fused_sconv`` handles it: a pre-forward slot that a row of this very launch
-   writes (a same-step prefix hit) is looked up in ``slot_mapping`` and read from that
-   writer's row of ``d`` instead of the cache, so the result equals "insert the whole
-   batch, then convolve" in any program order. Only programs holding a pre-forward
-   tap scan (decode tiles; the first W-1 rows of each request in prefill), and they
-   scan once for all chunks;
-1. per chunk: load ``d`` and ``hidden``, store ``d`` into the rows' slots, form the
-   W taps (fp32), ``s = dt(d + conv)``, ``new_h = dt(hidden + s)``; store ``new_h``
-   and accumulate the row's sum of squares;
-2. ``rstd = 1 / sqrt(mean + eps)``; after a block barrier (the chunks of ``new_h``
-   this program stored are visible to all its threads) re-read ``new_h`` chunk by
-   chunk (L1/L2 hits) and store ``dt(norm_weight * dt(new_h * rstd))``.
+0. resolve the ``W-1`` earlier taps of each row once, before the channel loop: an
+   in-forward tap names a row of ``d``; a pre-forward tap a cache slot through the
+   block table. Same-step hazard, handled as ``fused_sconv`` handles it: a
+   pre-forward slot that a row of this very launch writes (a same-step prefix hit) is
+   looked up in ``slot_mapping`` and read from that writer's row of ``d`` instead of
+   the cache, so the result equals "insert the whole batch, then convolve" in any
+   program order. Only programs holding a pre-forward tap scan (decode tiles; the
+   first W-1 rows of each request in prefill), once for all taps and chunks;
+1. per tile: load ``d`` and ``hidden``, store ``d`` into the rows' slots, form the W
+   taps (fp32), ``s = dt(d + conv)``, ``new_h = dt(hidden + s)``; store ``new_h`` and
+   accumulate its squares (reduced once, after the loop);
+2. ``rstd = 1 / sqrt(mean + eps)``; after a block barrier (the ``new_h`` tiles this
+   program stored are visible to all its threads) re-read ``new_h`` tile by tile
+   (L1/L2 hits) and store ``dt(norm_weight * dt(new_h * rstd))``.
+
+The conv weight is read as ``weight[c, i]`` with any strides; a channel-contiguous
+weight (``stride(0) == 1``, e.g. the transpose of a ``(W, C)`` tensor, as
+``InklingShortConvAddRMSNorm`` keeps it) is read with vector loads.
 """
 
 from __future__ import annotations
@@ -92,15 +99,17 @@ def _sconv_add_rmsnorm_kernel(
     stride_table,
     stream_offset,
     eps,
-    CHANNELS: tl.constexpr,
+    NH: tl.constexpr,
     WS: tl.constexpr,
     N: tl.constexpr,
     W: tl.constexpr,
     KW: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_J: tl.constexpr,
     SCAN: tl.constexpr,
 ):
+    CHANNELS: tl.constexpr = NH * WS
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < num_tokens
@@ -134,67 +143,85 @@ def _sconv_add_rmsnorm_kernel(
         drow = tl.where(ok & (hit >= 0), hit, drow)
         ok = ok & (hit < 0)
     pslot = tl.where(ok, pslot, 0)
-    crow = (pslot // N) * stride_cb + (pslot % N) * stride_cn  # cache row offsets
     cread = ok.to(tl.int64)
 
-    # 1. conv, residual adds, sum of squares.
-    sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for c0 in range(0, CHANNELS, BLOCK_C):
-        chan = c0 + tl.arange(0, BLOCK_C)
-        cmask = chan < CHANNELS
-        ccol = (chan // WS).to(tl.int64) * stride_ch + stream_offset + chan % WS
-        tmask = rmask[:, None] & cmask[None, :]
-        offs = rows64[:, None] * CHANNELS + chan[None, :]
-        d_tile = tl.load(d_ptr + offs, mask=tmask, other=0.0)
-        h_tile = tl.load(hidden_ptr + offs, mask=tmask, other=0.0)
-        tl.store(cache_ptr + dst[:, None] + ccol[None, :], d_tile, mask=wmask[:, None] & cmask[None, :])
-        d32 = d_tile.to(tl.float32)
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-        for i in tl.static_range(W):
-            wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=cmask, other=0.0).to(tl.float32)
-            if i == W - 1:
-                tap = d32
-            else:
-                r = _column(drow, kidx, i)
-                cr = _column(crow, kidx, i)
-                cm = _column(cread, kidx, i) > 0
-                tap = tl.load(
-                    d_ptr + tl.where(r >= 0, r, 0)[:, None] * CHANNELS + chan[None, :],
-                    mask=(r >= 0)[:, None] & cmask[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-                tap += tl.load(
-                    cache_ptr + cr[:, None] + ccol[None, :],
-                    mask=cm[:, None] & cmask[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-            acc += wv[None, :] * tap
-        s = (d32 + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
-        new_h = (h_tile.to(tl.float32) + s).to(d_ptr.dtype.element_ty)
-        tl.store(new_h_ptr + offs, new_h, mask=tmask)
-        nh32 = new_h.to(tl.float32)
-        sumsq += tl.sum(nh32 * nh32, axis=1)
+    # Per earlier tap, hoisted out of the channel loop and shaped for the 3-D tiles:
+    # row offset into d and its mask, cache row offset and its mask.
+    d_off = ()
+    d_on = ()
+    c_off = ()
+    c_on = ()
+    for i in tl.static_range(W - 1):
+        r = _column(drow, kidx, i)
+        d_off = d_off + ((tl.where(r >= 0, r, 0) * CHANNELS)[:, None, None],)
+        d_on = d_on + ((r >= 0)[:, None, None],)
+        # (offsets formed after the column pick, so that the compiler still sees
+        # them as multiples of the strides: vector loads)
+        p = _column(pslot, kidx, i)
+        c_off = c_off + (((p // N) * stride_cb + (p % N) * stride_cn)[:, None, None],)
+        c_on = c_on + ((_column(cread, kidx, i) > 0)[:, None, None],)
+
+    row_off = (rows64 * CHANNELS)[:, None, None]
+    row_on = rmask[:, None, None]
+    dst3 = dst[:, None, None]
+    wr_on = wmask[:, None, None]
+    hh0 = tl.arange(0, BLOCK_H)
+    jj0 = tl.arange(0, BLOCK_J)
+
+    # 1. conv, residual adds, squares.
+    sq = tl.zeros([BLOCK_T, BLOCK_H, BLOCK_J], dtype=tl.float32)
+    for h0 in range(0, NH, BLOCK_H):
+        for j0 in range(0, WS, BLOCK_J):
+            hh = h0 + hh0
+            jj = j0 + jj0
+            chan = (hh[:, None] * WS + jj[None, :])[None, :, :]  # [1, BH, BJ]
+            con = ((hh < NH)[:, None] & (jj < WS)[None, :])[None, :, :]
+            ccol = (hh.to(tl.int64)[:, None] * stride_ch + stream_offset + jj[None, :])[None, :, :]
+            tmask = row_on & con
+            offs = row_off + chan
+            d_tile = tl.load(d_ptr + offs, mask=tmask, other=0.0)
+            h_tile = tl.load(hidden_ptr + offs, mask=tmask, other=0.0)
+            tl.store(cache_ptr + dst3 + ccol, d_tile, mask=wr_on & con)
+            d32 = d_tile.to(tl.float32)
+            wv = tl.load(w_ptr + chan * stride_wc + (W - 1) * stride_wk, mask=con, other=0.0)
+            acc = wv.to(tl.float32) * d32
+            for i in tl.static_range(W - 1):
+                wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=con, other=0.0)
+                tap = tl.load(d_ptr + d_off[i] + chan, mask=d_on[i] & con, other=0.0).to(tl.float32)
+                tap += tl.load(cache_ptr + c_off[i] + ccol, mask=c_on[i] & con, other=0.0).to(tl.float32)
+                acc += wv.to(tl.float32) * tap
+            s = (d32 + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
+            new_h = (h_tile.to(tl.float32) + s).to(d_ptr.dtype.element_ty)
+            tl.store(new_h_ptr + offs, new_h, mask=tmask)
+            nh32 = new_h.to(tl.float32)
+            sq += nh32 * nh32
 
     # 2. normalise the stored rows.
-    rstd = 1.0 / tl.sqrt_rn(sumsq / CHANNELS + eps)
+    sumsq = tl.sum(tl.sum(sq, axis=2), axis=1)
+    rstd = (1.0 / tl.sqrt_rn(sumsq / CHANNELS + eps))[:, None, None]
     tl.debug_barrier()
-    for c0 in range(0, CHANNELS, BLOCK_C):
-        chan = c0 + tl.arange(0, BLOCK_C)
-        cmask = chan < CHANNELS
-        tmask = rmask[:, None] & cmask[None, :]
-        offs = rows64[:, None] * CHANNELS + chan[None, :]
-        nh32 = tl.load(new_h_ptr + offs, mask=tmask, other=0.0).to(tl.float32)
-        y = (nh32 * rstd[:, None]).to(d_ptr.dtype.element_ty).to(tl.float32)
-        nw = tl.load(norm_w_ptr + chan, mask=cmask, other=0.0).to(tl.float32)
-        tl.store(normed_ptr + offs, (nw[None, :] * y).to(d_ptr.dtype.element_ty), mask=tmask)
+    for h0 in range(0, NH, BLOCK_H):
+        for j0 in range(0, WS, BLOCK_J):
+            hh = h0 + hh0
+            jj = j0 + jj0
+            chan = (hh[:, None] * WS + jj[None, :])[None, :, :]
+            con = ((hh < NH)[:, None] & (jj < WS)[None, :])[None, :, :]
+            tmask = row_on & con
+            offs = row_off + chan
+            nh32 = tl.load(new_h_ptr + offs, mask=tmask, other=0.0).to(tl.float32)
+            y = (nh32 * rstd).to(d_ptr.dtype.element_ty).to(tl.float32)
+            nw = tl.load(norm_w_ptr + chan, mask=con, other=0.0).to(tl.float32)
+            tl.store(normed_ptr + offs, (nw * y).to(d_ptr.dtype.element_ty), mask=tmask)
 
 
 @dataclass(frozen=True)
 class NormConfig:
-    """One launch configuration of the fused kernel."""
+    """One launch configuration: ``[block_t, block_h, block_j]`` tiles (rows, heads,
+    channels of a head's stream range), all powers of two."""
 
     block_t: int
-    block_c: int
+    block_h: int
+    block_j: int
     num_warps: int
     scan: int = 256
 
@@ -203,23 +230,26 @@ def _pow2_ceil(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def choose_norm_config(num_tokens: int, channels: int) -> NormConfig:
+def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
     """Heuristic tile choice (no autotuning: the grid must depend on T alone).
 
-    Few rows: one row per program and the widest chunk, so that the grid has as
-    many programs as possible and each row is one or two chunk steps. Many rows:
-    a few rows per program, so the weights' chunk is reused across rows.
+    Few rows: one row per program and the whole row in one tile (as many programs
+    as possible, no loop-carried latency). Many rows: several rows per program and
+    narrower tiles, so the weights' tile is reused across rows.
     """
-    row = _pow2_ceil(channels)
-    if num_tokens <= 512:
-        block_t, block_c = 1, min(row, 4096)
-    elif num_tokens <= 2048:
-        block_t, block_c = 2, min(row, 2048)
+    block_j = min(_pow2_ceil(stream_width), 1024)
+    heads = _pow2_ceil(num_heads)
+    if num_tokens <= 128:
+        block_t, tile = 1, 8192
+    elif num_tokens <= 1024:
+        block_t, tile = 2, 8192
     else:
-        block_t, block_c = 4, min(row, 1024)
-    elems = block_t * block_c
+        block_t, tile = 8, 8192
+        block_j = min(block_j, 256)
+    block_h = max(1, min(heads, tile // (block_t * block_j)))
+    elems = block_t * block_h * block_j
     num_warps = 8 if elems >= 4096 else 4 if elems >= 1024 else 2 if elems >= 256 else 1
-    return NormConfig(block_t=block_t, block_c=block_c, num_warps=num_warps)
+    return NormConfig(block_t=block_t, block_h=block_h, block_j=block_j, num_warps=num_warps)
 
 
 def launch_sconv_add_rmsnorm(
@@ -255,8 +285,8 @@ def launch_sconv_add_rmsnorm(
                 raise ValueError("outputs must be two contiguous tensors shaped and typed like d")
     if prob.num_tokens == 0:
         return new_hidden, normed
-    cfg = config or choose_norm_config(prob.num_tokens, prob.channels)
-    for size in (cfg.block_t, cfg.block_c, cfg.scan):
+    cfg = config or choose_norm_config(prob.num_tokens, prob.num_heads, stream_width)
+    for size in (cfg.block_t, cfg.block_h, cfg.block_j, cfg.scan):
         if size < 1 or size & (size - 1):
             raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
     w2 = prob.weight2d
@@ -272,8 +302,9 @@ def launch_sconv_add_rmsnorm(
         block_table.stride(0),
         stream_offset,
         eps,
-        CHANNELS=prob.channels, WS=stream_width, N=block_size, W=prob.kernel_size, KW=_pow2_ceil(prob.kernel_size),
-        BLOCK_T=cfg.block_t, BLOCK_C=cfg.block_c, SCAN=cfg.scan,
+        NH=prob.num_heads, WS=stream_width, N=block_size, W=prob.kernel_size,
+        KW=_pow2_ceil(prob.kernel_size),
+        BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_J=cfg.block_j, SCAN=cfg.scan,
         num_warps=cfg.num_warps,
     )
     return new_hidden, normed
