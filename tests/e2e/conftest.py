@@ -44,6 +44,12 @@ def engine_env(scratch: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def vllm_env(scratch: Path) -> dict[str, str]:
+    """Environment for a vLLM subprocess (small KV cache, scratch compile cache)."""
+    return engine_env(scratch)
+
+
 class Engines:
     """Runs each engine configuration at most once per session."""
 
