@@ -32,7 +32,7 @@ from ._validation import check_fused_sconv_args
 __all__ = ["SconvConfig", "choose_config", "fused_sconv_triton"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
 def _fused_sconv_kernel(
     x_ptr,
     w_ptr,
@@ -58,6 +58,7 @@ def _fused_sconv_kernel(
     WS: tl.constexpr,
     N: tl.constexpr,
     W: tl.constexpr,
+    WP: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CHUNKS: tl.constexpr,
@@ -78,89 +79,96 @@ def _fused_sconv_kernel(
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < num_tokens
     rows64 = rows.to(tl.int64)
+    if HAZARD_SCAN:
+        # First chunk of the scan, issued early so its latency hides behind the
+        # metadata and block-table loads (decode batches fit in one chunk).
+        srows = tl.arange(0, SCAN)
+        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
     pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
     qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
     seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
 
+    # -- Prologue, before the big tiles are live: where each pre-forward tap comes
+    # from. Column k of the [BLOCK_T, WP] tensors is the tap at distance k+1.
+    kk = tl.arange(0, WP)
+    dist2 = (kk + 1).to(tl.int64)[None, :]
+    src2 = pos[:, None] - dist2
+    trow2 = rows64[:, None] - dist2
+    pre2 = (kk < W - 1)[None, :] & rmask[:, None] & (src2 >= 0) & ((trow2 < qs[:, None]) | (trow2 < 0))
+    any_pre = tl.sum(tl.sum(pre2.to(tl.int32), axis=1), axis=0) > 0
+    pslot2 = tl.full([BLOCK_T, WP], -1, tl.int64)
+    hit2 = tl.full([BLOCK_T, WP], -1, tl.int32)
+    if any_pre:
+        bidx = src2 // N
+        ok = pre2 & (seq >= 0)[:, None] & (seq < num_reqs)[:, None] & (bidx < max_blocks)
+        entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
+        ps = entry * N + src2 % N
+        ok = ok & (ps >= 0) & (ps < num_slots)
+        pslot2 = tl.where(ok, ps, -1)
+        if HAZARD_SCAN:
+            # Same-step hazard: the row of this launch that writes the tap's slot.
+            # Slots compare as int32 when every slot fits (half the work); -2 never
+            # equals a (masked) written slot.
+            if SLOT32:
+                key = tl.where(ok, ps, -2).to(tl.int32)
+            else:
+                key = tl.where(ok, ps, -2)
+            # (a while loop: the interpreter cannot range() over a runtime int
+            # with NumPy >= 2.4)
+            s0 = 0
+            while s0 < num_tokens:
+                cur = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
+                if SLOT32:
+                    cur = cur.to(tl.int32)
+                else:
+                    cur = cur.to(tl.int64)
+                match = key[:, :, None] == cur[None, None, :]
+                cand = tl.where(match, srows[None, None, :], -1)
+                hit2 = tl.maximum(hit2, tl.max(cand, axis=2))
+                s0 += SCAN
+                srows = s0 + tl.arange(0, SCAN)  # prefetch the next chunk
+                sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+
+    # -- Main phase: one x tile, its slot store, W taps, fp32 accumulation.
     xmask = rmask[:, None] & cmask[None, :]
     x_tile = tl.load(x_ptr + rows64[:, None] * channels + chan[None, :], mask=xmask, other=0.0)
-
-    # 1. store the rows into their slots (pad rows and out-of-cache slots: no write).
     wmask = rmask & (slot >= 0) & (slot < num_slots)
     wslot = tl.where(wmask, slot, 0)
     dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
     tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None] & cmask[None, :])
 
-    # 2. the W taps, fp32 accumulation.
-    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    for i in tl.static_range(W):
-        dist = W - 1 - i  # constexpr: i comes from static_range
-        wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=cmask, other=0.0).to(tl.float32)
-        if dist == 0:
-            tap = x_tile.to(tl.float32)
-        else:
-            src = pos - dist
-            trow = rows64 - dist
-            has_tap = rmask & (src >= 0)
-            in_fwd = has_tap & (trow >= qs) & (trow >= 0)
-            pre = has_tap & ((trow < qs) | (trow < 0))
-            tap = tl.load(
-                x_ptr + trow[:, None] * channels + chan[None, :],
-                mask=in_fwd[:, None] & cmask[None, :],
+    w_cur = tl.load(w_ptr + chan * stride_wc + (W - 1) * stride_wk, mask=cmask, other=0.0).to(tl.float32)
+    acc = w_cur[None, :] * x_tile.to(tl.float32)
+    for k in tl.static_range(W - 1):
+        dist = k + 1  # constexpr: k comes from static_range
+        wv = tl.load(w_ptr + chan * stride_wc + (W - 1 - dist) * stride_wk, mask=cmask, other=0.0).to(tl.float32)
+        trow = rows64 - dist
+        in_fwd = rmask & (pos - dist >= 0) & (trow >= qs) & (trow >= 0)
+        tap = tl.load(
+            x_ptr + trow[:, None] * channels + chan[None, :],
+            mask=in_fwd[:, None] & cmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        if any_pre:
+            ps_k = tl.max(tl.where(kk[None, :] == k, pslot2, -1), axis=1)
+            hit_k = tl.max(tl.where(kk[None, :] == k, hit2, -1), axis=1)
+            from_cache = (ps_k >= 0) & (hit_k < 0)
+            ps_k = tl.where(from_cache, ps_k, 0)
+            tap += tl.load(
+                cache_ptr + ((ps_k // N) * stride_cb + (ps_k % N) * stride_cn)[:, None] + ccol[None, :],
+                mask=from_cache[:, None] & cmask[None, :],
                 other=0.0,
             ).to(tl.float32)
-            if tl.max(pre.to(tl.int32), axis=0) > 0:
-                bidx = src // N
-                ok = pre & (seq >= 0) & (seq < num_reqs) & (bidx < max_blocks)
-                entry = tl.load(table_ptr + seq * stride_table + bidx, mask=ok, other=0).to(tl.int64)
-                pslot = entry * N + src % N
-                ok = ok & (pslot >= 0) & (pslot < num_slots)
-                pslot = tl.where(ok, pslot, 0)
-                # Issued before the scan so the two latencies overlap.
-                cval = tl.load(
-                    cache_ptr
-                    + ((pslot // N) * stride_cb + (pslot % N) * stride_cn)[:, None]
-                    + ccol[None, :],
-                    mask=ok[:, None] & cmask[None, :],
+            if HAZARD_SCAN:
+                hrow = tl.where(hit_k >= 0, hit_k, 0).to(tl.int64)
+                tap += tl.load(
+                    x_ptr + hrow[:, None] * channels + chan[None, :],
+                    mask=(hit_k >= 0)[:, None] & cmask[None, :],
                     other=0.0,
                 ).to(tl.float32)
-                if HAZARD_SCAN:
-                    # Same-step hazard: the row of this launch that writes pslot, if any.
-                    # Slots compare as int32 when every slot fits (half the work).
-                    hit = tl.full([BLOCK_T], -1, tl.int32)
-                    if SLOT32:
-                        key = tl.where(ok, pslot, -2).to(tl.int32)  # -2: never a written slot
-                    else:
-                        key = tl.where(ok, pslot, -2)
-                    # (a while loop: the interpreter cannot range() over a runtime int
-                    # with NumPy >= 2.4)
-                    s0 = 0
-                    while s0 < num_tokens:
-                        srows = s0 + tl.arange(0, SCAN)
-                        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
-                        # only rows that really write (in-cache slots) can match
-                        sval = tl.where((sval >= 0) & (sval < num_slots), sval, -1)
-                        if SLOT32:
-                            sval = sval.to(tl.int32)
-                        else:
-                            sval = sval.to(tl.int64)
-                        match = key[:, None] == sval[None, :]
-                        cand = tl.where(match, srows[None, :], -1)
-                        hit = tl.maximum(hit, tl.max(cand, axis=1))
-                        s0 += SCAN
-                    if tl.max(hit, axis=0) >= 0:
-                        hrow = tl.where(hit >= 0, hit, 0).to(tl.int64)
-                        hval = tl.load(
-                            x_ptr + hrow[:, None] * channels + chan[None, :],
-                            mask=(hit >= 0)[:, None] & cmask[None, :],
-                            other=0.0,
-                        ).to(tl.float32)
-                        cval = tl.where((hit >= 0)[:, None], hval, cval)
-                tap += cval
         acc += wv[None, :] * tap
 
-    # 3. activation, residual, cast.
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     if RESIDUAL:
@@ -179,7 +187,7 @@ class SconvConfig:
     block_t: int
     block_c: int
     num_warps: int
-    scan: int = 256
+    scan: int = 0  # slot_mapping chunk of the hazard scan; 0: ~4k compares per step
     # Benchmark-only switch: False skips the same-step hazard scan (incorrect under
     # same-step prefix hits); used to measure the scan's cost.
     hazard_scan: bool = True
@@ -197,21 +205,30 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int) -> SconvCo
     """Heuristic tile choice per shape class (one config each: no autotuning).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256), so tiles
-    never straddle heads and no lanes idle; BLOCK_T grows with T until the grid
-    holds a few waves of programs, then caps the tile at 8k elements.
+    never straddle heads and no lanes idle. Small batches (decode, speculative
+    verification) take few rows per program so the latency-bound gathers spread
+    over many programs; large ones take tiles of ~2k elements at 8-16 elements per
+    thread, which keeps registers under ~100 and several programs per SM.
     """
     if stream_width % 32 == 0:
         block_c = min(256, stream_width & -stream_width)
     else:
         block_c = min(256, _pow2_ceil(stream_width))
     chunks = num_heads * -(-stream_width // block_c)
-    # Enough programs for ~4 per SM on a large GPU, then as large as allowed.
-    target_programs = 512
-    block_t = _pow2_floor(max(1, (num_tokens * chunks) // target_programs))
-    block_t = max(1, min(block_t, 8192 // block_c, 64))
-    elems = block_t * block_c
-    num_warps = 8 if elems >= 8192 else 4 if elems >= 2048 else 2 if elems >= 512 else 1
+    if num_tokens * chunks <= 16384:
+        block_t = _pow2_floor(max(1, (num_tokens * chunks) // 2048))
+        block_t = min(block_t, 4)
+    else:
+        block_t = max(1, 2048 // block_c)
+    num_warps = max(1, min(8, block_t * block_c // 256))
     return SconvConfig(block_t=block_t, block_c=block_c, num_warps=num_warps)
+
+
+def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
+    """Slot-mapping chunk of the hazard scan: ~32 compares per thread per step in
+    small tiles, ~8 in large ones (the scan's registers count against the tile's)."""
+    per_thread = 32 if cfg.block_t * cfg.block_c <= 1024 else 8
+    return max(16, min(256, _pow2_floor(per_thread * 32 * cfg.num_warps // (cfg.block_t * taps_p2))))
 
 
 def fused_sconv_triton(
@@ -247,7 +264,9 @@ def fused_sconv_triton(
     if prob.num_tokens == 0:
         return out
     cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width)
-    if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or cfg.scan & (cfg.scan - 1):
+    taps_p2 = _pow2_ceil(prob.kernel_size - 1)
+    scan = cfg.scan or _scan_chunk(cfg, taps_p2)
+    if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
         raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
     chunks = -(-stream_width // cfg.block_c)
     grid = (triton.cdiv(prob.num_tokens, cfg.block_t), prob.num_heads * chunks)
@@ -261,8 +280,8 @@ def fused_sconv_triton(
         cache.stride(0), cache.stride(1), cache.stride(2),
         block_table.stride(0),
         stream_offset,
-        WS=stream_width, N=block_size, W=prob.kernel_size,
-        BLOCK_T=cfg.block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=cfg.scan,
+        WS=stream_width, N=block_size, W=prob.kernel_size, WP=taps_p2,
+        BLOCK_T=cfg.block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
         SILU=activation == "silu", RESIDUAL=residual,
         HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
         num_warps=cfg.num_warps,

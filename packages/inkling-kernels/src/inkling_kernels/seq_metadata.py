@@ -18,7 +18,7 @@ from ._validation import check_seq_metadata_args
 __all__ = ["sconv_seq_metadata_triton"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs", "num_actual_tokens", "num_padded_tokens"])
 def _seq_metadata_kernel(
     qsl_ptr,
     seq_out_ptr,
