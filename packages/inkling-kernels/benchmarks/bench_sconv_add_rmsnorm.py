@@ -366,18 +366,10 @@ def _add_norm(hidden: torch.Tensor, s: torch.Tensor, w: torch.Tensor):
 
 SWEEP = [NormConfig(1, 8, 8, 2), NormConfig(2, 2, 8, 1)] if DRY else [
     NormConfig(1, 8, 1024, 8), NormConfig(1, 8, 1024, 16), NormConfig(1, 4, 1024, 4),
+    NormConfig(1, 4, 1024, 8), NormConfig(1, 2, 1024, 4),
     NormConfig(2, 4, 1024, 8), NormConfig(4, 2, 256, 4), NormConfig(8, 1, 256, 4),
     NormConfig(8, 2, 256, 8), NormConfig(8, 4, 256, 8), NormConfig(16, 1, 256, 8),
 ]
-
-# The first version of the kernel (2-D tiles across heads), if its copy is present.
-try:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _old_v1 as OLD  # type: ignore[import-not-found]
-
-    OLD_SWEEP = [] if DRY else [OLD.NormConfig(1, 8192, 8), OLD.NormConfig(8, 1024, 8)]
-except ImportError:
-    OLD, OLD_SWEEP = None, []
 
 
 def bench(layout: ConvStateLayout, dtype: torch.dtype, args, report: dict) -> None:
@@ -426,12 +418,7 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
                     lambda cfg=cfg: sconv_add_rmsnorm_triton(*p.args(), config=cfg), args.iters, args.replays)
             except Exception as exc:  # e.g. out of resources for a config
                 sweep[str(cfg)] = f"error: {type(exc).__name__}"
-        for cfg in OLD_SWEEP if args.sweep and OLD is not None else []:
-            try:
-                sweep["v1 " + str(cfg)] = graph_time_us(
-                    lambda cfg=cfg: OLD.sconv_add_rmsnorm_triton(*p.args(), config=cfg), args.iters, args.replays)
-            except Exception as exc:
-                sweep["v1 " + str(cfg)] = f"error: {type(exc).__name__}"
+
         row["sweep_us"] = sweep
         numeric = {k: v for k, v in sweep.items() if isinstance(v, float)}
         if numeric:
