@@ -17,3 +17,4 @@ __all__ = [
     "sconv_seq_metadata",
     "sconv_seq_metadata_ref",
 ]
+from .sconv_add_rmsnorm import fused_sconv_add_rmsnorm as fused_sconv_add_rmsnorm  # noqa: E402
