@@ -267,3 +267,18 @@ def test_rejects_what_it_cannot_fuse(unique_name):
         fused(torch.randn(3, 32), torch.randn(2, 32), torch.arange(2))
     with pytest.raises(TypeError, match="one activation dtype"):
         fused(torch.randn(2, 32).double(), torch.randn(2, 32), torch.arange(2))
+
+
+def test_weight_is_channel_contiguous_and_loads(unique_name):
+    """The conv weight keeps the checkpoint's (dim, 1, W) shape but is stored
+    channel-contiguous (vector loads in the kernel); loading and state_dict keep it so."""
+    layout = ConvStateLayout.build(num_kv_heads=2, head_dim=8, hidden_size=32, kernel_size=4)
+    fused = InklingShortConvAddRMSNorm(32, 4, ConvStateOwner(layout, unique_name()), Stream.MLP)
+    assert fused.conv.weight.shape == (32, 1, 4) and fused.conv.weight.stride(0) == 1
+    w = torch.randn(32, 1, 4)
+    fused.load_weight(w)
+    assert torch.equal(fused.conv.weight, w) and fused.conv.weight.stride(0) == 1
+    other = InklingShortConvAddRMSNorm(32, 4, ConvStateOwner(layout, unique_name()), Stream.MLP)
+    other.load_state_dict(fused.state_dict())
+    assert torch.equal(other.conv.weight, w) and other.conv.weight.stride(0) == 1
+    assert set(fused.state_dict()) == {"conv.weight", "norm_weight"}
