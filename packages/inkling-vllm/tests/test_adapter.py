@@ -14,8 +14,7 @@ import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 from inkling_cache import ConvStateLayout, Stream
-from inkling_model.metadata import SconvMetadata
-from inkling_model.state import current_metadata, get_owner
+from inkling_model import SconvMetadata, current_metadata, get_owner
 from inkling_vllm import conv_state
 from inkling_vllm.model import InklingForCausalLM, UnsupportedCheckpoint, check_supported_config
 
@@ -141,6 +140,7 @@ def test_builder_maps_common_metadata(lens: list[int], pad: int) -> None:
     assert first.query_start.tolist() == start
     assert first.slot_mapping.tolist() == slots.tolist()
     assert first.block_table is table
+    assert first.block_size == 4  # the group's (unified) block size
     # persistent buffers: a second build writes the same storage
     second = builder.build(0, cm)
     assert second.seq_idx.data_ptr() == first.seq_idx.data_ptr()

@@ -34,8 +34,13 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
 
 from inkling_cache import ConvStateLayout
-from inkling_model.metadata import SconvMetadata, SconvMetadataBuilder
-from inkling_model.state import ConvStateOwner, get_metadata_provider, set_metadata_provider
+from inkling_model import (
+    ConvStateOwner,
+    SconvMetadata,
+    SconvMetadataBuilder,
+    get_metadata_provider,
+    set_metadata_provider,
+)
 
 from .compat import check_vllm_version
 
@@ -77,6 +82,9 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
                 f"{type(kv_cache_spec).__name__} for layers {layer_names}"
             )
         self._builder = SconvMetadataBuilder(_max_forward_tokens(vllm_config), device)
+        # The group's block size after vLLM's page-size unification (often > W);
+        # the layers check it against their bound cache's shape[2].
+        self._block_size = int(kv_cache_spec.block_size)
 
     def build(
         self,
@@ -97,6 +105,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             num_reqs,
             num_actual,
             num_padded,
+            block_size=self._block_size,
         )
 
 

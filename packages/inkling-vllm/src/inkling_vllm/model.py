@@ -56,8 +56,9 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.sequence import IntermediateTensors
 
 from inkling_cache import Stream
-from inkling_model.sconv import InklingShortConv
+from inkling_model import InklingShortConv
 
+from .compat import check_vllm_version
 from .conv_state import InklingConvStateLayer
 
 __all__ = ["InklingForCausalLM", "UnsupportedCheckpoint", "check_supported_config"]
@@ -327,6 +328,7 @@ class InklingForCausalLM(nn.Module):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        check_vllm_version()
         config = vllm_config.model_config.hf_config
         check_supported_config(config)
         self.config = config

@@ -21,15 +21,14 @@ def register() -> None:
     """Register :data:`ARCHITECTURE` -> :data:`MODEL_CLASS` (idempotent).
 
     vLLM >= 0.26 ships its own GPU-only Inkling under the same architecture name;
-    the plugin replaces it with this implementation.
+    the plugin replaces it with this implementation. An unsupported vLLM version is
+    not refused here (that would break vLLM for every model): building the Inkling
+    model raises ``UnsupportedVllmVersion`` instead.
     """
     global _registered
     if _registered:
         return
     from vllm import ModelRegistry
 
-    from .compat import check_vllm_version
-
-    check_vllm_version()
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     _registered = True
