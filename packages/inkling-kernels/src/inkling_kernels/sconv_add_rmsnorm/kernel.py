@@ -73,7 +73,9 @@ def _column(table, kidx, i: tl.constexpr):
     return tl.sum(tl.where(kidx[None, :] == i, table, 0), axis=1)
 
 
-@triton.jit
+# Batch-dependent ints are not specialised (by value 1 or divisibility): a new batch
+# size must not compile a new variant (e.g. between CUDA-graph capture sizes).
+@triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
 def _sconv_add_rmsnorm_kernel(
     hidden_ptr,
     d_ptr,
