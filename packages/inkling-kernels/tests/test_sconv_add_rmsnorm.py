@@ -377,3 +377,24 @@ def test_validation_errors(change, error, match) -> None:
         fused_sconv_add_rmsnorm(*args)
     with pytest.raises(error, match=match):
         sconv_add_rmsnorm_triton(*args)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        NormConfig(block_t=2, block_h=2, block_j=8, num_warps=1, scan=8),  # a half head group, masked j
+        NormConfig(block_t=1, block_h=1, block_j=32, num_warps=1, scan=4),  # one head a tile
+    ],
+)
+def test_odd_head_count_and_width(config: NormConfig) -> None:
+    """3 heads of a 20-channel stream at offset 12 of D = 56: head groups and j chunks
+    that do not divide the row, cache rows that are not 16-element aligned."""
+    rng = random.Random(21)
+    tr = make_trace(rng, torch.float16, random_requests(rng), heads=3, width=20, head_size=56,
+                    stream_offset=12, pad_rows=2)
+    ref = run_reference(tr, clone_cache(tr.cache))
+    cache = clone_cache(tr.cache)
+    out = run_kernel(tr, cache, config)
+    for got, want in zip(out, ref):
+        assert_close(got, want, torch.float16)
+    assert_cache_writes(tr, tr.cache, cache)
