@@ -67,9 +67,12 @@ def _fused_sconv_kernel(
     RESIDUAL: tl.constexpr,
     HAZARD_SCAN: tl.constexpr,
     SLOT32: tl.constexpr,
+    EARLY_SCAN_LOADS: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
-    pid_c = tl.program_id(1)
+    # Channel chunks vary fastest: the programs of one row block run together
+    # (shared shifted-row reads in L2; a row block that scans never trails).
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
     head = pid_c // CHUNKS
     d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = d < WS
@@ -80,10 +83,12 @@ def _fused_sconv_kernel(
     rmask = rows < num_tokens
     rows64 = rows.to(tl.int64)
     if HAZARD_SCAN:
-        # First chunk of the scan, issued early so its latency hides behind the
-        # metadata and block-table loads (decode batches fit in one chunk).
         srows = tl.arange(0, SCAN)
-        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+        if EARLY_SCAN_LOADS:
+            # Small (decode) tiles: the first two chunks of the scan are issued
+            # before the metadata and block-table loads, hiding their latency.
+            sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+            sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
     pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
     qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
     seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
@@ -106,29 +111,41 @@ def _fused_sconv_kernel(
         ps = entry * N + src2 % N
         ok = ok & (ps >= 0) & (ps < num_slots)
         pslot2 = tl.where(ok, ps, -1)
+        # Same-step hazard (a request that prefix-hit blocks another request
+        # writes in this call). Prefix hits are whole blocks, so only a request
+        # whose first row in this call starts a block (p0 % N == 0) can read such
+        # a slot; its pre-forward taps look their slot up among this call's writes.
+        p0 = pos - (rows64 - qs)  # rows of a request are contiguous, positions consecutive
+        ok_scan = ok & ((p0 % N) == 0)[:, None]
+        need_scan = tl.sum(tl.sum(ok_scan.to(tl.int32), axis=1), axis=0) > 0
         if HAZARD_SCAN:
-            # Same-step hazard: the row of this launch that writes the tap's slot.
-            # Slots compare as int32 when every slot fits (half the work); -2 never
-            # equals a (masked) written slot.
-            if SLOT32:
-                key = tl.where(ok, ps, -2).to(tl.int32)
-            else:
-                key = tl.where(ok, ps, -2)
-            # (a while loop: the interpreter cannot range() over a runtime int
-            # with NumPy >= 2.4)
-            s0 = 0
-            while s0 < num_tokens:
-                cur = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
+            if need_scan:
+                # Slots compare as int32 when every slot fits (half the work); -2 never
+                # equals a (masked) written slot.
                 if SLOT32:
-                    cur = cur.to(tl.int32)
+                    key = tl.where(ok_scan, ps, -2).to(tl.int32)
                 else:
-                    cur = cur.to(tl.int64)
-                match = key[:, :, None] == cur[None, None, :]
-                cand = tl.where(match, srows[None, None, :], -1)
-                hit2 = tl.maximum(hit2, tl.max(cand, axis=2))
-                s0 += SCAN
-                srows = s0 + tl.arange(0, SCAN)  # prefetch the next chunk
-                sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+                    key = tl.where(ok_scan, ps, -2)
+                # (a while loop: the interpreter cannot range() over a runtime int
+                # with NumPy >= 2.4)
+                if not EARLY_SCAN_LOADS:
+                    sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+                    sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
+                s0 = 0
+                while s0 < num_tokens:
+                    cur = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
+                    if SLOT32:
+                        cur = cur.to(tl.int32)
+                    else:
+                        cur = cur.to(tl.int64)
+                    match = key[:, :, None] == cur[None, None, :]
+                    cand = tl.where(match, srows[None, None, :], -1)
+                    hit2 = tl.maximum(hit2, tl.max(cand, axis=2))
+                    s0 += SCAN
+                    srows = s0 + tl.arange(0, SCAN)
+                    sval = sval_next
+                    # two chunks in flight: load the one after next
+                    sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
 
     # -- Main phase: one x tile, its slot store, W taps, fp32 accumulation.
     xmask = rmask[:, None] & cmask[None, :]
@@ -202,26 +219,26 @@ def _pow2_ceil(n: int) -> int:
 
 
 def choose_config(num_tokens: int, num_heads: int, stream_width: int) -> SconvConfig:
-    """Heuristic tile choice per shape class (one config each: no autotuning).
+    """Heuristic tile choice per shape class (one config each: no autotuning),
+    from sweeps on an H200 (benchmarks/RESULTS.md).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256), so tiles
     never straddle heads and no lanes idle. Small batches (decode, speculative
-    verification) take few rows per program so the latency-bound gathers spread
-    over many programs; large ones take tiles of ~2k elements at 8-16 elements per
-    thread, which keeps registers under ~100 and several programs per SM.
+    verification) are latency-bound: one or two rows per one-warp program, so the
+    gathers spread over many programs. Large batches take ~2k-element tiles on four
+    warps (16 elements per thread keeps registers low and several programs per SM;
+    eight warps measured far slower).
     """
     if stream_width % 32 == 0:
         block_c = min(256, stream_width & -stream_width)
     else:
         block_c = min(256, _pow2_ceil(stream_width))
     chunks = num_heads * -(-stream_width // block_c)
-    if num_tokens * chunks <= 16384:
-        block_t = _pow2_floor(max(1, (num_tokens * chunks) // 2048))
-        block_t = min(block_t, 4)
-    else:
-        block_t = max(1, 2048 // block_c)
-    num_warps = max(1, min(8, block_t * block_c // 256))
-    return SconvConfig(block_t=block_t, block_c=block_c, num_warps=num_warps)
+    if num_tokens <= 1024:
+        block_t = 2 if num_tokens * chunks >= 4096 else 1
+        return SconvConfig(block_t=block_t, block_c=block_c, num_warps=1)
+    block_t = max(1, 2048 // block_c)
+    return SconvConfig(block_t=block_t, block_c=block_c, num_warps=max(1, min(4, block_t * block_c // 512)))
 
 
 def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
@@ -269,7 +286,10 @@ def fused_sconv_triton(
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
         raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
     chunks = -(-stream_width // cfg.block_c)
-    grid = (triton.cdiv(prob.num_tokens, cfg.block_t), prob.num_heads * chunks)
+    block_t = cfg.block_t
+    while triton.cdiv(prob.num_tokens, block_t) > 65535:  # grid axis-1 limit
+        block_t *= 2
+    grid = (prob.num_heads * chunks, triton.cdiv(prob.num_tokens, block_t))
     w2 = prob.weight2d
     _fused_sconv_kernel[grid](
         x, w2, cache, out,
@@ -281,9 +301,10 @@ def fused_sconv_triton(
         block_table.stride(0),
         stream_offset,
         WS=stream_width, N=block_size, W=prob.kernel_size, WP=taps_p2,
-        BLOCK_T=cfg.block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
+        BLOCK_T=block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
         SILU=activation == "silu", RESIDUAL=residual,
         HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
+        EARLY_SCAN_LOADS=block_t * cfg.block_c <= 1024,
         num_warps=cfg.num_warps,
     )
     return out
