@@ -169,8 +169,9 @@ def test_provider_reads_the_forward_context(monkeypatch: pytest.MonkeyPatch) -> 
     assert current_metadata("layer.a") is None  # no forward context at all
     available["v"] = True
     assert current_metadata("layer.a") is None  # profiling pass: not a dict
-    ctx.attn_metadata = [{"layer.a": meta}]  # micro-batched list: not handled -> identity
-    assert current_metadata("layer.a") is None
+    ctx.attn_metadata = [{"layer.a": meta}]  # micro-batched: refused, never skipped
+    with pytest.raises(NotImplementedError, match="micro-batched"):
+        current_metadata("layer.a")
     ctx.attn_metadata = {"layer.b": meta}
     assert current_metadata("layer.a") is None  # nothing for this layer
     ctx.attn_metadata = {"layer.a": meta, "layer.c": object()}

@@ -142,11 +142,18 @@ def vllm_metadata_provider(owner_name: str) -> SconvMetadata | None:
 
     ``None`` (identity conv) when there is no forward context, when
     ``attn_metadata`` is not a dict (profiling / warm-up passes) or holds nothing
-    for this layer.
+    for this layer. A list (micro-batching) is refused rather than skipped.
     """
     if not is_forward_context_available():
         return None
     attn_metadata = get_forward_context().attn_metadata
+    if isinstance(attn_metadata, list):
+        # Micro-batched forwards (dual-batch overlap) hand a list of per-ubatch
+        # dicts; returning None would silently skip the convolution.
+        raise NotImplementedError(
+            f"{owner_name}: micro-batched forward contexts (dual-batch overlap) are not "
+            "supported by the Inkling conv state; disable micro-batching"
+        )
     if not isinstance(attn_metadata, dict):
         return None
     meta = attn_metadata.get(owner_name)
