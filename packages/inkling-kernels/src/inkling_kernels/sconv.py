@@ -123,29 +123,42 @@ def _fused_sconv_kernel(
                 # Slots compare as int32 when every slot fits (half the work); -2 never
                 # equals a (masked) written slot.
                 if SLOT32:
-                    key = tl.where(ok_scan, ps, -2).to(tl.int32)
+                    key2 = tl.where(ok_scan, ps, -2).to(tl.int32)
                 else:
-                    key = tl.where(ok_scan, ps, -2)
-                # (a while loop: the interpreter cannot range() over a runtime int
-                # with NumPy >= 2.4)
+                    key2 = tl.where(ok_scan, ps, -2)
                 if not EARLY_SCAN_LOADS:
                     sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
                     sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
-                s0 = 0
-                while s0 < num_tokens:
-                    cur = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
-                    if SLOT32:
-                        cur = cur.to(tl.int32)
-                    else:
-                        cur = cur.to(tl.int64)
-                    match = key[:, :, None] == cur[None, None, :]
-                    cand = tl.where(match, srows[None, None, :], -1)
-                    hit2 = tl.maximum(hit2, tl.max(cand, axis=2))
-                    s0 += SCAN
-                    srows = s0 + tl.arange(0, SCAN)
-                    sval = sval_next
-                    # two chunks in flight: load the one after next
-                    sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
+                sval = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
+                sval_next = tl.where((sval_next >= 0) & (sval_next < num_slots), sval_next, -1)
+                rid = tl.arange(0, BLOCK_T)
+                # One row at a time, and only rows that need it (in a mixed batch most
+                # tiles hold a few such rows); the first two chunks stay in registers
+                # for every row, so a decode batch (T <= 2*SCAN) loads nothing more.
+                for j in range(BLOCK_T):
+                    key = tl.max(tl.where((rid == j)[:, None], key2, -2), axis=0)  # [WP]
+                    if tl.max(key, axis=0) >= 0:
+                        hit = tl.full([WP], -1, tl.int32)
+                        cur = sval
+                        nxt = sval_next
+                        crows = srows
+                        # (a while loop: the interpreter cannot range() over a
+                        # runtime int with NumPy >= 2.4)
+                        s0 = 0
+                        while s0 < num_tokens:
+                            if SLOT32:
+                                cmp = cur.to(tl.int32)
+                            else:
+                                cmp = cur.to(tl.int64)
+                            match = key[:, None] == cmp[None, :]
+                            hit = tl.maximum(hit, tl.max(tl.where(match, crows[None, :], -1), axis=1))
+                            s0 += SCAN
+                            crows = s0 + tl.arange(0, SCAN)
+                            cur = nxt
+                            # two chunks in flight: load the one after next
+                            nxt = tl.load(slot_ptr + SCAN + crows, mask=SCAN + crows < num_tokens, other=-1)
+                            nxt = tl.where((nxt >= 0) & (nxt < num_slots), nxt, -1)
+                        hit2 = tl.where((rid == j)[:, None], hit[None, :], hit2)
 
     # -- Main phase: one x tile, its slot store, W taps, fp32 accumulation.
     xmask = rmask[:, None] & cmask[None, :]
@@ -237,15 +250,17 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int) -> SconvCo
     if num_tokens <= 1024:
         block_t = 2 if num_tokens * chunks >= 4096 else 1
         return SconvConfig(block_t=block_t, block_c=block_c, num_warps=1)
+    block_c = min(block_c, 128)
     block_t = max(1, 2048 // block_c)
     return SconvConfig(block_t=block_t, block_c=block_c, num_warps=max(1, min(4, block_t * block_c // 512)))
 
 
 def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
-    """Slot-mapping chunk of the hazard scan: ~32 compares per thread per step in
-    small tiles, ~8 in large ones (the scan's registers count against the tile's)."""
-    per_thread = 32 if cfg.block_t * cfg.block_c <= 1024 else 8
-    return max(16, min(256, _pow2_floor(per_thread * 32 * cfg.num_warps // (cfg.block_t * taps_p2))))
+    """Slot-mapping chunk of the hazard scan (one row's taps against SCAN slots per
+    step): ~32 compares per thread in small tiles, ~16 in large ones (the scan's
+    registers count against the tile's)."""
+    per_thread = 32 if cfg.block_t * cfg.block_c <= 1024 else 16
+    return max(16, min(512, _pow2_floor(per_thread * 32 * cfg.num_warps // taps_p2)))
 
 
 def fused_sconv_triton(
