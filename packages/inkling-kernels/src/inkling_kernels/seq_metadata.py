@@ -1,10 +1,12 @@
 """Triton kernel and typed launcher for ``sconv_seq_metadata``.
 
-One launch fills ``num_padded_tokens`` rows: each program takes ``BLOCK`` rows and
-counts, over ``query_start_loc`` in chunks of ``RCHUNK`` requests, how many request
-starts (after the first) lie at or before each row; the largest such start is the
-row's ``query_start``. One pass, no dependent gathers (a binary search would chain
-log2(R) dependent loads). Pad rows get 0.
+One launch fills ``num_padded_tokens`` rows. Each row finds its request by binary
+lifting over ``query_start_loc`` (the largest ``r < num_reqs`` with
+``query_start_loc[r] <= row``): log2(R) dependent loads of a tiny array that stays
+in L1, and two registers per row. Pad rows get 0.
+
+(A first version compared each row with every request start in [rows x chunk]
+tiles; it spilled registers and took ~80 µs for 256 requests on an H200.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ._validation import check_seq_metadata_args
 __all__ = ["sconv_seq_metadata_triton"]
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_actual_tokens", "num_padded_tokens"])
+@triton.jit(do_not_specialize=["num_reqs", "num_actual_tokens", "num_padded_tokens", "top_step"])
 def _seq_metadata_kernel(
     qsl_ptr,
     seq_out_ptr,
@@ -26,31 +28,27 @@ def _seq_metadata_kernel(
     num_reqs,
     num_actual_tokens,
     num_padded_tokens,
+    top_step,
     BLOCK: tl.constexpr,
-    RCHUNK: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     active = rows < num_actual_tokens
     t = rows.to(tl.int64)
-    seq = tl.zeros([BLOCK], dtype=tl.int32)
-    first = tl.load(qsl_ptr, mask=num_actual_tokens > 0, other=0).to(tl.int64)
-    start = tl.full([BLOCK], 0, tl.int64) + first
-    if tl.max(active.to(tl.int32), axis=0) > 0:
-        # (a while loop: the interpreter cannot range() over a runtime int with
-        # NumPy >= 2.4)
-        r0 = 1
-        while r0 < num_reqs:
-            r = r0 + tl.arange(0, RCHUNK)
-            v = tl.load(qsl_ptr + r, mask=r < num_reqs, other=0).to(tl.int64)
-            le = (v[None, :] <= t[:, None]) & (r < num_reqs)[None, :]
-            seq += tl.sum(le.to(tl.int32), axis=1)
-            start = tl.maximum(start, tl.max(tl.where(le, v[None, :], first), axis=1))
-            r0 += RCHUNK
-    seq = tl.where(active, seq, 0)
-    start = tl.where(active, start, 0)
+    r = tl.zeros([BLOCK], dtype=tl.int32)
+    # Binary lifting: try r + step for step = top_step, top_step/2, ..., 1.
+    # (a while loop: the interpreter cannot range() over a runtime int with
+    # NumPy >= 2.4)
+    step = top_step
+    while step > 0:
+        cand = r + step
+        ok = active & (cand < num_reqs)
+        v = tl.load(qsl_ptr + cand, mask=ok, other=0).to(tl.int64)
+        r = tl.where(ok & (v <= t), cand, r)
+        step = step // 2
+    start = tl.load(qsl_ptr + r, mask=active, other=0)
     keep = rows < num_padded_tokens
-    tl.store(seq_out_ptr + rows, seq, mask=keep)
-    tl.store(qs_out_ptr + rows, start.to(tl.int32), mask=keep)
+    tl.store(seq_out_ptr + rows, tl.where(active, r, 0), mask=keep)
+    tl.store(qs_out_ptr + rows, tl.where(active, start, 0).to(tl.int32), mask=keep)
 
 
 def sconv_seq_metadata_triton(
@@ -69,11 +67,11 @@ def sconv_seq_metadata_triton(
     )
     if num_padded_tokens == 0:
         return
-    block = 256 if num_padded_tokens <= 4096 else 1024
+    top_step = 1 << ((num_reqs - 1).bit_length() - 1) if num_reqs > 1 else 0
+    block = 256
     grid = (triton.cdiv(num_padded_tokens, block),)
     _seq_metadata_kernel[grid](
         query_start_loc, seq_idx_out, query_start_out,
-        num_reqs, num_actual_tokens, num_padded_tokens,
-        BLOCK=block, RCHUNK=64 if block == 256 else 16,
-        num_warps=4,
+        num_reqs, num_actual_tokens, num_padded_tokens, top_step,
+        BLOCK=block, num_warps=4,
     )
