@@ -149,7 +149,11 @@ def fused_sconv(
         out: [T, H*stream_width] in x.dtype (a new tensor).
 
     Preconditions: a request's rows are contiguous with consecutive positions; taps
-    inside the window resolve through valid block-table entries.
+    inside the window resolve through valid block-table entries. Same-step prefix
+    hits are handled in any batch order (the pre-forward tap then reads the writer's
+    row of x); on CUDA this relies on such hits being whole blocks (the reading
+    request's first position in the call is a multiple of N), as engines produce
+    them. The CPU path has no such precondition.
     """
     # Checked here too so that bad types raise TypeError/ValueError, not a
     # dispatcher RuntimeError.

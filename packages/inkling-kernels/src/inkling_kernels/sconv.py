@@ -1,22 +1,27 @@
 """Triton kernel and typed launcher for ``fused_sconv`` (design brief §3).
 
 Tiling: one program owns ``BLOCK_T`` consecutive rows of ``x`` times ``BLOCK_C``
-channels of one head (so its cache addresses are contiguous along D). It loads its
-x tile once from HBM, stores it into the rows' slots, and forms the W taps with
-shifted loads (the in-forward taps re-read rows the program just loaded: L1/L2
-hits) or, for pre-forward taps, through the block table; fp32 accumulation. The
-grid is ``(cdiv(T, BLOCK_T), H * cdiv(stream_width, BLOCK_C))``: it depends only on
-T, nothing is allocated besides ``out`` and nothing syncs with the host, so the
-launch replays under CUDA graphs.
+channels of one head (so its cache addresses are contiguous along D); channel
+chunks vary fastest in the grid. A prologue works out, with small [BLOCK_T, W-1]
+tensors, where each pre-forward tap comes from (block table -> slot, and the
+hazard scan below); then the program loads its x tile once from HBM, stores it
+into the rows' slots and forms the W taps: in-forward taps re-read rows the program
+(or its neighbour) just loaded (L1/L2 hits), pre-forward taps read the cache; fp32
+accumulation. The grid is ``(H * cdiv(stream_width, BLOCK_C), cdiv(T, BLOCK_T))``:
+it depends only on T, nothing is allocated besides ``out`` and nothing syncs with
+the host, so the launch replays under CUDA graphs.
 
-Same-step hazard: a pre-forward tap may name a slot that another row of this very
-launch writes (a same-step prefix hit); program order is undefined on the GPU, so
-the cache may still hold a stale value there. For every pre-forward tap, the kernel
-looks the tap's slot up in ``slot_mapping`` (a vectorised scan in chunks, done only
-by programs whose tile has a pre-forward tap in that tap column: decode tiles, and
-the first W-1 rows of each request in prefill) and, on a hit, reads the writer's
-row of ``x`` instead of the cache. The cache load is issued before the scan so its
-latency overlaps it; the result equals "insert the whole batch, then convolve".
+Same-step hazard (design brief §3): a request that prefix-hit blocks which another
+request writes in this very launch reads those slots as pre-forward taps, and
+program order on the GPU is undefined. Prefix hits are whole blocks, so only a
+request whose first row in the call starts a block (``p0 % N == 0``) can be such a
+reader. For those rows' pre-forward taps the kernel looks the slot up among this
+launch's writes (``slot_mapping``, scanned one row at a time; the first two chunks
+of the scan are loaded once per program, so a decode batch costs no extra loads)
+and, on a hit, reads the writer's row of ``x`` instead of the cache. The result
+equals "insert the whole batch, then convolve" (the reference's semantics) whenever
+a pre-forward slot written in the same call belongs to a block-aligned hit — the
+only way a serving engine produces one (partial blocks are never shared).
 """
 
 from __future__ import annotations
