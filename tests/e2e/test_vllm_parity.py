@@ -66,6 +66,8 @@ def test_same_step_prefix_hit_on_blocks_computed_in_that_step(engines: Any, hf: 
     scenario = engines("compiled", "default")["same_step"]
     first, second = scenario["num_cached_tokens"]
     assert first == 0 and second > 0, scenario["num_cached_tokens"]
+    ts_a, ts_b = scenario["scheduled_ts"]
+    assert ts_a is not None and ts_a == ts_b, f"not admitted in the same step: {scenario['scheduled_ts']}"
     assert scenario["tokens"][0] == scenario["tokens"][1]
     assert_greedy_parity(hf["default"], scenario)
 
