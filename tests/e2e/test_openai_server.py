@@ -97,3 +97,26 @@ def test_completion_matches_transformers(server: str, checkpoints: dict[str, Pat
     # one-shot decode may render broken UTF-8 differently, so only ask for text
     assert isinstance(choice["text"], str) and choice["text"]
     assert resp.json()["usage"]["completion_tokens"] == 12
+
+
+def test_chat_completion_through_the_inkling_renderer(server: str, hf: dict[str, Any]) -> None:
+    # vLLM renders Inkling chats to token ids itself (tokenizer_mode "inkling");
+    # the tiny tokenizer carries the special tokens it needs
+    import requests
+
+    body = {
+        "model": "tiny-inkling",
+        "messages": [{"role": "user", "content": "Hello, paged conv state!"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    resp = requests.post(f"{server}/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    choice = data["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert data["usage"]["completion_tokens"] == len(choice["token_ids"]) > 0
+    prompt_ids = data["prompt_token_ids"]
+    assert len(prompt_ids) == data["usage"]["prompt_tokens"]
+    assert list(choice["token_ids"]) == hf["default"].greedy(prompt_ids, len(choice["token_ids"]))
