@@ -152,6 +152,22 @@ def sc_preemption(llm: Any) -> dict[str, Any]:
     }
 
 
+def sc_spec_decode(llm: Any) -> dict[str, Any]:
+    # repetitive prompts give the n-gram proposer drafts; the random model mostly
+    # rejects them, so rejected positions must be overwritten, never read
+    base = prompts(8, [7, 11, 5, 9])
+    ps = [b * 6 for b in base] + prompts(9, [40, 90])
+    drafts0 = _metric(llm, "vllm:spec_decode_num_draft_tokens")
+    accepted0 = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
+    out = _run(llm, ps, greedy(24))
+    return {
+        "prompts": ps,
+        "tokens": _tokens(out),
+        "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
+        "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+    }
+
+
 def sc_inspect(llm: Any) -> dict[str, Any]:
     from inkling_vllm.diagnostics import describe_conv_state
 
@@ -193,6 +209,15 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         dict(enforce_eager=True, tensor_parallel_size=2, max_num_seqs=8),
         ["inspect", "concurrent", "logprobs"],
     ),
+    # n-gram speculative decoding: verification batches of 1 + k tokens per request
+    "spec_ngram": (
+        dict(
+            enforce_eager=True,
+            max_num_seqs=8,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+        ),
+        ["spec_decode"],
+    ),
     # bfloat16 activations and cache (fp32 conv weights and math)
     "bf16": (dict(enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }
@@ -206,6 +231,7 @@ SCENARIOS = {
     "chunked": sc_chunked,
     "preemption": sc_preemption,
     "inspect": sc_inspect,
+    "spec_decode": sc_spec_decode,
 }
 
 

@@ -173,3 +173,13 @@ def test_bfloat16_close_to_float32_reference(engines: Any, hf: dict[str, Any]) -
     for prompt, got in zip(scenario["prompts"], scenario["logprobs"]):
         diffs += [abs(a - b) for a, b in zip(got, hf["default"].token_logprobs(prompt))]
     assert max(diffs) <= 0.15 and sum(diffs) / len(diffs) <= 0.04, (max(diffs), sum(diffs) / len(diffs))
+
+
+# --- speculative decoding (n-gram drafts) ------------------------------------------------
+def test_rejected_drafts_do_not_leak_into_the_conv_window(engines: Any, hf: dict[str, Any]) -> None:
+    scenario = engines("spec_ngram", "default")["spec_decode"]
+    drafts, accepted = scenario["draft_tokens"], scenario["accepted_tokens"]
+    # drafts were verified and some were rejected: their conv inputs were written to
+    # the cache at positions later tokens overwrite
+    assert drafts > 0 and accepted < drafts, (drafts, accepted)
+    assert_greedy_parity(hf["default"], scenario)
