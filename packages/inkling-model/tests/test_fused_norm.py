@@ -206,6 +206,26 @@ def test_identity_without_metadata_or_cache(unique_name):
         assert new_hidden.data_ptr() not in (hidden.data_ptr(), d.data_ptr())
 
 
+def test_forward_checks_match_the_plain_layer(unique_name):
+    """The fused layer runs the same pre-launch checks as InklingShortConv."""
+    layout = ConvStateLayout.build(num_kv_heads=2, head_dim=8, hidden_size=32, kernel_size=4)
+    owner = ConvStateOwner(layout, unique_name())
+    fused = InklingShortConvAddRMSNorm(32, 4, owner, Stream.MLP, eps=1e-5)
+    runtime = PagedConvRuntime(num_blocks=8, block_size=4, sliding_window=4, max_num_tokens=8)
+    runtime.allocate_caches([owner], torch.float32)
+    step = runtime.step([("a", 0, 6)])
+    with torch.no_grad(), forward_metadata(step.metadata):
+        with pytest.raises(ValueError, match="metadata describes 6 tokens"):
+            fused(torch.randn(5, 32), torch.randn(5, 32), torch.arange(5))
+        with pytest.raises(TypeError, match="bind a cache of the activation dtype"):
+            fused(torch.randn(6, 32).bfloat16(), torch.randn(6, 32).bfloat16(), step.positions)
+    # Slots computed for N = 4 must not be used with a cache of 8-row blocks.
+    owner.bind_cache(torch.zeros(8, 2, 8, layout.head_size))
+    with torch.no_grad(), forward_metadata(step.metadata):
+        with pytest.raises(ValueError, match="built for block size 4 but the bound cache has 8"):
+            fused(torch.randn(6, 32), torch.randn(6, 32), step.positions)
+
+
 def test_compiled_after_profiling_pass_still_convolves(unique_name):
     """A graph traced with no metadata (an engine's profiling pass) must convolve
     when metadata arrives: compiled and eager copies, each with its own cache."""

@@ -35,7 +35,7 @@ from inkling_cache import Stream
 from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_rmsnorm, rms_norm_ref
 
 from .sconv import InklingShortConv
-from .state import ConvStateOwner, current_metadata, get_owner
+from .state import ConvStateOwner, live_state
 
 __all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add_rmsnorm"]
 
@@ -57,25 +57,12 @@ def paged_short_conv_add_rmsnorm(
     cache the conv is the identity: ``(hidden + d, rmsnorm(hidden + d))`` (new
     tensors; a custom op may not return its inputs).
     """
-    owner = get_owner(owner_name)
-    meta = current_metadata(owner_name)
-    if meta is None or not owner.is_bound:
+    state = live_state(owner_name, d)
+    if state is None:
         new_hidden = hidden + d
         return new_hidden, rms_norm_ref(new_hidden, norm_weight, eps)
+    owner, meta = state
     cache = owner.cache
-    num_tokens = d.shape[0]
-    if meta.num_tokens != num_tokens:
-        raise ValueError(
-            f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but d has "
-            f"{num_tokens} rows; pad the batch to the metadata's padded token count"
-        )
-    if cache.dtype != d.dtype:
-        raise TypeError(
-            f"layer {owner_name!r}: d is {d.dtype} but the bound cache is {cache.dtype}; "
-            "bind a cache of the activation dtype"
-        )
-    if cache.device != d.device:
-        raise ValueError(f"layer {owner_name!r}: d is on {d.device}, the cache on {cache.device}")
     offset, width = owner.stream_range(stream)
     return fused_sconv_add_rmsnorm(
         hidden.contiguous(),

@@ -21,7 +21,7 @@ from torch import nn
 from inkling_cache import Stream
 from inkling_kernels import fused_sconv
 
-from .state import ConvStateOwner, current_metadata, get_owner
+from .state import ConvStateOwner, live_state
 
 __all__ = ["InklingShortConv", "paged_short_conv"]
 
@@ -40,29 +40,11 @@ def paged_short_conv(
     metadata for this owner or no bound cache it returns a copy of ``x`` (a custom
     op may not return its input).
     """
-    owner = get_owner(owner_name)
-    meta = current_metadata(owner_name)
-    if meta is None or not owner.is_bound:
+    state = live_state(owner_name, x)
+    if state is None:
         return x.clone()
+    owner, meta = state
     cache = owner.cache
-    num_tokens = x.shape[0]
-    if meta.num_tokens != num_tokens:
-        raise ValueError(
-            f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but x has "
-            f"{num_tokens} rows; pad x to the metadata's padded token count"
-        )
-    if meta.block_size is not None and meta.block_size != owner.block_size:
-        raise ValueError(
-            f"layer {owner_name!r}: the metadata was built for block size {meta.block_size} "
-            f"but the bound cache has {owner.block_size} rows per block"
-        )
-    if cache.dtype != x.dtype:
-        raise TypeError(
-            f"layer {owner_name!r}: x is {x.dtype} but the bound cache is {cache.dtype}; "
-            "bind a cache of the activation dtype"
-        )
-    if cache.device != x.device:
-        raise ValueError(f"layer {owner_name!r}: x is on {x.device}, the cache on {cache.device}")
     offset, width = owner.stream_range(stream)
     return fused_sconv(
         x.contiguous(),
