@@ -193,26 +193,23 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         check_vllm_version()
         vllm_config = get_current_vllm_config()
         tp_size = get_tensor_model_parallel_world_size()
-        if tp_size > num_kv_heads or num_kv_heads % tp_size:
-            raise ValueError(
-                f"{prefix}: tensor_parallel_size {tp_size} does not split {num_kv_heads} KV "
-                "heads into whole heads per rank; the Inkling conv state needs "
-                f"tensor_parallel_size <= {num_kv_heads} and dividing it"
-            )
         dtype = vllm_config.model_config.dtype
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(
                 f"{prefix}: model dtype {dtype} is not supported by the Inkling conv "
                 "state; use dtype='float32', 'bfloat16' or 'float16'"
             )
-        self.layout = ConvStateLayout.build(
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            hidden_size=hidden_size,
-            kernel_size=kernel_size,
-            tp_size=tp_size,
-            padding=padding,
-        )
+        try:  # inkling_cache validates the layout (whole KV heads per rank, ...)
+            self.layout = ConvStateLayout.build(
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                hidden_size=hidden_size,
+                kernel_size=kernel_size,
+                tp_size=tp_size,
+                padding=padding,
+            )
+        except ValueError as exc:
+            raise ValueError(f"{prefix} (tensor_parallel_size {tp_size}): {exc}") from None
         self.prefix = prefix
         self.dtype = dtype
         # replace=True: a new engine in the same process re-uses the layer names.
