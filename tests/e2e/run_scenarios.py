@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+from inkling_vllm.diagnostics import exit_without_teardown, shutdown_llm
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model
 
@@ -258,8 +260,9 @@ def main(argv: list[str]) -> int:
         results[name]["seconds"] = time.time() - t
     with open(out_path, "w") as f:
         json.dump(results, f)
+    shutdown_llm(llm)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    exit_without_teardown(main(sys.argv))

