@@ -15,13 +15,13 @@ import pytest
 import torch
 from torch import nn
 
-from transformers.models.inkling.configuration_inkling import InklingTextConfig
 from transformers.models.inkling.modeling_inkling import InklingDecoderLayer, InklingRMSNorm
 
 from inkling_cache import ConvStateLayout, Stream
 from inkling_kernels.sconv_add_rmsnorm import rms_norm_ref
 from inkling_model import ConvStateOwner, InklingShortConv, PagedConvRuntime, forward_metadata
 from inkling_model.fused_norm import InklingShortConvAddRMSNorm
+from hf_tiny import tiny_text_config
 from model_test_driver import Feed, run_schedule
 
 TOL = {
@@ -30,29 +30,6 @@ TOL = {
     # differs, which can flip a bf16 rounding (and the flip carries into the norm).
     torch.bfloat16: dict(rtol=1.6e-2, atol=3e-2),
 }
-
-
-def tiny_config() -> InklingTextConfig:
-    cfg = InklingTextConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=8,
-        swa_num_attention_heads=8,
-        swa_num_key_value_heads=8,
-        swa_head_dim=4,
-        sliding_window_size=16,
-        rel_extent=16,
-        d_rel=4,
-        intermediate_size=48,
-        layer_types=["hybrid_sliding", "hybrid"],
-        mlp_layer_types=["dense", "dense"],
-        rms_norm_eps=1e-5,
-    )
-    cfg._attn_implementation = "eager"
-    return cfg
 
 
 class Packed(nn.Module):
@@ -97,7 +74,7 @@ def capture(layer: InklingDecoderLayer, next_norm: InklingRMSNorm, h_in: torch.T
 
 def build_reference(layer_idx: int, dtype: torch.dtype, lengths: list[int]):
     torch.manual_seed(10 + layer_idx)
-    cfg = tiny_config()
+    cfg = tiny_text_config(rms_norm_eps=1e-5)
     layer = InklingDecoderLayer(cfg, layer_idx)
     next_norm = InklingRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
     with torch.no_grad():

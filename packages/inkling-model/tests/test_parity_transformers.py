@@ -22,6 +22,7 @@ from transformers.models.inkling.modeling_inkling import InklingDecoderLayer, In
 
 from inkling_cache import ConvStateLayout, Stream
 from inkling_model import ConvStateOwner, InklingShortConv, PagedConvRuntime
+from hf_tiny import tiny_text_config
 from model_test_driver import Feed, run_schedule
 
 TOL = {
@@ -37,30 +38,6 @@ HF_STREAM_NAMES = {
     Stream.ATTN: "attn_sconv",
     Stream.MLP: "mlp_sconv",
 }
-
-
-def tiny_config() -> InklingTextConfig:
-    # Global and sliding layers differ in KV heads and head_dim, so the two layouts
-    # differ; 8 sliding KV heads and 4 global ones both allow TP 1, 2 and 4.
-    cfg = InklingTextConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=8,
-        swa_num_attention_heads=8,
-        swa_num_key_value_heads=8,
-        swa_head_dim=4,
-        sliding_window_size=16,
-        rel_extent=16,
-        d_rel=4,
-        intermediate_size=48,
-        layer_types=["hybrid_sliding", "hybrid"],
-        mlp_layer_types=["dense", "dense"],
-    )
-    cfg._attn_implementation = "eager"
-    return cfg
 
 
 def hf_conv_cached(conv: InklingShortConvolution, x: torch.Tensor, prefill: int, cfg: InklingTextConfig) -> torch.Tensor:
@@ -80,7 +57,7 @@ def hf_conv_cached(conv: InklingShortConvolution, x: torch.Tensor, prefill: int,
 )
 def test_short_conv_matches_transformers(dtype, stream, block_size, unique_name):
     torch.manual_seed(0)
-    cfg = tiny_config()
+    cfg = tiny_text_config()
     width = 4
     layout = ConvStateLayout.build(num_kv_heads=4, head_dim=8, hidden_size=32, kernel_size=width)
     owner = ConvStateOwner(layout, unique_name())
@@ -154,7 +131,7 @@ def global_channels(layout: ConvStateLayout, stream: Stream, rank: int) -> torch
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decoder_layer_streams_tp(layer_idx, dtype, unique_name):
     torch.manual_seed(layer_idx)
-    cfg = tiny_config()
+    cfg = tiny_text_config()
     layer = InklingDecoderLayer(cfg, layer_idx)
     with torch.no_grad():
         for name, param in layer.named_parameters():
