@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inkling_kernels import causal_conv_ref, fused_sconv, fused_sconv_ref
+from inkling_kernels import causal_conv_ref, fused_sconv, fused_sconv_ref, sconv_tap_map_ref
 
 TOL = {
     torch.float32: dict(rtol=1e-5, atol=1e-5),
@@ -215,6 +215,21 @@ class PagedWorld:
             return torch.zeros(0, dtype=torch.long), torch.zeros(0, cols, dtype=x.dtype)
         return torch.tensor(idx, dtype=torch.long), torch.cat(outs)
 
+    def tap_map(self, batch: Batch) -> torch.Tensor:
+        """The step's tap map from the Triton kernels (interpreted), checked entry by
+        entry against the reference map; the buffer has a spare poisoned row."""
+        from inkling_kernels.tap_map import sconv_tap_map_triton
+
+        meta = (batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start)
+        rows = batch.positions.shape[0]
+        got = torch.full((rows + 1, self.W - 1), 12345, dtype=torch.int64)
+        want = got.clone()
+        sconv_tap_map_triton(*meta, self.N, self.W, got)
+        sconv_tap_map_ref(*meta, self.N, self.W, want)
+        assert torch.equal(got, want), "tap map differs from the reference map"
+        assert bool((got[rows:] == 12345).all()), "tap map wrote beyond its rows"
+        return got
+
     def run(
         self,
         batch: Batch,
@@ -249,6 +264,15 @@ class PagedWorld:
                 activation=activation, residual=residual, config=config, out=out,
             )
             assert ret is out
+        elif impl == "triton_map":
+            from inkling_kernels.sconv import fused_sconv_triton
+
+            tap_map = self.tap_map(batch)
+            out = torch.full_like(x, float("nan"))
+            fused_sconv_triton(
+                x, self.weights[s], self.cache, *args,
+                activation=activation, residual=residual, config=config, out=out, tap_map=tap_map,
+            )
         else:
             raise AssertionError(impl)
 

@@ -10,7 +10,7 @@ import torch
 
 from _sconv_world import DTYPES, PagedWorld
 
-IMPLS = ("reference", "triton")
+IMPLS = ("reference", "triton", "triton_map")
 
 
 def _trace(world: PagedWorld, kind: str, rng: random.Random) -> list[tuple[int, int]]:
@@ -199,7 +199,7 @@ def test_same_step_prefix_hit(impl: str, hit_first: bool) -> None:
             world.cache[slot // world.N, :, slot % world.N, off : off + width] = float("nan")
         # Small tiles, so A's and B's rows sit in different programs.
         cfg = SconvConfig(block_t=4, block_c=8, num_warps=1, scan=8)
-        world.run(batch, s, impl, config=cfg if impl == "triton" else None)
+        world.run(batch, s, impl, config=cfg if impl != "reference" else None)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

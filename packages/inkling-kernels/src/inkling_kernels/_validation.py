@@ -233,3 +233,81 @@ def check_seq_metadata_args(
             raise ValueError(f"{name} must be contiguous")
         if buf.device != qsl.device:
             raise ValueError(f"{name} is on {buf.device} but query_start_loc is on {qsl.device}")
+
+
+# Tap-map codes (see inkling_kernels.tap_map): a pre-forward slot is stored in the
+# low 32 bits, the writer row + 1 above them, so slots must stay below 2**31.
+TAP_MAP_MAX_SLOTS = 2**31
+
+
+def check_tap_map_args(
+    positions: object,
+    block_table: object,
+    seq_idx: object,
+    slot_mapping: object,
+    query_start: object,
+    block_size: object,
+    kernel_size: object,
+    tap_map_out: object,
+) -> int:
+    """Validate a `sconv_tap_map` call; return T (rows to fill)."""
+    positions = _need_tensor("positions", positions)
+    block_table = _need_tensor("block_table", block_table)
+    seq_idx = _need_tensor("seq_idx", seq_idx)
+    slot_mapping = _need_tensor("slot_mapping", slot_mapping)
+    query_start = _need_tensor("query_start", query_start)
+    tap_map_out = _need_tensor("tap_map_out", tap_map_out)
+    block_size = _need_int("block_size", block_size)
+    kernel_size = _need_int("kernel_size", kernel_size)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if kernel_size < 2:
+        raise ValueError(f"kernel_size must be >= 2, got {kernel_size}")
+    if positions.dim() != 1:
+        raise ValueError(f"positions must be 1-D [T], got shape {tuple(positions.shape)}")
+    num_tokens = int(positions.shape[0])
+    device = positions.device
+    _need_1d_index("positions", positions, num_tokens, device)
+    _need_1d_index("seq_idx", seq_idx, num_tokens, device)
+    _need_1d_index("slot_mapping", slot_mapping, num_tokens, device)
+    _need_1d_index("query_start", query_start, num_tokens, device)
+    if block_table.dim() != 2 or block_table.dtype not in INDEX_DTYPES:
+        raise ValueError(
+            f"block_table must be a 2-D int32/int64 tensor [num_reqs, max_blocks], got "
+            f"shape {tuple(block_table.shape)} dtype {block_table.dtype}"
+        )
+    if block_table.device != device:
+        raise ValueError(f"block_table is on {block_table.device} but positions is on {device}")
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        raise ValueError("block_table rows must be contiguous (stride(1) == 1)")
+    _check_tap_map_buffer("tap_map_out", tap_map_out, num_tokens, kernel_size, device)
+    return num_tokens
+
+
+def _check_tap_map_buffer(
+    name: str, tap_map: torch.Tensor, num_tokens: int, kernel_size: int, device: torch.device
+) -> None:
+    taps = kernel_size - 1
+    if tap_map.dim() != 2 or tap_map.shape[1] != taps or tap_map.shape[0] < num_tokens:
+        raise ValueError(
+            f"{name} must be [>= T, W-1] = [>= {num_tokens}, {taps}] (one row per token, "
+            f"one column per earlier tap), got shape {tuple(tap_map.shape)}"
+        )
+    if tap_map.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64, got {tap_map.dtype}")
+    if tap_map.device != device:
+        raise ValueError(f"{name} is on {tap_map.device} but the metadata is on {device}")
+    if tap_map.shape[0] > 0 and (tap_map.stride(1) != 1 or (tap_map.shape[0] > 1 and tap_map.stride(0) != taps)):
+        raise ValueError(f"{name} must be contiguous (rows of W-1 = {taps} entries)")
+
+
+def check_tap_map_for_call(tap_map: object, prob: SconvProblem, device: torch.device) -> torch.Tensor:
+    """Validate the optional ``tap_map`` of a `fused_sconv` call against its problem."""
+    tap_map = _need_tensor("tap_map", tap_map)
+    _check_tap_map_buffer("tap_map", tap_map, prob.num_tokens, prob.kernel_size, device)
+    if prob.num_slots > TAP_MAP_MAX_SLOTS:
+        raise ValueError(
+            f"the cache has {prob.num_slots} slots; a tap_map addresses at most 2**31: "
+            "call without tap_map"
+        )
+    return tap_map

@@ -11,10 +11,15 @@ from typing import Optional
 
 import torch
 
-from ._validation import check_fused_sconv_args, check_seq_metadata_args
-from .reference import fused_sconv_ref, sconv_seq_metadata_ref
+from ._validation import (
+    check_fused_sconv_args,
+    check_seq_metadata_args,
+    check_tap_map_args,
+    check_tap_map_for_call,
+)
+from .reference import fused_sconv_ref, sconv_seq_metadata_ref, sconv_tap_map_ref
 
-__all__ = ["fused_sconv", "sconv_seq_metadata"]
+__all__ = ["fused_sconv", "sconv_seq_metadata", "sconv_tap_map"]
 
 
 @torch.library.custom_op("inkling::fused_sconv", mutates_args=("cache",))
@@ -32,8 +37,11 @@ def _fused_sconv_op(
     block_size: int,
     activation: Optional[str] = None,
     residual: bool = True,
+    tap_map: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     if x.device.type == "cpu":
+        # The reference resolves every tap itself; the map only saves work on the
+        # device (it was validated by the caller).
         return fused_sconv_ref(
             x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
             stream_offset, stream_width, block_size, activation=activation, residual=residual,
@@ -43,6 +51,7 @@ def _fused_sconv_op(
     return fused_sconv_triton(
         x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
         stream_offset, stream_width, block_size, activation=activation, residual=residual,
+        tap_map=tap_map,
     )
 
 
@@ -61,11 +70,14 @@ def _fused_sconv_fake(
     block_size: int,
     activation: Optional[str] = None,
     residual: bool = True,
+    tap_map: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    check_fused_sconv_args(
+    prob = check_fused_sconv_args(
         x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
         stream_offset, stream_width, block_size, activation, residual,
     )
+    if tap_map is not None:
+        check_tap_map_for_call(tap_map, prob, x.device)
     return torch.empty_like(x)
 
 
@@ -124,6 +136,7 @@ def fused_sconv(
     *,
     activation: Optional[str] = None,
     residual: bool = True,
+    tap_map: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Fused paged short conv for one stream of a packed cache (one launch per call).
 
@@ -144,6 +157,12 @@ def fused_sconv(
         block_size: N, must equal ``cache.shape[2]`` (the runtime block size).
         activation: None or "silu", applied to the conv sum (before the residual).
         residual: add x: ``out = x + act(conv)``; else ``out = act(conv)``.
+        tap_map: optional [>= T, W-1] int64, built by :func:`sconv_tap_map` from this
+            call's metadata (once per step and KV-cache group, shared by every
+            stream and layer of the group). With it the CUDA kernel reads each tap's
+            source from the map: no block-table lookups, no same-step hazard search,
+            and exact same-step prefix hits with no alignment precondition. A map
+            built from other metadata gives wrong results. The CPU path ignores it.
 
     Returns:
         out: [T, H*stream_width] in x.dtype (a new tensor).
@@ -153,17 +172,19 @@ def fused_sconv(
     hits are handled in any batch order (the pre-forward tap then reads the writer's
     row of x); on CUDA this relies on such hits being whole blocks (the reading
     request's first position in the call is a multiple of N), as engines produce
-    them. The CPU path has no such precondition.
+    them, unless a ``tap_map`` is given. The CPU path has no such precondition.
     """
     # Checked here too so that bad types raise TypeError/ValueError, not a
     # dispatcher RuntimeError.
-    check_fused_sconv_args(
+    prob = check_fused_sconv_args(
         x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
         stream_offset, stream_width, block_size, activation, residual,
     )
+    if tap_map is not None:
+        check_tap_map_for_call(tap_map, prob, x.device)
     return torch.ops.inkling.fused_sconv(
         x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
-        stream_offset, stream_width, block_size, activation, residual,
+        stream_offset, stream_width, block_size, activation, residual, tap_map,
     )
 
 
@@ -191,4 +212,75 @@ def sconv_seq_metadata(
     torch.ops.inkling.sconv_seq_metadata(
         query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
         num_padded_tokens,
+    )
+
+
+@torch.library.custom_op("inkling::sconv_tap_map", mutates_args=("tap_map_out",))
+def _sconv_tap_map_op(
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    block_size: int,
+    kernel_size: int,
+    tap_map_out: torch.Tensor,
+) -> None:
+    args = (positions, block_table, seq_idx, slot_mapping, query_start, block_size, kernel_size, tap_map_out)
+    if positions.device.type == "cpu":
+        sconv_tap_map_ref(*args)
+        return
+    from .tap_map import sconv_tap_map_triton
+
+    sconv_tap_map_triton(*args)
+
+
+@_sconv_tap_map_op.register_fake
+def _sconv_tap_map_fake(
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    block_size: int,
+    kernel_size: int,
+    tap_map_out: torch.Tensor,
+) -> None:
+    check_tap_map_args(
+        positions, block_table, seq_idx, slot_mapping, query_start, block_size, kernel_size, tap_map_out
+    )
+
+
+def sconv_tap_map(
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    block_size: int,
+    kernel_size: int,
+    tap_map_out: torch.Tensor,
+) -> None:
+    """Fill the step's tap map ``tap_map_out[:T]`` for :func:`fused_sconv` (two launches).
+
+    Build it once per step and KV-cache group, after the per-token metadata, and
+    pass it to every ``fused_sconv`` of the group (every stream and layer with this
+    block table, slot mapping and block size). Entry ``[t, k]`` says where the tap at
+    distance ``k + 1`` of row ``t`` comes from: ``-1`` none; ``-(r + 2)`` row ``r`` of
+    x; ``s + ((u + 1) << 32)`` cache slot ``s``, or, when row ``u >= 0`` of the same
+    call writes slot ``s`` (a same-step prefix hit, any alignment), that row of x.
+
+    Args:
+        positions, block_table, seq_idx, slot_mapping, query_start: the call's
+            metadata, exactly as given to :func:`fused_sconv` (T rows each).
+        block_size: N of the group's caches.
+        kernel_size: W of the layers' convolutions.
+        tap_map_out: [>= T, W-1] int64, contiguous; a persistent buffer (its
+            address survives across steps, so CUDA graphs replay).
+    """
+    check_tap_map_args(
+        positions, block_table, seq_idx, slot_mapping, query_start, block_size, kernel_size, tap_map_out
+    )
+    torch.ops.inkling.sconv_tap_map(
+        positions, block_table, seq_idx, slot_mapping, query_start, block_size, kernel_size, tap_map_out
     )

@@ -23,9 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_fused_sconv_args, check_seq_metadata_args
+from ._validation import (
+    TAP_MAP_MAX_SLOTS,
+    check_fused_sconv_args,
+    check_seq_metadata_args,
+    check_tap_map_args,
+)
 
-__all__ = ["causal_conv_ref", "fused_sconv_ref", "sconv_seq_metadata_ref"]
+__all__ = ["causal_conv_ref", "fused_sconv_ref", "sconv_seq_metadata_ref", "sconv_tap_map_ref"]
 
 
 def _activate(acc: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -173,3 +178,61 @@ def sconv_seq_metadata_ref(
         start[:num_actual_tokens] = starts[r]
     seq_idx_out[:num_padded_tokens] = seq.to(torch.int32)
     query_start_out[:num_padded_tokens] = start.to(torch.int32)
+
+
+def sconv_tap_map_ref(
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    block_size: int,
+    kernel_size: int,
+    tap_map_out: torch.Tensor,
+) -> None:
+    """Reference for :func:`inkling_kernels.sconv_tap_map` (fills ``tap_map_out[:T]``).
+
+    Entry ``[t, k]`` says where the tap at distance ``k + 1`` of row ``t`` comes from,
+    by the rules of :func:`fused_sconv_ref`: ``-1`` no tap (before the sequence start,
+    or an unusable block-table entry); ``-(r + 2)`` row ``r`` of x (an in-forward tap);
+    ``s + ((u + 1) << 32)`` a pre-forward tap in cache slot ``s`` (``0 <= s < 2**31``),
+    where ``u`` is the last row of this call whose slot is ``s`` (the same-step
+    writer; ``u = -1`` when none writes it).
+    """
+    num_tokens = check_tap_map_args(
+        positions, block_table, seq_idx, slot_mapping, query_start, block_size,
+        kernel_size, tap_map_out,
+    )
+    if num_tokens == 0:
+        return
+    n = block_size
+    pos = positions.long()
+    qs = query_start.long()
+    seq = seq_idx.long()
+    slots = slot_mapping.long()
+    rows = torch.arange(num_tokens, device=pos.device)
+    num_reqs, max_blocks = block_table.shape
+    codes = torch.full((num_tokens, kernel_size - 1), -1, dtype=torch.int64, device=pos.device)
+    for k in range(kernel_size - 1):
+        dist = k + 1
+        src = pos - dist
+        row = rows - dist
+        has_tap = src >= 0
+        in_forward = has_tap & (row >= qs) & (row >= 0)
+        pre_forward = has_tap & ~in_forward
+        codes[in_forward, k] = -(row[in_forward] + 2)
+        if not bool(pre_forward.any()):
+            continue
+        p_src = src[pre_forward]
+        p_seq = seq[pre_forward]
+        blk = p_src // n
+        ok = (p_seq >= 0) & (p_seq < num_reqs) & (blk < max_blocks)
+        entry = block_table[p_seq.clamp(0, max(num_reqs - 1, 0)), blk.clamp(0, max(max_blocks - 1, 0))]
+        slot = entry.long() * n + p_src % n
+        ok &= (slot >= 0) & (slot < TAP_MAP_MAX_SLOTS)
+        # the same-step writer: the last row whose slot is this one
+        match = slot[:, None] == slots[None, :]
+        writer = torch.where(match, rows[None, :], torch.full_like(match, -1, dtype=torch.int64)).amax(dim=1)
+        code = torch.where(ok, slot + ((writer + 1) << 32), torch.full_like(slot, -1))
+        codes[pre_forward, k] = code
+    tap_map_out[:num_tokens] = codes

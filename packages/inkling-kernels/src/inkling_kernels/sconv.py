@@ -32,61 +32,23 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import check_fused_sconv_args
+from ._validation import check_fused_sconv_args, check_tap_map_for_call
 
 __all__ = ["SconvConfig", "choose_config", "fused_sconv_triton"]
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
-def _fused_sconv_kernel(
-    x_ptr,
-    w_ptr,
-    cache_ptr,
-    out_ptr,
-    pos_ptr,
-    table_ptr,
-    seq_ptr,
-    slot_ptr,
-    qs_ptr,
-    num_tokens,
-    channels,
-    num_slots,
-    num_reqs,
-    max_blocks,
-    stride_wc,
-    stride_wk,
-    stride_cb,
-    stride_ch,
-    stride_cn,
-    stride_table,
-    stream_offset,
-    WS: tl.constexpr,
-    N: tl.constexpr,
-    W: tl.constexpr,
-    WP: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    CHUNKS: tl.constexpr,
-    SCAN: tl.constexpr,
-    SILU: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    HAZARD_SCAN: tl.constexpr,
-    SLOT32: tl.constexpr,
+@triton.jit
+def _resolve_taps(
+    rows, rows64, rmask, pos, qs, table_ptr, seq_ptr, slot_ptr,
+    num_tokens, num_slots, num_reqs, max_blocks, stride_table,
+    N: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, BLOCK_T: tl.constexpr,
+    SCAN: tl.constexpr, HAZARD_SCAN: tl.constexpr, SLOT32: tl.constexpr,
     EARLY_SCAN_LOADS: tl.constexpr,
 ):
-    # Channel chunks vary fastest: the programs of one row block run together
-    # (shared shifted-row reads in L2; a row block that scans never trails).
-    pid_c = tl.program_id(0)
-    pid_t = tl.program_id(1)
-    head = pid_c // CHUNKS
-    d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = d < WS
-    chan = head * WS + d  # channel in x / weight
-    ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
-
-    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    rmask = rows < num_tokens
-    rows64 = rows.to(tl.int64)
+    """Without a tap map: where each pre-forward tap comes from (block table ->
+    slot, and the same-step hazard scan). Returns the rows' own slots, the
+    [BLOCK_T, WP] pre-forward slots (-1: none), the writer rows (-1: read the
+    cache) and whether the tile has any pre-forward tap."""
     if HAZARD_SCAN:
         srows = tl.arange(0, SCAN)
         if EARLY_SCAN_LOADS:
@@ -94,8 +56,6 @@ def _fused_sconv_kernel(
             # before the metadata and block-table loads, hiding their latency.
             sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
             sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
-    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
     seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
 
@@ -165,6 +125,80 @@ def _fused_sconv_kernel(
                             nxt = tl.where((nxt >= 0) & (nxt < num_slots), nxt, -1)
                         hit2 = tl.where((rid == j)[:, None], hit[None, :], hit2)
 
+    return slot, pslot2, hit2, any_pre
+
+
+@triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
+def _fused_sconv_kernel(
+    x_ptr,
+    w_ptr,
+    cache_ptr,
+    out_ptr,
+    pos_ptr,
+    table_ptr,
+    seq_ptr,
+    slot_ptr,
+    qs_ptr,
+    map_ptr,
+    num_tokens,
+    channels,
+    num_slots,
+    num_reqs,
+    max_blocks,
+    stride_wc,
+    stride_wk,
+    stride_cb,
+    stride_ch,
+    stride_cn,
+    stride_table,
+    stream_offset,
+    WS: tl.constexpr,
+    N: tl.constexpr,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    SCAN: tl.constexpr,
+    SILU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAZARD_SCAN: tl.constexpr,
+    SLOT32: tl.constexpr,
+    EARLY_SCAN_LOADS: tl.constexpr,
+    USE_MAP: tl.constexpr,
+):
+    # Channel chunks vary fastest: the programs of one row block run together
+    # (shared shifted-row reads in L2; a row block that scans never trails).
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    head = pid_c // CHUNKS
+    d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = d < WS
+    chan = head * WS + d  # channel in x / weight
+    ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
+
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < num_tokens
+    rows64 = rows.to(tl.int64)
+    kk = tl.arange(0, WP)
+    if USE_MAP:
+        # The step's tap map (inkling_kernels.tap_map) says where every earlier
+        # tap comes from: one [BLOCK_T, W-1] load, then the taps themselves.
+        codes = tl.load(
+            map_ptr + rows64[:, None] * (W - 1) + kk[None, :],
+            mask=rmask[:, None] & (kk < W - 1)[None, :],
+            other=-1,
+        )
+        slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+    else:
+        pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        slot, pslot2, hit2, any_pre = _resolve_taps(
+            rows, rows64, rmask, pos, qs, table_ptr, seq_ptr, slot_ptr,
+            num_tokens, num_slots, num_reqs, max_blocks, stride_table,
+            N, W, WP, BLOCK_T, SCAN, HAZARD_SCAN, SLOT32, EARLY_SCAN_LOADS,
+        )
+
     # -- Main phase: one x tile, its slot store, W taps, fp32 accumulation.
     xmask = rmask[:, None] & cmask[None, :]
     x_tile = tl.load(x_ptr + rows64[:, None] * channels + chan[None, :], mask=xmask, other=0.0)
@@ -178,30 +212,51 @@ def _fused_sconv_kernel(
     for k in tl.static_range(W - 1):
         dist = k + 1  # constexpr: k comes from static_range
         wv = tl.load(w_ptr + chan * stride_wc + (W - 1 - dist) * stride_wk, mask=cmask, other=0.0).to(tl.float32)
-        trow = rows64 - dist
-        in_fwd = rmask & (pos - dist >= 0) & (trow >= qs) & (trow >= 0)
-        tap = tl.load(
-            x_ptr + trow[:, None] * channels + chan[None, :],
-            mask=in_fwd[:, None] & cmask[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        if any_pre:
-            ps_k = tl.max(tl.where(kk[None, :] == k, pslot2, -1), axis=1)
-            hit_k = tl.max(tl.where(kk[None, :] == k, hit2, -1), axis=1)
-            from_cache = (ps_k >= 0) & (hit_k < 0)
-            ps_k = tl.where(from_cache, ps_k, 0)
+        if USE_MAP:
+            code = tl.sum(tl.where(kk[None, :] == k, codes, 0), axis=1)  # column k
+            writer = (code >> 32) - 1  # same-step writer row, -1 if none
+            cslot = code - ((writer + 1) << 32)
+            usable = (code >= 0) & (cslot < num_slots)
+            from_x = (code <= -2) | (usable & (writer >= 0))
+            from_cache = usable & (writer < 0)
+            xrow = tl.where(code <= -2, -code - 2, writer)
+            xrow = tl.where(from_x, xrow, 0)
+            cslot = tl.where(from_cache, cslot, 0)
+            tap = tl.load(
+                x_ptr + xrow[:, None] * channels + chan[None, :],
+                mask=from_x[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
             tap += tl.load(
-                cache_ptr + ((ps_k // N) * stride_cb + (ps_k % N) * stride_cn)[:, None] + ccol[None, :],
+                cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + ccol[None, :],
                 mask=from_cache[:, None] & cmask[None, :],
                 other=0.0,
             ).to(tl.float32)
-            if HAZARD_SCAN:
-                hrow = tl.where(hit_k >= 0, hit_k, 0).to(tl.int64)
+        else:
+            trow = rows64 - dist
+            in_fwd = rmask & (pos - dist >= 0) & (trow >= qs) & (trow >= 0)
+            tap = tl.load(
+                x_ptr + trow[:, None] * channels + chan[None, :],
+                mask=in_fwd[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            if any_pre:
+                ps_k = tl.max(tl.where(kk[None, :] == k, pslot2, -1), axis=1)
+                hit_k = tl.max(tl.where(kk[None, :] == k, hit2, -1), axis=1)
+                from_cache = (ps_k >= 0) & (hit_k < 0)
+                ps_k = tl.where(from_cache, ps_k, 0)
                 tap += tl.load(
-                    x_ptr + hrow[:, None] * channels + chan[None, :],
-                    mask=(hit_k >= 0)[:, None] & cmask[None, :],
+                    cache_ptr + ((ps_k // N) * stride_cb + (ps_k % N) * stride_cn)[:, None] + ccol[None, :],
+                    mask=from_cache[:, None] & cmask[None, :],
                     other=0.0,
                 ).to(tl.float32)
+                if HAZARD_SCAN:
+                    hrow = tl.where(hit_k >= 0, hit_k, 0).to(tl.int64)
+                    tap += tl.load(
+                        x_ptr + hrow[:, None] * channels + chan[None, :],
+                        mask=(hit_k >= 0)[:, None] & cmask[None, :],
+                        other=0.0,
+                    ).to(tl.float32)
         acc += wv[None, :] * tap
 
     if SILU:
@@ -285,15 +340,20 @@ def fused_sconv_triton(
     residual: bool = True,
     config: SconvConfig | None = None,
     out: torch.Tensor | None = None,
+    tap_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Validate, allocate ``out`` and launch the Triton kernel (CUDA, or CPU tensors
     under ``TRITON_INTERPRET=1``). Same contract as :func:`inkling_kernels.fused_sconv`;
     ``config`` overrides the heuristic tile choice (benchmarks); ``out`` (contiguous,
-    like x) receives the result instead of a new tensor (tests poison it first)."""
+    like x) receives the result instead of a new tensor (tests poison it first);
+    ``tap_map`` (from :func:`sconv_tap_map` on the same metadata) replaces the
+    block-table lookups and the hazard search."""
     prob = check_fused_sconv_args(
         x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
         stream_offset, stream_width, block_size, activation, residual,
     )
+    if tap_map is not None:
+        tap_map = check_tap_map_for_call(tap_map, prob, x.device)
     if out is None:
         out = torch.empty_like(x)
     elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
@@ -314,6 +374,7 @@ def fused_sconv_triton(
     _fused_sconv_kernel[grid](
         x, w2, cache, out,
         positions, block_table, seq_idx, slot_mapping, query_start,
+        slot_mapping if tap_map is None else tap_map,  # (unused without a map)
         prob.num_tokens, prob.channels, prob.num_slots,
         block_table.shape[0], block_table.shape[1],
         w2.stride(0), w2.stride(1),
@@ -325,6 +386,7 @@ def fused_sconv_triton(
         SILU=activation == "silu", RESIDUAL=residual,
         HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
         EARLY_SCAN_LOADS=block_t * cfg.block_c <= 1024,
+        USE_MAP=tap_map is not None,
         num_warps=cfg.num_warps,
     )
     return out

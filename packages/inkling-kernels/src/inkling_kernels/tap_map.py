@@ -1,0 +1,146 @@
+"""Triton kernels and typed launcher for ``sconv_tap_map`` (the per-step tap map).
+
+The map resolves, once per step and KV-cache group, where every earlier tap of every
+row comes from, so that the (4 x layers) ``fused_sconv`` launches of the step do no
+address arithmetic through the block table and no same-step hazard search: a row
+loads its ``W-1`` codes and then its taps, one dependent load instead of three.
+
+Codes (int64), entry ``[t, k]`` = the tap at distance ``k + 1`` of row ``t``:
+
+- ``-1``: no tap (before the sequence start, or an unusable block-table entry);
+- ``-(r + 2)``: row ``r`` of ``x`` (the tap lies in this forward);
+- ``s + ((u + 1) << 32)`` with ``0 <= s < 2**31``: a pre-forward tap in cache slot
+  ``s``; ``u >= 0`` is the row of this call that writes slot ``s`` (the same-step
+  prefix hit of design brief §3: the tap is read from ``x[u]``), ``u = -1`` when no
+  row does (the tap is read from the cache).
+
+Two launches, both with grids that depend only on T: the first writes every row's
+codes (pre-forward taps with ``u = -1``); the second, over (row tiles x slot spans),
+compares the pre-forward slots of its rows with its span of ``slot_mapping`` and
+raises the matching entries with ``atomic_max`` (the writer code is larger than the
+plain one; the largest writer row wins when several rows name one slot). Tiles with
+no pre-forward tap (the inside of a prefill) leave after one load. Unlike the
+in-kernel search of ``fused_sconv`` without a map, this is exact for any same-step
+hit, block-aligned or not.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._validation import check_tap_map_args
+
+__all__ = ["sconv_tap_map_triton"]
+
+
+@triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
+def _tap_map_base_kernel(
+    pos_ptr,
+    table_ptr,
+    seq_ptr,
+    qs_ptr,
+    map_ptr,
+    num_tokens,
+    num_reqs,
+    max_blocks,
+    stride_table,
+    N: tl.constexpr,
+    TAPS: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < num_tokens
+    rows64 = rows.to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    kk = tl.arange(0, WP)
+    dist = (kk + 1).to(tl.int64)[None, :]
+    live = rmask[:, None] & (kk < TAPS)[None, :]
+    src = pos[:, None] - dist
+    trow = rows64[:, None] - dist
+    has_tap = src >= 0
+    in_fwd = has_tap & (trow >= qs[:, None]) & (trow >= 0)
+    bidx = src // N
+    ok = live & has_tap & ~in_fwd & (seq >= 0)[:, None] & (seq < num_reqs)[:, None] & (bidx < max_blocks)
+    entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
+    slot = entry * N + src % N
+    ok = ok & (slot >= 0) & (slot <= 2147483647)
+    code = tl.where(in_fwd, -(trow + 2), tl.where(ok, slot, -1))
+    tl.store(map_ptr + rows64[:, None] * TAPS + kk[None, :], code, mask=live)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _tap_map_hazard_kernel(
+    slot_ptr,
+    map_ptr,
+    num_tokens,
+    TAPS: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SPAN: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    kk = tl.arange(0, WP)
+    live = (rows < num_tokens)[:, None] & (kk < TAPS)[None, :]
+    addr = map_ptr + rows.to(tl.int64)[:, None] * TAPS + kk[None, :]
+    code = tl.load(addr, mask=live, other=-1)
+    pre = code >= 0
+    if tl.sum(tl.sum(pre.to(tl.int32), axis=1), axis=0) > 0:
+        key = tl.where(pre, code, -2)  # -2 never equals a slot of the span
+        hit = tl.full([BLOCK_R, WP], -1, tl.int64)
+        span0 = tl.program_id(1) * SPAN
+        for c in tl.static_range(SPAN // CHUNK):
+            srows = span0 + c * CHUNK + tl.arange(0, CHUNK)
+            sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
+            match = key[:, :, None] == sval[None, None, :]
+            cand = tl.where(match, srows.to(tl.int64)[None, None, :], -1)
+            hit = tl.maximum(hit, tl.max(cand, axis=2))
+        found = pre & (hit >= 0)
+        tl.atomic_max(addr, code + ((hit + 1) << 32), mask=live & found)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def sconv_tap_map_triton(
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    block_size: int,
+    kernel_size: int,
+    tap_map_out: torch.Tensor,
+) -> None:
+    """Validate and launch (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``).
+    Same contract as :func:`inkling_kernels.sconv_tap_map`."""
+    num_tokens = check_tap_map_args(
+        positions, block_table, seq_idx, slot_mapping, query_start, block_size,
+        kernel_size, tap_map_out,
+    )
+    if num_tokens == 0:
+        return
+    taps = kernel_size - 1
+    wp = _pow2_ceil(taps)
+    block_r = 64
+    _tap_map_base_kernel[(triton.cdiv(num_tokens, block_r),)](
+        positions, block_table, seq_idx, query_start, tap_map_out,
+        num_tokens, block_table.shape[0], block_table.shape[1], block_table.stride(0),
+        N=block_size, TAPS=taps, WP=wp, BLOCK_R=block_r, num_warps=4,
+    )
+    # Hazard pass: [BLOCK_R x WP] keys against CHUNK slots at a time (~64 compares
+    # per thread), SPAN slots per program.
+    hz_r = 16 if num_tokens <= 2048 else 32
+    chunk = max(16, 8192 // (hz_r * wp))
+    span = max(chunk, min(1024, _pow2_ceil(num_tokens)))
+    grid = (triton.cdiv(num_tokens, hz_r), triton.cdiv(num_tokens, span))
+    _tap_map_hazard_kernel[grid](
+        slot_mapping, tap_map_out, num_tokens,
+        TAPS=taps, WP=wp, BLOCK_R=hz_r, CHUNK=chunk, SPAN=span, num_warps=4,
+    )

@@ -1,0 +1,180 @@
+"""sconv_tap_map: the Triton kernels (interpreted) against the reference map, and
+fused_sconv with a map against the reference op on adversarial metadata: blocks shared
+between requests at any alignment, so that pre-forward taps name slots that other rows
+of the same call write (the same-step hazard without the block-aligned precondition)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from _sconv_world import TOL, bits
+from inkling_kernels import fused_sconv, fused_sconv_ref, sconv_tap_map, sconv_tap_map_ref
+
+
+def _adversarial(seed: int, *, block_size: int, kernel_size: int, num_blocks: int = 24,
+                 num_reqs: int = 6, pad: int = 2) -> dict[str, torch.Tensor]:
+    """Random requests whose block tables draw from a small shared pool; written slots
+    are kept unique (a later duplicate becomes a pad row, slot -1)."""
+    rng = random.Random(seed)
+    n = block_size
+    positions, seq_idx, slots, qstart = [], [], [], []
+    tables = []
+    written: set[int] = set()
+    for r in range(num_reqs):
+        p0 = rng.randint(0, 5 * n)
+        count = rng.choice([1, 1, 2, 3, rng.randint(1, 3 * n)])
+        blocks = [rng.randrange(num_blocks + 2) for _ in range((p0 + count) // n + 1)]  # may exceed the cache
+        tables.append(blocks)
+        row0 = len(positions)
+        for p in range(p0, p0 + count):
+            slot = blocks[p // n] * n + p % n
+            if slot in written:
+                slot = -1
+            else:
+                written.add(slot)
+            positions.append(p)
+            seq_idx.append(r)
+            slots.append(slot)
+            qstart.append(row0)
+    for _ in range(pad):
+        positions.append(0)
+        seq_idx.append(0)
+        slots.append(-1)
+        qstart.append(0)
+    width = max(len(t) for t in tables)
+    table = torch.zeros(num_reqs, width, dtype=torch.int32)
+    for r, t in enumerate(tables):
+        table[r, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return dict(
+        positions=torch.tensor(positions, dtype=torch.int64),
+        block_table=table,
+        seq_idx=torch.tensor(seq_idx, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_start=torch.tensor(qstart, dtype=torch.int32),
+    )
+
+
+def _meta(m: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return (m["positions"], m["block_table"], m["seq_idx"], m["slot_mapping"], m["query_start"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("block_size,kernel_size", [(4, 4), (1, 4), (8, 3), (16, 5), (4, 2)])
+def test_map_matches_reference(seed: int, block_size: int, kernel_size: int) -> None:
+    from inkling_kernels.tap_map import sconv_tap_map_triton
+
+    m = _adversarial(seed, block_size=block_size, kernel_size=kernel_size)
+    rows = m["positions"].shape[0]
+    got = torch.full((rows + 3, kernel_size - 1), 777, dtype=torch.int64)
+    want = got.clone()
+    sconv_tap_map_triton(*_meta(m), block_size, kernel_size, got)
+    sconv_tap_map_ref(*_meta(m), block_size, kernel_size, want)
+    assert torch.equal(got, want)
+    assert bool((got[rows:] == 777).all())
+    # The CPU op is the reference.
+    via_op = torch.full_like(got, 777)
+    sconv_tap_map(*_meta(m), block_size, kernel_size, via_op)
+    assert torch.equal(via_op, want)
+
+
+def test_map_codes_by_hand() -> None:
+    """Row 0: request 1 at position 4; rows 1-3: request 0 at positions 5..7 (N 4,
+    W 4; request 0's blocks are physical 3 and 7). Every code kind appears."""
+    n, w = 4, 4
+    table = torch.tensor([[3, 7], [9, 1]], dtype=torch.int32)
+    positions = torch.tensor([4, 5, 6, 7], dtype=torch.int64)
+    seq_idx = torch.tensor([1, 0, 0, 0], dtype=torch.int32)
+    query_start = torch.tensor([0, 1, 1, 1], dtype=torch.int32)
+    slot_mapping = torch.tensor([13, 29, 30, 31], dtype=torch.int64)  # slot 13: no tap reads it
+    out = torch.empty(4, w - 1, dtype=torch.int64)
+    sconv_tap_map_ref(positions, table, seq_idx, slot_mapping, query_start, n, w, out)
+    # row 1 (position 5): taps at 4 (slot 7*4+0 = 28), 3 (3*4+3 = 15), 2 (3*4+2 = 14)
+    assert out[1].tolist() == [28, 15, 14]
+    # row 2 (position 6): tap 5 is row 1 (in forward), 4 and 3 from the cache
+    assert out[2].tolist() == [-(1 + 2), 28, 15]
+    # row 0 (request 1, position 4): taps 3, 2, 1 in its block 0 = physical 9
+    assert out[0].tolist() == [9 * 4 + 3, 9 * 4 + 2, 9 * 4 + 1]
+    # Row 0 now writes slot 14 = request 0's position 2: a same-step hit, unaligned.
+    slot_mapping2 = torch.tensor([14, 29, 30, 31], dtype=torch.int64)
+    sconv_tap_map_ref(positions, table, seq_idx, slot_mapping2, query_start, n, w, out)
+    assert out[1].tolist() == [28, 15, 14 + ((0 + 1) << 32)]  # position 2 is written by row 0
+    assert out[3].tolist() == [-(2 + 2), -(1 + 2), 28]
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_with_map_adversarial(seed: int, dtype: torch.dtype) -> None:
+    """fused_sconv (Triton, interpreted) with the map == the reference op, for any
+    same-step hit; the call without a map must also agree where its precondition
+    (block-aligned hits) holds, so only the mapped call is compared here."""
+    from inkling_kernels.sconv import SconvConfig, fused_sconv_triton
+    from inkling_kernels.tap_map import sconv_tap_map_triton
+
+    n, w, heads, width, dim = 4, 4, 2, 8, 16
+    m = _adversarial(seed + 100, block_size=n, kernel_size=w, num_blocks=24)
+    rows = m["positions"].shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(24, heads, n, dim, generator=gen).to(dtype)
+    x = torch.randn(rows, heads * width, generator=gen).to(dtype)
+    weight = torch.randn(heads * width, w, generator=gen)
+    tap_map = torch.empty(rows, w - 1, dtype=torch.int64)
+    sconv_tap_map_triton(*_meta(m), n, w, tap_map)
+    ref_cache = cache.clone()
+    ref = fused_sconv_ref(x, weight, ref_cache, *_meta(m), 4, width, n, activation="silu")
+    out = torch.full_like(x, float("nan"))
+    cfg = SconvConfig(block_t=2, block_c=8, num_warps=1)  # rows spread over programs
+    fused_sconv_triton(x, weight, cache, *_meta(m), 4, width, n, activation="silu", config=cfg,
+                       out=out, tap_map=tap_map)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert torch.equal(bits(cache), bits(ref_cache))
+    # The public op on CPU ignores the map and runs the reference.
+    again = fused_sconv(x, weight, ref_cache.clone(), *_meta(m), 4, width, n, activation="silu", tap_map=tap_map)
+    torch.testing.assert_close(again, ref, rtol=0, atol=0)
+
+
+def test_adversarial_traces_contain_unaligned_hazards() -> None:
+    """The generator above does produce same-step hits, some not block-aligned."""
+    n, w = 4, 4
+    unaligned = total = 0
+    for seed in range(100, 105):
+        m = _adversarial(seed, block_size=n, kernel_size=w)
+        tap_map = torch.empty(m["positions"].shape[0], w - 1, dtype=torch.int64)
+        sconv_tap_map_ref(*_meta(m), n, w, tap_map)
+        hit = (tap_map >= 0) & ((tap_map >> 32) > 0)
+        total += int(hit.sum())
+        rows = torch.arange(tap_map.shape[0])
+        p0 = m["positions"] - (rows - m["query_start"].long())
+        unaligned += int((hit & (p0 % n != 0)[:, None]).sum())
+    assert total > 0 and unaligned > 0
+
+
+def test_tap_map_validation() -> None:
+    m = _adversarial(0, block_size=4, kernel_size=4)
+    rows = m["positions"].shape[0]
+    good = torch.empty(rows, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="W-1"):
+        sconv_tap_map(*_meta(m), 4, 4, torch.empty(rows, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=">= "):
+        sconv_tap_map(*_meta(m), 4, 4, torch.empty(rows - 1, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="int64"):
+        sconv_tap_map(*_meta(m), 4, 4, good.to(torch.int32))
+    with pytest.raises(ValueError, match="contiguous"):
+        sconv_tap_map(*_meta(m), 4, 4, torch.empty(3, rows, dtype=torch.int64).t())
+    with pytest.raises(ValueError, match="kernel_size"):
+        sconv_tap_map(*_meta(m), 4, 1, torch.empty(rows, 0, dtype=torch.int64))
+    with pytest.raises(ValueError, match="block_size"):
+        sconv_tap_map(*_meta(m), 0, 4, good)
+    bad = dict(m, seq_idx=m["seq_idx"][:-1])
+    with pytest.raises(ValueError, match="seq_idx"):
+        sconv_tap_map(*_meta(bad), 4, 4, good)
+    # fused_sconv checks the map against its call
+    cache = torch.zeros(30, 2, 4, 16)
+    x = torch.zeros(rows, 16)
+    weight = torch.zeros(16, 4)
+    with pytest.raises(ValueError, match="tap_map"):
+        fused_sconv(x, weight, cache, *_meta(m), 0, 8, 4, tap_map=torch.empty(rows, 4, dtype=torch.int64))
+    with pytest.raises(TypeError, match="tap_map"):
+        fused_sconv(x, weight, cache, *_meta(m), 0, 8, 4, tap_map=good.float())
