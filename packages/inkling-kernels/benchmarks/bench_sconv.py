@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import datetime
 import importlib.util
 import json
@@ -30,7 +31,7 @@ from typing import Any, Callable
 import torch
 import triton
 
-from inkling_kernels import fused_sconv, sconv_seq_metadata
+from inkling_kernels import fused_sconv, sconv_seq_metadata, sconv_tap_map
 from inkling_kernels.sconv import SconvConfig, choose_config, fused_sconv_triton
 
 W = 4
@@ -79,6 +80,11 @@ class Inputs:
     seq: torch.Tensor
     slots: torch.Tensor
     qs: torch.Tensor
+    tap_map: torch.Tensor  # the step's tap map (built once per step and group)
+
+    @property
+    def meta(self) -> tuple[torch.Tensor, ...]:
+        return (self.positions, self.table, self.seq, self.slots, self.qs)
 
 
 def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, list[Inputs]]:
@@ -110,6 +116,7 @@ def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor
             slots.append(table[r, p // N].long() * N + p % N)
             qs.append(torch.full((n,), row0, dtype=torch.int32))
         t = sum(len(a) for a in pos)
+        tap_map = torch.empty(t, W - 1, dtype=torch.int64, device="cuda")
         sets.append(Inputs(
             x=torch.randn(t, c, device="cuda", dtype=DTYPE),
             positions=torch.cat(pos).cuda(),
@@ -117,7 +124,9 @@ def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor
             seq=torch.cat(seq).cuda(),
             slots=torch.cat(slots).cuda(),
             qs=torch.cat(qs).cuda(),
+            tap_map=tap_map,
         ))
+        sconv_tap_map(*sets[-1].meta, N, W, tap_map)
     weight = (torch.randn(c, W, device="cuda", generator=None) * 0.5).float()
     return cache, weight, sets
 
@@ -190,13 +199,15 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
     """The heuristic's choice plus alternatives (rows x channels per program, warps)."""
     heads, _, _, width = case.stream
     t = sum(n for _, n in case.requests)
-    out = [choose_config(t, heads, width)]
+    out = [choose_config(t, heads, width, mapped=True)]
     if t <= 1024:
         cand = [(1, 256, 1), (2, 256, 1), (2, 256, 2), (4, 256, 2), (4, 256, 4), (8, 256, 4),
-                (1, 128, 1), (2, 128, 1), (4, 128, 1), (4, 128, 2), (8, 128, 2)]
+                (8, 256, 8), (16, 256, 4), (1, 128, 1), (2, 128, 1), (4, 128, 1), (4, 128, 2),
+                (8, 128, 2), (8, 128, 4), (1, 512, 2), (2, 512, 4)]
     else:
         cand = [(4, 256, 4), (8, 256, 4), (8, 256, 8), (16, 256, 8), (32, 256, 8),
-                (8, 128, 4), (16, 128, 4), (16, 128, 8), (32, 128, 8), (64, 128, 8)]
+                (8, 128, 4), (16, 128, 4), (32, 128, 4), (16, 128, 8), (32, 128, 8), (64, 128, 8),
+                (16, 64, 2), (32, 64, 4)]
     for bt, bc, nw in cand:
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw)
         if width % bc == 0 and cfg not in out:
@@ -211,17 +222,22 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
     cache, weight, sets = build(case, num_sets, gen)
     t = sets[0].x.shape[0]
 
-    def ours(cfg: SconvConfig | None) -> list[Callable[[], Any]]:
+    def ours(cfg: SconvConfig | None, mapped: bool = False) -> list[Callable[[], Any]]:
         if cfg is None:  # the public op, heuristic config
-            return [lambda s=s: fused_sconv(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs,
-                                            off, width, N) for s in sets]
-        return [lambda s=s: fused_sconv_triton(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs,
-                                               off, width, N, config=cfg) for s in sets]
+            return [lambda s=s: fused_sconv(s.x, weight, cache, *s.meta, off, width, N,
+                                            tap_map=s.tap_map if mapped else None) for s in sets]
+        return [lambda s=s: fused_sconv_triton(s.x, weight, cache, *s.meta, off, width, N, config=cfg,
+                                               tap_map=s.tap_map if mapped else None) for s in sets]
 
     res: dict[str, Any] = dict(case=case.name, T=t, C=heads * width, bytes=nbytes, sets=num_sets,
                                peer_us_brief=case.peer_us)
     heur = choose_config(t, heads, width)
     res["config"] = dataclasses.asdict(heur)
+    res["config_map"] = dataclasses.asdict(choose_config(t, heads, width, mapped=True))
+    res["ours_map_us"] = time_graph(ours(None, mapped=True), reps)
+    # The map is built once per step and KV-cache group (two launches), then shared
+    # by the 4 streams x layers of the group.
+    res["map_build_us"] = time_graph([lambda s=s: sconv_tap_map(*s.meta, N, W, s.tap_map) for s in sets], reps)
     res["ours_us"] = time_graph(ours(None), reps)
     res["ours_noscan_us"] = time_graph(ours(dataclasses.replace(heur, hazard_scan=False)), reps)
     if peer is not None:
@@ -232,6 +248,7 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
     # when the working set fits in L2 (decode), the same as cold otherwise.
     hot = [ours(None)[0]] * 16
     res["ours_hot_us"] = time_graph(hot, reps)
+    res["ours_map_hot_us"] = time_graph([ours(None, mapped=True)[0]] * 16, reps)
     if peer is not None:
         s0 = sets[0]
         res["peer_hot_us"] = time_graph(
@@ -245,11 +262,13 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
     ref = fused_sconv_ref(s.x, weight, c2, s.positions, s.table, s.seq, s.slots, s.qs, off, width, N)
     got = fused_sconv(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs, off, width, N)
     res["max_abs_err_vs_ref"] = float((got.float() - ref.float()).abs().max())
-    if sweep:
+    got = fused_sconv(s.x, weight, cache, *s.meta, off, width, N, tap_map=s.tap_map)
+    res["max_abs_err_vs_ref_map"] = float((got.float() - ref.float()).abs().max())
+    if sweep:  # tiles of the mapped kernel
         rows = []
         for cfg in sweep_configs(case):
             try:
-                us = time_graph(ours(cfg), reps)
+                us = time_graph(ours(cfg, mapped=True), reps)
             except Exception as e:  # a config that fails to compile: report, go on
                 rows.append((dataclasses.asdict(cfg), None, repr(e)[:120]))
                 continue
@@ -291,13 +310,20 @@ def bench_hazard(peer: Any, launches: int) -> list[dict[str, Any]]:
     from test_gpu import _hazard_case  # the GPU test's case builder
 
     out = []
-    impls = [("ours", fused_sconv)] + ([("peer", peer.fused_sconv)] if peer is not None else [])
-    for prompt_len, hit in [(1024, 512), (8192, 4096)]:
+    impls = [("ours", fused_sconv), ("ours, map", None)] + (
+        [("peer", peer.fused_sconv)] if peer is not None else [])
+    for prompt_len, hit in [(1024, 512), (8192, 4096), (1024, 513)]:
         for b_first in (False, True):
             case = _hazard_case(prompt_len, hit, b_first)
             d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
             w2 = d["weight"][:, 0, :].contiguous()
+            tap_map = torch.empty(d["x"].shape[0], W - 1, dtype=torch.int64, device="cuda")
+            sconv_tap_map(d["positions"], d["table"], d["seq"], d["slots"], d["qs"], d["n"], W, tap_map)
             for name, fn in impls:
+                if hit % d["n"] and name == "ours":
+                    continue  # unaligned hits: outside the unmapped kernel's precondition
+                if fn is None:
+                    fn = functools.partial(fused_sconv, tap_map=tap_map)
                 stale = 0
                 for _ in range(launches):
                     ps = d["pre_slots"]
@@ -316,19 +342,27 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Device copy bandwidth (read + write, same run, best of {len(results['copy_all'])}): {bw:.0f} GB/s",
         "",
-        "| case | T | C | µs | GB/s | of copy | peer µs | peer of copy | ratio (peer/ours) | µs without hazard scan | hot µs (peer) | config (BT x BC, warps) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ours = fused_sconv with the step's tap map (the model/vLLM path on CUDA); map = its build, once per",
+        "step and KV-cache group; no map = fused_sconv alone (in-kernel hazard search).",
+        "",
+        "| case | T | C | ours µs | GB/s | of copy | peer µs | peer of copy | peer/ours | map build µs | no map µs | peer/no map | no map, no hazard scan µs | hot µs: ours / no map / peer | tiles: map; no map |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["cases"]:
-        gbps = r["bytes"] / (r["ours_us"] * 1e-6) / 1e9
+        ours = r["ours_map_us"]
+        gbps = r["bytes"] / (ours * 1e-6) / 1e9
         peer = r.get("peer_us")
         pgbps = r["bytes"] / (peer * 1e-6) / 1e9 if peer else None
-        cfg = r["config"]
+        cfg, cfgm = r["config"], r["config_map"]
         lines.append(
-            f"| {r['case']} | {r['T']} | {r['C']} | {r['ours_us']:.2f} | {gbps:.0f} | {gbps / bw:.2f} | "
-            + (f"{peer:.2f} | {pgbps / bw:.2f} | {peer / r['ours_us']:.2f}x" if peer else "— | — | —")
-            + f" | {r['ours_noscan_us']:.2f} | {r['ours_hot_us']:.2f} ({r.get('peer_hot_us', float('nan')):.2f})"
-            + f" | {cfg['block_t']}x{cfg['block_c']}, {cfg['num_warps']} |"
+            f"| {r['case']} | {r['T']} | {r['C']} | {ours:.2f} | {gbps:.0f} | {gbps / bw:.2f} | "
+            + (f"{peer:.2f} | {pgbps / bw:.2f} | {peer / ours:.2f}x" if peer else "— | — | —")
+            + f" | {r['map_build_us']:.2f} | {r['ours_us']:.2f} | "
+            + (f"{peer / r['ours_us']:.2f}x" if peer else "—")
+            + f" | {r['ours_noscan_us']:.2f} | {r['ours_map_hot_us']:.2f} / {r['ours_hot_us']:.2f} / "
+            + f"{r.get('peer_hot_us', float('nan')):.2f}"
+            + f" | {cfgm['block_t']}x{cfgm['block_c']}/{cfgm['num_warps']}w; "
+            + f"{cfg['block_t']}x{cfg['block_c']}/{cfg['num_warps']}w |"
         )
     lines += ["", "| sconv_seq_metadata | R | T | ours µs | peer µs | same output |", "|---|---|---|---|---|---|"]
     for r in results["metadata"]:

@@ -291,7 +291,7 @@ def _pow2_ceil(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def choose_config(num_tokens: int, num_heads: int, stream_width: int) -> SconvConfig:
+def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False) -> SconvConfig:
     """Heuristic tile choice per shape class (one config each: no autotuning),
     from sweeps on an H200 (benchmarks/RESULTS.md).
 
@@ -360,7 +360,7 @@ def fused_sconv_triton(
         raise ValueError("out must be a contiguous tensor with x's shape, dtype and device")
     if prob.num_tokens == 0:
         return out
-    cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width)
+    cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None)
     taps_p2 = _pow2_ceil(prob.kernel_size - 1)
     scan = cfg.scan or _scan_chunk(cfg, taps_p2)
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
