@@ -178,3 +178,25 @@ def test_tap_map_validation() -> None:
         fused_sconv(x, weight, cache, *_meta(m), 0, 8, 4, tap_map=torch.empty(rows, 4, dtype=torch.int64))
     with pytest.raises(TypeError, match="tap_map"):
         fused_sconv(x, weight, cache, *_meta(m), 0, 8, 4, tap_map=good.float())
+
+
+def test_huge_slots_never_match() -> None:
+    """A slot_mapping entry of 2**32 + s (outside any cache; equal to s in its low 32
+    bits) is no writer of slot s, and a block-table entry whose slot would reach 2**31
+    gives no tap."""
+    from inkling_kernels.tap_map import sconv_tap_map_triton
+
+    n, w = 4, 4
+    table = torch.tensor([[2, 3], [2**29, 5]], dtype=torch.int32)
+    positions = torch.tensor([4, 5, 4], dtype=torch.int64)
+    seq_idx = torch.tensor([0, 0, 1], dtype=torch.int32)
+    query_start = torch.tensor([0, 0, 2], dtype=torch.int32)
+    slot_mapping = torch.tensor([12, 13, 2**32 + 11], dtype=torch.int64)  # low bits = slot 11 (row 0's tap)
+    got = torch.empty(3, w - 1, dtype=torch.int64)
+    want = torch.empty_like(got)
+    meta = (positions, table, seq_idx, slot_mapping, query_start)
+    sconv_tap_map_triton(*meta, n, w, got)
+    sconv_tap_map_ref(*meta, n, w, want)
+    assert torch.equal(got, want)
+    assert got[0].tolist() == [11, 10, 9]  # no writer
+    assert got[2].tolist() == [-1, -1, -1]  # block 2**29 * 4 + 3 >= 2**31: no tap

@@ -295,17 +295,31 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     """Heuristic tile choice per shape class (one config each: no autotuning),
     from sweeps on an H200 (benchmarks/RESULTS.md).
 
-    BLOCK_C: the largest power of two dividing the stream width (<= 256), so tiles
-    never straddle heads and no lanes idle. Small batches (decode, speculative
-    verification) are latency-bound: one or two rows per one-warp program, so the
-    gathers spread over many programs. Large batches take ~2k-element tiles on four
-    warps (16 elements per thread keeps registers low and several programs per SM;
-    eight warps measured far slower).
+    BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
+    a tap map), so tiles never straddle heads and no lanes idle.
+
+    With a tap map (``mapped``), small batches (decode, speculative verification)
+    take 4 rows x 128 channels on two warps once there is enough work (T*C >= 300k),
+    else one row on one warp; large batches take 32 x 128 (8 x 128 below 16M
+    elements) on four warps: measured best in every class, 0.8-1.0 of the device's
+    copy bandwidth for T >= 2048.
+
+    Without a map the in-kernel prologue (block table + hazard search) dominates
+    small batches: one or two rows per one-warp program spread the gathers; large
+    batches take ~2k-element tiles on four warps (eight warps measured far slower).
     """
     if stream_width % 32 == 0:
         block_c = min(256, stream_width & -stream_width)
     else:
         block_c = min(256, _pow2_ceil(stream_width))
+    work = num_tokens * num_heads * stream_width
+    if mapped:
+        block_c = min(block_c, 128)
+        if num_tokens <= 1024:
+            if work >= 300_000:
+                return SconvConfig(block_t=4, block_c=block_c, num_warps=2)
+            return SconvConfig(block_t=1, block_c=block_c, num_warps=1)
+        return SconvConfig(block_t=32 if work >= 16 * 2**20 else 8, block_c=block_c, num_warps=4)
     chunks = num_heads * -(-stream_width // block_c)
     if num_tokens <= 1024:
         block_t = 2 if num_tokens * chunks >= 4096 else 1

@@ -15,9 +15,9 @@ Codes (int64), entry ``[t, k]`` = the tap at distance ``k + 1`` of row ``t``:
   row does (the tap is read from the cache).
 
 Two launches, both with grids that depend only on T: the first writes every row's
-codes (pre-forward taps with ``u = -1``); the second, over (row tiles x slot spans),
-compares the pre-forward slots of its rows with its span of ``slot_mapping`` and
-raises the matching entries with ``atomic_max`` (the writer code is larger than the
+codes (pre-forward taps with ``u = -1``); the second, over (map-entry tiles x slot
+spans), compares the pre-forward slots of its entries with its span of
+``slot_mapping`` (int32 compares) and raises the matching entries with ``atomic_max`` (the writer code is larger than the
 plain one; the largest writer row wins when several rows name one slot). Tiles with
 no pre-forward tap (the inside of a prefill) leave after one load. Unlike the
 in-kernel search of ``fused_sconv`` without a map, this is exact for any same-step
@@ -79,29 +79,28 @@ def _tap_map_hazard_kernel(
     map_ptr,
     num_tokens,
     TAPS: tl.constexpr,
-    WP: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    KEYS: tl.constexpr,
     CHUNK: tl.constexpr,
     SPAN: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    kk = tl.arange(0, WP)
-    live = (rows < num_tokens)[:, None] & (kk < TAPS)[None, :]
-    addr = map_ptr + rows.to(tl.int64)[:, None] * TAPS + kk[None, :]
-    code = tl.load(addr, mask=live, other=-1)
-    pre = code >= 0
-    if tl.sum(tl.sum(pre.to(tl.int32), axis=1), axis=0) > 0:
-        key = tl.where(pre, code, -2)  # -2 never equals a slot of the span
-        hit = tl.full([BLOCK_R, WP], -1, tl.int64)
+    # KEYS consecutive map entries (KEYS / TAPS rows' taps, flattened) against
+    # SPAN slots of slot_mapping, CHUNK at a time, compared as int32.
+    idx = tl.program_id(0).to(tl.int64) * KEYS + tl.arange(0, KEYS)
+    live = idx < num_tokens * TAPS
+    code = tl.load(map_ptr + idx, mask=live, other=-1)
+    pre = code >= 0  # a pre-forward slot (< 2**31, no writer yet)
+    if tl.sum(pre.to(tl.int32), axis=0) > 0:
+        key = tl.where(pre, code, -2).to(tl.int32)  # -2 never equals a slot below
+        hit = tl.full([KEYS], -1, tl.int32)
         span0 = tl.program_id(1) * SPAN
         for c in tl.static_range(SPAN // CHUNK):
             srows = span0 + c * CHUNK + tl.arange(0, CHUNK)
             sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
-            match = key[:, :, None] == sval[None, None, :]
-            cand = tl.where(match, srows.to(tl.int64)[None, None, :], -1)
-            hit = tl.maximum(hit, tl.max(cand, axis=2))
+            sval = tl.where((sval >= 0) & (sval <= 2147483647), sval, -1).to(tl.int32)
+            match = key[:, None] == sval[None, :]
+            hit = tl.maximum(hit, tl.max(tl.where(match, srows[None, :], -1), axis=1))
         found = pre & (hit >= 0)
-        tl.atomic_max(addr, code + ((hit + 1) << 32), mask=live & found)
+        tl.atomic_max(map_ptr + idx, code + ((hit.to(tl.int64) + 1) << 32), mask=live & found)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -134,13 +133,12 @@ def sconv_tap_map_triton(
         num_tokens, block_table.shape[0], block_table.shape[1], block_table.stride(0),
         N=block_size, TAPS=taps, WP=wp, BLOCK_R=block_r, num_warps=4,
     )
-    # Hazard pass: [BLOCK_R x WP] keys against CHUNK slots at a time (~64 compares
-    # per thread), SPAN slots per program.
-    hz_r = 16 if num_tokens <= 2048 else 32
-    chunk = max(16, 8192 // (hz_r * wp))
+    # Hazard pass: 64 map entries against 128 slots at a time (64 compares per
+    # thread), SPAN slots per program.
+    keys, chunk = 64, 128
     span = max(chunk, min(1024, _pow2_ceil(num_tokens)))
-    grid = (triton.cdiv(num_tokens, hz_r), triton.cdiv(num_tokens, span))
+    grid = (triton.cdiv(num_tokens * taps, keys), triton.cdiv(num_tokens, span))
     _tap_map_hazard_kernel[grid](
         slot_mapping, tap_map_out, num_tokens,
-        TAPS=taps, WP=wp, BLOCK_R=hz_r, CHUNK=chunk, SPAN=span, num_warps=4,
+        TAPS=taps, KEYS=keys, CHUNK=chunk, SPAN=span, num_warps=4,
     )
