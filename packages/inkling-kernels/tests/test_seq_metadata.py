@@ -23,9 +23,18 @@ def _run(impl: str, qsl: torch.Tensor, num_reqs: int, num_actual: int, num_padde
     elif impl == "reference":
         sconv_seq_metadata_ref(qsl, num_reqs, num_actual, seq, start, num_padded)
     else:
-        from inkling_kernels.seq_metadata import sconv_seq_metadata_triton
+        from inkling_kernels import seq_metadata
 
-        sconv_seq_metadata_triton(qsl, num_reqs, num_actual, seq, start, num_padded)
+        # "triton": the counting kernel up to COUNT_MAX_REQS requests (binary lifting
+        # beyond); "triton-lifting" forces binary lifting, "triton-count-chunks" the
+        # counting kernel with several request chunks.
+        limit = {"triton": seq_metadata.COUNT_MAX_REQS, "triton-lifting": 0, "triton-count-chunks": 10**9}[impl]
+        saved = seq_metadata.COUNT_MAX_REQS
+        seq_metadata.COUNT_MAX_REQS = limit
+        try:
+            seq_metadata.sconv_seq_metadata_triton(qsl, num_reqs, num_actual, seq, start, num_padded)
+        finally:
+            seq_metadata.COUNT_MAX_REQS = saved
     return seq, start
 
 
@@ -43,14 +52,14 @@ def _expected(lens: list[int], num_padded: int, capacity: int) -> tuple[list[int
     )
 
 
-IMPLS = ("public", "reference", "triton")
+IMPLS = ("public", "reference", "triton", "triton-lifting", "triton-count-chunks")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(5))
 def test_random_batches(impl: str, seed: int) -> None:
     rng = random.Random(seed)
-    num_reqs = rng.choice([1, 3, 70, 200])  # 70, 200: more than one request chunk
+    num_reqs = [1, 3, 70, 200, 300][seed]  # 300: more than one request chunk when counting
     lens = [rng.choice([0, 1, 1, 1, 4, 17]) for _ in range(num_reqs)]  # empty requests too
     num_actual = sum(lens)
     num_padded = num_actual + rng.randint(0, 9)
@@ -91,7 +100,7 @@ def test_hypothesis_reference_and_kernel(lens: list[int], pad: int) -> None:
     num_actual = sum(lens)
     qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     exp = _expected(lens, num_actual + pad, num_actual + pad + 1)
-    for impl in ("reference", "triton"):
+    for impl in ("reference", "triton", "triton-lifting"):
         seq, start = _run(impl, qsl, len(lens), num_actual, num_actual + pad, num_actual + pad + 1)
         assert (seq.tolist(), start.tolist()) == exp
 

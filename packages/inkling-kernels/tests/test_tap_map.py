@@ -61,10 +61,18 @@ def _meta(m: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     return (m["positions"], m["block_table"], m["seq_idx"], m["slot_mapping"], m["query_start"])
 
 
+@pytest.mark.parametrize("tiles", [None, (256, 32, 32), (16, 8, 16)], ids=["default", "wide", "narrow"])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("block_size,kernel_size", [(4, 4), (1, 4), (8, 3), (16, 5), (4, 2)])
-def test_map_matches_reference(seed: int, block_size: int, kernel_size: int) -> None:
+def test_map_matches_reference(seed: int, block_size: int, kernel_size: int, tiles: tuple | None,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with the long-batch key tiles and with small tiles and spans (several
+    programs per key tile and per span), forced on these short batches."""
+    from inkling_kernels import tap_map as tap_map_module
     from inkling_kernels.tap_map import sconv_tap_map_triton
+
+    if tiles is not None:
+        monkeypatch.setattr(tap_map_module, "hazard_tiles", lambda num_tokens: tiles)
 
     m = _adversarial(seed, block_size=block_size, kernel_size=kernel_size)
     rows = m["positions"].shape[0]

@@ -107,6 +107,17 @@ def _pow2_ceil(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
+def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
+    """(KEYS, CHUNK, SPAN) of the hazard pass: KEYS map entries against CHUNK slots
+    at a time (64 compares per thread on four warps), SPAN slots per program. The
+    grid grows as T^2 / (KEYS * SPAN): long batches take wider key tiles, so that
+    the programs with no pre-forward entry (most of a prefill) stay few."""
+    keys = 64 if num_tokens <= 2048 else 256
+    chunk = 8192 // keys
+    span = max(chunk, min(1024, _pow2_ceil(num_tokens)))
+    return keys, chunk, span
+
+
 def sconv_tap_map_triton(
     positions: torch.Tensor,
     block_table: torch.Tensor,
@@ -133,10 +144,7 @@ def sconv_tap_map_triton(
         num_tokens, block_table.shape[0], block_table.shape[1], block_table.stride(0),
         N=block_size, TAPS=taps, WP=wp, BLOCK_R=block_r, num_warps=4,
     )
-    # Hazard pass: 64 map entries against 128 slots at a time (64 compares per
-    # thread), SPAN slots per program.
-    keys, chunk = 64, 128
-    span = max(chunk, min(1024, _pow2_ceil(num_tokens)))
+    keys, chunk, span = hazard_tiles(num_tokens)
     grid = (triton.cdiv(num_tokens * taps, keys), triton.cdiv(num_tokens, span))
     _tap_map_hazard_kernel[grid](
         slot_mapping, tap_map_out, num_tokens,
