@@ -140,3 +140,32 @@ def test_torch_compile_and_opcheck() -> None:
     qsl = torch.tensor([0, 2, 5], dtype=torch.int32)
     bufs = (torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
     torch.library.opcheck(torch.ops.inkling.sconv_seq_metadata.default, (qsl, 2, 5, bufs[0], bufs[1], 7))
+
+
+def test_tap_map_ops_compile_and_opcheck() -> None:
+    """sconv_tap_map is a mutating custom op with a fake impl; fused_sconv's optional
+    tap_map argument survives torch.compile (map build + conv in one graph)."""
+    from inkling_kernels import sconv_tap_map
+
+    assert "Tensor(a7!) tap_map_out" in str(torch.ops.inkling.sconv_tap_map.default._schema)
+    kw = _base()
+    meta = [kw[n] for n in ("positions", "block_table", "seq_idx", "slot_mapping", "query_start")]
+    rows = kw["x"].shape[0]
+    tap_map = torch.zeros(rows, 3, dtype=torch.int64)
+    torch.library.opcheck(torch.ops.inkling.sconv_tap_map.default, (*meta, kw["block_size"], 4, tap_map))
+
+    def fn(cache: torch.Tensor, tm: torch.Tensor) -> torch.Tensor:
+        sconv_tap_map(*meta, kw["block_size"], 4, tm)
+        return fused_sconv(kw["x"], kw["weight"], cache, *meta, kw["stream_offset"], kw["stream_width"],
+                           kw["block_size"], tap_map=tm)
+
+    cache_eager, cache_c = kw["cache"].clone(), kw["cache"].clone()
+    eager_map, compiled_map = torch.zeros_like(tap_map), torch.zeros_like(tap_map)
+    eager = fn(cache_eager, eager_map)
+    out = torch.compile(fn, backend="aot_eager", fullgraph=True)(cache_c, compiled_map)
+    torch.testing.assert_close(out, eager)
+    assert torch.equal(compiled_map, eager_map) and torch.equal(cache_c, cache_eager)
+    args = tuple(kw[n] for n in ["x", "weight", "cache", "positions", "block_table", "seq_idx",
+                                 "slot_mapping", "query_start", "stream_offset", "stream_width",
+                                 "block_size", "activation", "residual"])
+    torch.library.opcheck(torch.ops.inkling.fused_sconv.default, (*args, eager_map))
