@@ -13,6 +13,9 @@ Run from the repository root on a GPU machine (no install needed)::
    buffers keep their addresses, so the replay reads the new step's metadata.
 3. torch.compile (inductor) traced on a profiling pass without metadata, then run with
    metadata: equals eager.
+4. The step's tap map (built by the runtime on CUDA by default): equals
+   ``sconv_tap_map_ref`` of the same metadata, and a schedule run through it equals
+   the same schedule run without it (``PagedConvRuntime(..., tap_map=False)``).
 
 Exits non-zero on the first mismatch.
 """
@@ -28,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from inkling_cache import ConvStateLayout, Stream  # noqa: E402
-from inkling_kernels import causal_conv_ref  # noqa: E402
+from inkling_kernels import causal_conv_ref, sconv_tap_map_ref  # noqa: E402
 from inkling_model import (  # noqa: E402
     ConvStateOwner,
     InklingShortConv,
@@ -133,7 +136,12 @@ def check_cuda_graph() -> None:
         chunks = [c for c in chunks if c[2] > 0]
         step = rt.step(chunks, pad_to=padded)
         meta = step.metadata
-        ptrs = [t.data_ptr() for t in (meta.block_table, meta.slot_mapping, meta.seq_idx, meta.query_start, step.positions)]
+        if meta.tap_map is None:
+            raise AssertionError("the runtime built no tap map on CUDA")
+        ptrs = [
+            t.data_ptr()
+            for t in (meta.block_table, meta.slot_mapping, meta.seq_idx, meta.query_start, step.positions, meta.tap_map)
+        ]
         static_x.normal_()  # pad rows hold garbage
         rows = torch.cat([seqs[r][s : s + n] for r, s, n in chunks])
         static_x[: rows.shape[0]] = rows
@@ -155,6 +163,59 @@ def check_cuda_graph() -> None:
     for r, x in seqs.items():
         torch.testing.assert_close(torch.cat(outs[r]), causal_conv_ref(x, conv.weight), **TOL[dtype])
     print(f"cuda graph ok: 1 capture, {replays} replays over changing batches")
+
+
+def check_tap_map() -> None:
+    """The runtime's per-step tap map on CUDA: equal to the reference map of the same
+    metadata, and a schedule through it equal to the same schedule without it."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for block_size in (4, 16):
+            lengths = [1, 5, 37, 90, 64, 13, 200, 7]
+            outs = {}
+            maps = 0
+            for with_map in (True, False):
+                owner = ConvStateOwner(layout(), f"tapmap.{dtype}.{block_size}.{with_map}")
+                torch.manual_seed(block_size)
+                feeds = []
+                for stream in Stream:
+                    conv = InklingShortConv(owner.stream_dim(stream), 4, owner, stream, device=DEV)
+                    torch.nn.init.normal_(conv.weight, std=0.5)
+                    feeds.append(Feed(conv, [torch.randn(n, conv.dim, device=DEV).to(dtype) for n in lengths]))
+                rt = PagedConvRuntime(
+                    128, block_size, 4, max_num_tokens=512, max_blocks_per_req=64, device=DEV,
+                    tap_map=None if with_map else False,
+                )
+                rt.allocate_caches([owner], dtype, fill=float("nan"))
+                real_step = rt.step
+
+                def step(*args, **kwargs):  # check every step's map against the reference
+                    nonlocal maps
+                    out = real_step(*args, **kwargs)
+                    meta = out.metadata
+                    if with_map:
+                        if meta.tap_map is None:
+                            raise AssertionError("no tap map on CUDA in auto mode")
+                        want = torch.empty(meta.num_tokens, 3, dtype=torch.int64)
+                        sconv_tap_map_ref(
+                            out.positions.cpu(), meta.block_table.cpu(), meta.seq_idx.cpu(),
+                            meta.slot_mapping.cpu(), meta.query_start.cpu(), block_size, 4, want,
+                        )
+                        if not torch.equal(meta.tap_map.cpu(), want):
+                            raise AssertionError("the CUDA tap map differs from sconv_tap_map_ref")
+                        maps += 1
+                    elif meta.tap_map is not None:
+                        raise AssertionError("tap_map=False still built a map")
+                    return out
+
+                rt.step = step  # type: ignore[method-assign]
+                outs[with_map], stats = run_schedule(rt, feeds, seed=block_size, max_chunk=40)
+                for feed, per_seq in zip(feeds, outs[with_map]):
+                    for x, y in zip(feed.inputs, per_seq):
+                        torch.testing.assert_close(y, causal_conv_ref(x, feed.conv.weight), **TOL[dtype])
+            for a_seqs, b_seqs in zip(outs[True], outs[False]):
+                for a, b in zip(a_seqs, b_seqs):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0)
+            print(f"tap map ok: {dtype} N={block_size}: {maps} maps equal the reference, outputs equal the map-less run")
 
 
 class Block(torch.nn.Module):
@@ -201,4 +262,5 @@ if __name__ == "__main__":
     check_same_step_prefix_hit()
     check_cuda_graph()
     check_compile()
+    check_tap_map()
     print("all CUDA checks passed")

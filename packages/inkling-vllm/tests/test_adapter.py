@@ -14,14 +14,15 @@ import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 from inkling_cache import ConvStateLayout, Stream
+from inkling_kernels import sconv_tap_map_ref
 from inkling_model import SconvMetadata, current_metadata, get_owner
 from inkling_vllm import conv_state
 from inkling_vllm.model import InklingForCausalLM, UnsupportedCheckpoint, check_supported_config
 
 
-def fake_vllm_config(dtype: torch.dtype = torch.float32, max_tokens: int = 64) -> Any:
+def fake_vllm_config(dtype: torch.dtype = torch.float32, max_tokens: int = 64, **model_config: Any) -> Any:
     return SimpleNamespace(
-        model_config=SimpleNamespace(dtype=dtype),
+        model_config=SimpleNamespace(dtype=dtype, **model_config),
         compilation_config=SimpleNamespace(static_forward_context={}, cudagraph_capture_sizes=[]),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
     )
@@ -145,6 +146,85 @@ def test_builder_maps_common_metadata(lens: list[int], pad: int) -> None:
     second = builder.build(0, cm)
     assert second.seq_idx.data_ptr() == first.seq_idx.data_ptr()
     assert second.query_start.data_ptr() == first.query_start.data_ptr()
+
+
+def _common_metadata(block_size: int, positions: bool = True) -> tuple[Any, torch.Tensor]:
+    """Two requests at positions 5.. and 0.. (the first reads cache slots), two pad rows."""
+    table = torch.tensor([[3, 7, 2, 9], [4, 6, 0, 0]], dtype=torch.int32)
+    pos = [5, 6, 7, 8, 0, 1, 2, 99, 0]  # the last two rows are pad rows (any position)
+    rows = [(0, p) for p in pos[:4]] + [(1, p) for p in pos[4:7]]
+    slots = [int(table[r, p // block_size]) * block_size + p % block_size for r, p in rows] + [-1, -1]
+    cm = SimpleNamespace(
+        num_reqs=2,
+        num_actual_tokens=9,
+        query_start_loc=torch.tensor([0, 4, 7], dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor([0, 4, 7], dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_table_tensor=table,
+    )
+    positions_t = torch.tensor(pos, dtype=torch.int64)
+    if positions:
+        cm.positions = positions_t
+    return cm, positions_t
+
+
+def _spec(block_size: int = 4) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=block_size, num_kv_heads=2, head_size=256, head_size_v=0, dtype=torch.float32, sliding_window=4
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_config", "kernel_size"),
+    [
+        (dict(hf_config=SimpleNamespace(conv_kernel_size=4)), 4),
+        (dict(hf_config=SimpleNamespace(conv_kernel_size=None, sconv_kernel_size=3)), 3),
+        (dict(hf_config=SimpleNamespace(), hf_text_config=SimpleNamespace(conv_kernel_size=5)), 5),
+        (dict(hf_config=SimpleNamespace(text_config=SimpleNamespace(sconv_kernel_size=6))), 6),
+        (dict(hf_config=SimpleNamespace(hidden_size=8)), None),
+        ({}, None),
+    ],
+)
+def test_builder_reads_the_conv_kernel_size_of_the_model(model_config: dict[str, Any], kernel_size: int | None) -> None:
+    vllm_config = fake_vllm_config(**model_config)
+    builder = conv_state.InklingSconvMetadataBuilder(_spec(), ["x"], vllm_config, torch.device("cpu"))
+    assert builder._builder.kernel_size == kernel_size
+    # Auto mode: the map is a CUDA-kernel aid, never built on CPU.
+    assert not builder._builder.builds_tap_map
+    cm, _ = _common_metadata(4)
+    assert builder.build(0, cm).tap_map is None
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_builder_passes_positions_to_the_tap_map(block_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What runs on CUDA, forced on CPU: the map is built from vLLM's positions."""
+    real = conv_state.SconvMetadataBuilder
+
+    def forced(*args: Any, **kwargs: Any) -> Any:
+        return real(*args, **kwargs, tap_map=True)
+
+    monkeypatch.setattr(conv_state, "SconvMetadataBuilder", forced)
+    vllm_config = fake_vllm_config(hf_config=SimpleNamespace(conv_kernel_size=4))
+    builder = conv_state.InklingSconvMetadataBuilder(_spec(block_size), ["x"], vllm_config, torch.device("cpu"))
+    cm, positions = _common_metadata(block_size)
+    meta = builder.build(0, cm)
+    assert meta.tap_map is not None and meta.tap_map.shape == (9, 3)
+    want = torch.full((9, 3), -7, dtype=torch.int64)
+    sconv_tap_map_ref(positions, meta.block_table, meta.seq_idx, meta.slot_mapping, meta.query_start, block_size, 4, want)
+    assert torch.equal(meta.tap_map, want)
+    # Row 0 (position 5) reads positions 4, 3, 2 from the cache of request 0.
+    table = cm.block_table_tensor
+    assert meta.tap_map[0].tolist() == [int(table[0, p // block_size]) * block_size + p % block_size for p in (4, 3, 2)]
+    # Persistent: the second step's map lives in the same buffer.
+    again = builder.build(0, cm)
+    assert again.tap_map is not None and again.tap_map.data_ptr() == meta.tap_map.data_ptr()
+    # A CommonAttentionMetadata without positions (older runners): no map.
+    cm_old, _ = _common_metadata(block_size, positions=False)
+    assert builder.build(0, cm_old).tap_map is None
+    # Positions that do not cover the padded batch are refused, not misread.
+    cm.positions = positions[:5]
+    with pytest.raises(ValueError, match="positions has 5 entries"):
+        builder.build(0, cm)
 
 
 def test_builder_refuses_other_specs() -> None:

@@ -8,6 +8,13 @@ turns those into what ``inkling_kernels.fused_sconv`` needs per token
 request) in one launch, into buffers allocated once for ``max_num_tokens`` rows, so
 the tensors handed to the kernel keep their addresses across steps and a CUDA graph
 captured on one step replays on the next.
+
+Given the conv kernel size ``W`` and the step's token positions, the builder also
+fills the step's *tap map* (``inkling_kernels.sconv_tap_map``: where each of a
+token's ``W - 1`` earlier taps comes from) into a persistent ``[max_num_tokens,
+W - 1]`` int64 buffer. It is built once per step and shared by every
+``fused_sconv`` launch of the group (all streams of all layers); on CUDA it saves
+each launch the block-table lookups and the same-step hazard search.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inkling_kernels import sconv_seq_metadata
+from inkling_kernels import sconv_seq_metadata, sconv_tap_map
 
 __all__ = ["SconvMetadata", "SconvMetadataBuilder"]
 
@@ -41,6 +48,12 @@ class SconvMetadata:
         block_size: tokens per block the slot mapping was computed with, when
             known; the layers then check it against their bound cache's
             ``shape[2]`` (a mismatch silently corrupts the state otherwise).
+        tap_map: ``[T, W - 1]`` int64, the step's tap map
+            (``inkling_kernels.sconv_tap_map`` of exactly this metadata, the
+            positions and ``block_size``), or ``None``. The layers pass it to every
+            ``fused_sconv`` whose kernel size is ``W`` (the CUDA kernel then reads
+            each tap's source from it; the CPU reference ignores it). A map built
+            from other metadata gives wrong results.
     """
 
     block_table: torch.Tensor
@@ -49,6 +62,7 @@ class SconvMetadata:
     query_start: torch.Tensor
     num_actual_tokens: int | None = None
     block_size: int | None = None
+    tap_map: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -63,13 +77,39 @@ class SconvMetadataBuilder:
         max_num_tokens: the most (padded) tokens one forward may hold; the buffers
             are sized for it once and never reallocated.
         device: where the buffers live (the model's device).
+        kernel_size: ``W`` of the layers that read this metadata (needed for the
+            tap map; ``None``: no map).
+        tap_map: whether :meth:`build` fills a tap map (when given positions).
+            ``None`` (auto): when ``kernel_size`` is given and the device is CUDA
+            (the CPU reference does not use the map); ``True``: always (needs
+            ``kernel_size``; useful to test the map on CPU); ``False``: never.
     """
 
-    def __init__(self, max_num_tokens: int, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        max_num_tokens: int,
+        device: torch.device | str = "cpu",
+        *,
+        kernel_size: int | None = None,
+        tap_map: bool | None = None,
+    ) -> None:
         if not isinstance(max_num_tokens, int) or isinstance(max_num_tokens, bool):
             raise TypeError(f"max_num_tokens must be an int, got {type(max_num_tokens).__name__}")
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens must be >= 1, got {max_num_tokens}")
+        if kernel_size is not None:
+            if not isinstance(kernel_size, int) or isinstance(kernel_size, bool):
+                raise TypeError(f"kernel_size must be an int or None, got {type(kernel_size).__name__}")
+            if kernel_size < 2:
+                raise ValueError(f"kernel_size must be >= 2 (the conv width W), got {kernel_size}")
+        if tap_map is not None and not isinstance(tap_map, bool):
+            raise TypeError(f"tap_map must be True, False or None (auto), got {tap_map!r}")
+        if tap_map is True and kernel_size is None:
+            raise ValueError(
+                "tap_map=True needs kernel_size: pass the layers' conv kernel size W "
+                "(the map has W - 1 columns)"
+            )
+        self.kernel_size = kernel_size
         self.max_num_tokens = max_num_tokens
         self.device = torch.device(device)
         self.seq_idx_buffer = torch.zeros(max_num_tokens, dtype=torch.int32, device=self.device)
@@ -81,6 +121,20 @@ class SconvMetadataBuilder:
         )
         # "cuda" and "cuda:0" compare unequal: keep the resolved device.
         self.device = self.seq_idx_buffer.device
+        if tap_map is None:
+            tap_map = kernel_size is not None and self.device.type == "cuda"
+        #: The persistent ``[max_num_tokens, W - 1]`` tap-map buffer (``None``: the
+        #: map is disabled).
+        self.tap_map_buffer: torch.Tensor | None = None
+        if tap_map and kernel_size is not None:
+            self.tap_map_buffer = torch.full(
+                (max_num_tokens, kernel_size - 1), -1, dtype=torch.int64, device=self.device
+            )
+
+    @property
+    def builds_tap_map(self) -> bool:
+        """Whether :meth:`build` fills a tap map when it is given positions."""
+        return self.tap_map_buffer is not None
 
     def build(
         self,
@@ -92,6 +146,7 @@ class SconvMetadataBuilder:
         num_padded_tokens: int,
         *,
         block_size: int | None = None,
+        positions: torch.Tensor | None = None,
     ) -> SconvMetadata:
         """Build the metadata of one forward.
 
@@ -108,11 +163,15 @@ class SconvMetadataBuilder:
             num_actual_tokens: real tokens (``query_start_loc[num_reqs]``).
             num_padded_tokens: rows of the padded batch (``>= num_actual_tokens``).
             block_size: the block size of the slot mapping, if the caller knows it
-                (recorded for the layers to check; optional).
+                (recorded for the layers to check; required to build a tap map).
+            positions: ``[>= num_padded_tokens]`` int64/int32 absolute position of
+                each row (pad rows: any value), on the builder's device. When the
+                tap map is enabled (:attr:`builds_tap_map`) the step's map is built
+                from them; without them no map is built (``tap_map`` is ``None``).
 
         Returns:
-            Metadata whose ``seq_idx``/``query_start`` are views of this builder's
-            buffers (valid until the next ``build``).
+            Metadata whose ``seq_idx``/``query_start`` (and ``tap_map``) are views of
+            this builder's buffers (valid until the next ``build``).
         """
         for name, value in (
             ("num_reqs", num_reqs),
@@ -165,6 +224,33 @@ class SconvMetadataBuilder:
                 raise ValueError(
                     f"{name} is on {tensor.device}, the builder's buffers on {self.device}"
                 )
+        if positions is not None:
+            if not isinstance(positions, torch.Tensor):
+                raise TypeError(f"positions must be a torch.Tensor or None, got {type(positions).__name__}")
+            if positions.dim() != 1:
+                raise ValueError(
+                    f"positions must be 1-D [num_padded_tokens], got shape {tuple(positions.shape)}"
+                )
+            if positions.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"positions must be int64 or int32, got {positions.dtype}")
+            if positions.device != self.device:
+                raise ValueError(
+                    f"positions is on {positions.device}, the builder's buffers on {self.device}"
+                )
+            if positions.shape[0] < num_padded_tokens:
+                raise ValueError(
+                    f"positions has {positions.shape[0]} entries, fewer than num_padded_tokens "
+                    f"({num_padded_tokens}): give a position for every row (pad rows: any value)"
+                )
+            if positions.shape[0] > 1 and positions.stride(0) != 1:
+                raise ValueError(f"positions must be contiguous (stride 1), got stride {positions.stride(0)}")
+        build_map = self.tap_map_buffer is not None and positions is not None
+        if build_map and block_size is None:
+            raise ValueError(
+                "this builder fills a tap map, which needs the block size of the slot "
+                "mapping: pass block_size= to build() (or build the SconvMetadataBuilder "
+                "with tap_map=False)"
+            )
 
         given = int(slot_mapping.shape[0])
         if given >= num_padded_tokens:
@@ -187,11 +273,29 @@ class SconvMetadataBuilder:
             self.query_start_buffer,
             num_padded_tokens,
         )
+        seq_idx = self.seq_idx_buffer[:num_padded_tokens]
+        query_start = self.query_start_buffer[:num_padded_tokens]
+        tap_map = None
+        if build_map:
+            assert self.tap_map_buffer is not None and positions is not None
+            assert self.kernel_size is not None and block_size is not None
+            sconv_tap_map(
+                positions[:num_padded_tokens],
+                block_table,
+                seq_idx,
+                slots,
+                query_start,
+                block_size,
+                self.kernel_size,
+                self.tap_map_buffer,
+            )
+            tap_map = self.tap_map_buffer[:num_padded_tokens]
         return SconvMetadata(
             block_table=block_table,
             slot_mapping=slots,
-            seq_idx=self.seq_idx_buffer[:num_padded_tokens],
-            query_start=self.query_start_buffer[:num_padded_tokens],
+            seq_idx=seq_idx,
+            query_start=query_start,
             num_actual_tokens=num_actual_tokens,
             block_size=block_size,
+            tap_map=tap_map,
         )

@@ -131,7 +131,8 @@ class RuntimeStep:
 
     Attributes:
         metadata: what the conv layers need (install it with
-            ``forward_metadata(step.metadata)``).
+            ``forward_metadata(step.metadata)``), with the step's tap map when the
+            runtime builds one (on CUDA by default).
         positions: ``[num_padded_tokens]`` int64 absolute positions (0 on pad rows).
         query_start_loc: ``[num_reqs + 1]`` int32 row offsets of the requests.
         req_ids: request ids in batch order.
@@ -167,6 +168,9 @@ class PagedConvRuntime:
             ``max_blocks_per_req * block_size`` positions).
         max_num_reqs: the most requests one step may hold.
         device: where the metadata tensors live.
+        tap_map: whether each step's metadata carries the step's tap map (built
+            for kernel size ``sliding_window``): ``None`` (auto) on CUDA only,
+            ``True`` always, ``False`` never (see :class:`SconvMetadataBuilder`).
     """
 
     def __init__(
@@ -180,6 +184,7 @@ class PagedConvRuntime:
         max_num_reqs: int = 64,
         device: torch.device | str = "cpu",
         null_block: int = 0,
+        tap_map: bool | None = None,
     ) -> None:
         for name, value in (
             ("block_size", block_size),
@@ -197,7 +202,13 @@ class PagedConvRuntime:
         self.max_blocks_per_req = max_blocks_per_req
         self.max_num_reqs = max_num_reqs
         self.device = torch.device(device)
-        self.builder = SconvMetadataBuilder(max_num_tokens, self.device)
+        # The conv window W is the layers' kernel size (a W = 1 conv has no taps).
+        self.builder = SconvMetadataBuilder(
+            max_num_tokens,
+            self.device,
+            kernel_size=sliding_window if sliding_window >= 2 else None,
+            tap_map=tap_map,
+        )
         # Persistent buffers: step tensors keep their addresses (graph capture).
         self.positions_buffer = torch.zeros(max_num_tokens, dtype=torch.int64, device=self.device)
         self.slot_mapping_buffer = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=self.device)
@@ -437,6 +448,7 @@ class PagedConvRuntime:
             num_tokens,
             num_padded,
             block_size=self.block_size,
+            positions=self.positions_buffer[:num_padded],
         )
         return RuntimeStep(
             metadata=metadata,

@@ -36,7 +36,8 @@ def paged_short_conv(
 ) -> torch.Tensor:
     """Paged short conv of ``x [T, C]`` for owner ``owner_name``'s ``stream``.
 
-    Writes ``x`` into the owner's cache and returns ``x + conv(x)``; with no
+    Writes ``x`` into the owner's cache and returns ``x + conv(x)`` (through the
+    metadata's tap map when it has one of this kernel size); with no
     metadata for this owner or no bound cache it returns a copy of ``x`` (a custom
     op may not return its input).
     """
@@ -46,6 +47,11 @@ def paged_short_conv(
     owner, meta = state
     cache = owner.cache
     offset, width = owner.stream_range(stream)
+    # The step's tap map (built once, shared by every stream and layer of the
+    # group), when it was built for this layer's kernel size.
+    tap_map = meta.tap_map
+    if tap_map is not None and tap_map.shape[1] != weight.shape[-1] - 1:
+        tap_map = None
     return fused_sconv(
         x.contiguous(),
         weight,
@@ -58,6 +64,7 @@ def paged_short_conv(
         offset,
         width,
         owner.block_size,
+        tap_map=tap_map,
     )
 
 

@@ -64,6 +64,10 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
 
     The seq_idx/query_start buffers are allocated once (for the most tokens one
     forward may hold) so their addresses survive across steps (CUDA-graph replay).
+    On CUDA, when the model config names the conv kernel size and vLLM hands the
+    step's ``positions`` in ``CommonAttentionMetadata``, the metadata also carries
+    the step's tap map (``inkling_kernels.sconv_tap_map``, one persistent buffer),
+    built once per step for the group and read by every conv launch of its layers.
     """
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
@@ -81,7 +85,11 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
                 f"the {BACKEND_NAME} backend serves SlidingWindowSpec groups, got "
                 f"{type(kv_cache_spec).__name__} for layers {layer_names}"
             )
-        self._builder = SconvMetadataBuilder(_max_forward_tokens(vllm_config), device)
+        self._builder = SconvMetadataBuilder(
+            _max_forward_tokens(vllm_config),
+            device,
+            kernel_size=_conv_kernel_size(vllm_config),  # None: no tap map
+        )
         # The group's block size after vLLM's page-size unification (often > W);
         # the layers check it against their bound cache's shape[2].
         self._block_size = int(kv_cache_spec.block_size)
@@ -106,7 +114,29 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             num_actual,
             num_padded,
             block_size=self._block_size,
+            # Set by vLLM's GPU runner (the padded batch's positions); older
+            # runners may not have the field: then no tap map this step.
+            positions=getattr(cm, "positions", None),
         )
+
+
+def _conv_kernel_size(vllm_config: VllmConfig) -> int | None:
+    """The conv kernel size ``W`` of the served Inkling config, or ``None`` when the
+    config does not name one (then the metadata carries no tap map)."""
+    model_config = getattr(vllm_config, "model_config", None)
+    candidates = [
+        getattr(model_config, "hf_config", None),
+        getattr(model_config, "hf_text_config", None),
+    ]
+    candidates.append(getattr(candidates[0], "text_config", None))
+    for config in candidates:
+        if config is None:
+            continue
+        for name in ("conv_kernel_size", "sconv_kernel_size"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+                return value
+    return None
 
 
 def _max_forward_tokens(vllm_config: VllmConfig) -> int:
