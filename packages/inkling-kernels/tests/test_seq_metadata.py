@@ -25,16 +25,18 @@ def _run(impl: str, qsl: torch.Tensor, num_reqs: int, num_actual: int, num_padde
     else:
         from inkling_kernels import seq_metadata
 
-        # "triton": the counting kernel up to COUNT_MAX_REQS requests (binary lifting
-        # beyond); "triton-lifting" forces binary lifting, "triton-count-chunks" the
-        # counting kernel with several request chunks.
-        limit = {"triton": seq_metadata.COUNT_MAX_REQS, "triton-lifting": 0, "triton-count-chunks": 10**9}[impl]
-        saved = seq_metadata.COUNT_MAX_REQS
-        seq_metadata.COUNT_MAX_REQS = limit
-        try:
+        # "triton": the heuristic (counting up to COUNT_MAX_REQS requests, binary
+        # lifting beyond); "triton-lifting" forces binary lifting, "triton-small-block"
+        # the counting kernel with 16-row programs.
+        if impl == "triton":
             seq_metadata.sconv_seq_metadata_triton(qsl, num_reqs, num_actual, seq, start, num_padded)
-        finally:
-            seq_metadata.COUNT_MAX_REQS = saved
+        elif impl == "triton-lifting":
+            seq_metadata.sconv_seq_metadata_triton(qsl, num_reqs, num_actual, seq, start, num_padded,
+                                                   method="lift", block=64)
+        else:
+            method = "count" if num_reqs <= seq_metadata.COUNT_MAX_REQS else "lift"
+            seq_metadata.sconv_seq_metadata_triton(qsl, num_reqs, num_actual, seq, start, num_padded,
+                                                   method=method, block=16)
     return seq, start
 
 
@@ -52,14 +54,14 @@ def _expected(lens: list[int], num_padded: int, capacity: int) -> tuple[list[int
     )
 
 
-IMPLS = ("public", "reference", "triton", "triton-lifting", "triton-count-chunks")
+IMPLS = ("public", "reference", "triton", "triton-lifting", "triton-small-block")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("seed", range(5))
 def test_random_batches(impl: str, seed: int) -> None:
     rng = random.Random(seed)
-    num_reqs = [1, 3, 70, 200, 300][seed]  # 300: more than one request chunk when counting
+    num_reqs = [1, 3, 70, 257, 300][seed]  # 257: the counting kernel's limit; 300: binary lifting
     lens = [rng.choice([0, 1, 1, 1, 4, 17]) for _ in range(num_reqs)]  # empty requests too
     num_actual = sum(lens)
     num_padded = num_actual + rng.randint(0, 9)

@@ -91,14 +91,16 @@ def _tap_map_hazard_kernel(
     pre = code >= 0  # a pre-forward slot (< 2**31, no writer yet)
     if tl.sum(pre.to(tl.int32), axis=0) > 0:
         key = tl.where(pre, code, -2).to(tl.int32)  # -2 never equals a slot below
-        hit = tl.full([KEYS], -1, tl.int32)
+        # Elementwise running max over the span, reduced across slots once at the
+        # end: the loop body holds no cross-thread reduction.
+        best = tl.full([KEYS, CHUNK], -1, tl.int32)
         span0 = tl.program_id(1) * SPAN
         for c in tl.static_range(SPAN // CHUNK):
             srows = span0 + c * CHUNK + tl.arange(0, CHUNK)
             sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
             sval = tl.where((sval >= 0) & (sval <= 2147483647), sval, -1).to(tl.int32)
-            match = key[:, None] == sval[None, :]
-            hit = tl.maximum(hit, tl.max(tl.where(match, srows[None, :], -1), axis=1))
+            best = tl.maximum(best, tl.where(key[:, None] == sval[None, :], srows[None, :], -1))
+        hit = tl.max(best, axis=1)
         found = pre & (hit >= 0)
         tl.atomic_max(map_ptr + idx, code + ((hit.to(tl.int64) + 1) << 32), mask=live & found)
 
@@ -109,13 +111,15 @@ def _pow2_ceil(n: int) -> int:
 
 def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
     """(KEYS, CHUNK, SPAN) of the hazard pass: KEYS map entries against CHUNK slots
-    at a time (64 compares per thread on four warps), SPAN slots per program. The
-    grid grows as T^2 / (KEYS * SPAN): long batches take wider key tiles, so that
-    the programs with no pre-forward entry (most of a prefill) stay few."""
-    keys = 64 if num_tokens <= 2048 else 256
-    chunk = 8192 // keys
-    span = max(chunk, min(1024, _pow2_ceil(num_tokens)))
-    return keys, chunk, span
+    at a time (a [KEYS, CHUNK] running max: 64 int32 per thread on four warps), SPAN
+    slots per program. The grid is (T * (W-1) / KEYS) x (T / SPAN) programs; those
+    whose entries hold no pre-forward slot (most of a prefill) leave after one load,
+    so long batches take wider key tiles and spans (fewer programs)."""
+    if num_tokens <= 2048:
+        keys, chunk, span = 64, 128, 512
+    else:
+        keys, chunk, span = 128, 64, 1024
+    return keys, chunk, max(chunk, min(span, _pow2_ceil(num_tokens)))
 
 
 def sconv_tap_map_triton(
