@@ -1,5 +1,4 @@
-"""Tuning sweep for the per-step metadata ops (H200): ``sconv_seq_metadata`` by method
-and block, ``sconv_tap_map`` by hazard tiles, with the peer's seq metadata as the
+"""Tuning sweep for the per-step metadata ops (H200): ``sconv_seq_metadata`` by block, ``sconv_tap_map`` by hazard tiles, with the peer's seq metadata as the
 yardstick. CUDA-graph replay medians, like bench_sconv.py.
 
     PYTHONPATH=packages/inkling-kernels/src python3 packages/inkling-kernels/benchmarks/bench_metadata_variants.py \
@@ -21,7 +20,7 @@ import bench_sconv as bs  # noqa: E402  (the case builders and the timer)
 
 from inkling_kernels import sconv_tap_map_ref  # noqa: E402
 from inkling_kernels import tap_map as tap_map_module  # noqa: E402
-from inkling_kernels.seq_metadata import COUNT_MAX_REQS, sconv_seq_metadata_triton  # noqa: E402
+from inkling_kernels.seq_metadata import sconv_seq_metadata_triton  # noqa: E402
 
 
 def seq_variants(peer: Any, reps: int) -> list[dict[str, Any]]:
@@ -40,13 +39,9 @@ def seq_variants(peer: Any, reps: int) -> list[dict[str, Any]]:
         seq = torch.empty(npad, dtype=torch.int32, device="cuda")
         qs = torch.empty_like(seq)
         row: dict[str, Any] = dict(case=name, R=r, T=npad)
-        variants = [("lift", b) for b in (64, 128, 256)]
-        if r <= COUNT_MAX_REQS:
-            variants += [("count", b) for b in (16, 32, 64, 128)]
-        for method, block in variants:
-            row[f"{method}/{block}"] = bs.time_graph(
-                [lambda m=method, b=block: sconv_seq_metadata_triton(qsl, r, na, seq, qs, npad, method=m, block=b)] * 20,
-                reps)
+        for block in (16, 32, 64, 128, 256):
+            row[f"block {block}"] = bs.time_graph(
+                [lambda b=block: sconv_seq_metadata_triton(qsl, r, na, seq, qs, npad, block=b)] * 20, reps)
         row["default"] = bs.time_graph([lambda: sconv_seq_metadata_triton(qsl, r, na, seq, qs, npad)] * 20, reps)
         if peer is not None:
             ps, pq = torch.empty_like(seq), torch.empty_like(seq)

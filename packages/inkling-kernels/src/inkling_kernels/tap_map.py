@@ -111,12 +111,14 @@ def _pow2_ceil(n: int) -> int:
 
 def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
     """(KEYS, CHUNK, SPAN) of the hazard pass: KEYS map entries against CHUNK slots
-    at a time (a [KEYS, CHUNK] running max: 64 int32 per thread on four warps), SPAN
+    at a time (a [KEYS, CHUNK] running max, <= 64 int32 per thread on four warps), SPAN
     slots per program. The grid is (T * (W-1) / KEYS) x (T / SPAN) programs; those
     whose entries hold no pre-forward slot (most of a prefill) leave after one load,
     so long batches take wider key tiles and spans (fewer programs)."""
-    if num_tokens <= 2048:
-        keys, chunk, span = 64, 128, 512
+    # Sweep on an H200 (benchmarks/bench_metadata_variants.py): 32x128x512 best or
+    # within 3 % up to the 2303-token mixed batch, 128x64x1024 from 8192 tokens.
+    if num_tokens <= 4096:
+        keys, chunk, span = 32, 128, 512
     else:
         keys, chunk, span = 128, 64, 1024
     return keys, chunk, max(chunk, min(span, _pow2_ceil(num_tokens)))
