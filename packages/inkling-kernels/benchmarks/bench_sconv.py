@@ -203,7 +203,8 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
     if t <= 1024:
         cand = [(1, 256, 1), (2, 256, 1), (2, 256, 2), (4, 256, 2), (4, 256, 4), (8, 256, 4),
                 (8, 256, 8), (16, 256, 4), (1, 128, 1), (2, 128, 1), (4, 128, 1), (4, 128, 2),
-                (8, 128, 2), (8, 128, 4), (1, 512, 2), (2, 512, 4)]
+                (8, 128, 2), (8, 128, 4), (1, 512, 2), (2, 512, 4), (2, 64, 1), (4, 64, 1),
+                (8, 64, 1), (8, 64, 2), (16, 128, 4), (16, 128, 8), (4, 512, 8)]
     else:
         cand = [(4, 256, 4), (8, 256, 4), (8, 256, 8), (16, 256, 8), (32, 256, 8),
                 (8, 128, 4), (16, 128, 4), (32, 128, 4), (16, 128, 8), (32, 128, 8), (64, 128, 8),
@@ -215,7 +216,8 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
     return out
 
 
-def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generator) -> dict[str, Any]:
+def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generator,
+               sweep_hot: bool = False) -> dict[str, Any]:
     heads, head_size, off, width = case.stream
     nbytes = min_bytes(case)
     num_sets = max(2, min(16, math.ceil(256e6 / nbytes)))
@@ -269,10 +271,11 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
         for cfg in sweep_configs(case):
             try:
                 us = time_graph(ours(cfg, mapped=True), reps)
+                hot_us = time_graph([ours(cfg, mapped=True)[0]] * 16, reps) if sweep_hot else None
             except Exception as e:  # a config that fails to compile: report, go on
                 rows.append((dataclasses.asdict(cfg), None, repr(e)[:120]))
                 continue
-            rows.append((dataclasses.asdict(cfg), us, None))
+            rows.append((dataclasses.asdict(cfg), us, f"hot {hot_us:.2f}" if hot_us is not None else None))
         rows.sort(key=lambda r: r[1] if r[1] is not None else 1e9)
         res["sweep"] = rows
     del cache, sets
@@ -383,6 +386,7 @@ def main() -> int:
     ap.add_argument("--md", type=pathlib.Path, default=None)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    ap.add_argument("--sweep-hot", action="store_true", help="the sweep also times each config hot")
     ap.add_argument("--hazard-launches", type=int, default=200)
     ap.add_argument("--only", default=None, help="substring filter on case names")
     args = ap.parse_args()
@@ -401,11 +405,11 @@ def main() -> int:
     for case in cases():
         if args.only and args.only not in case.name:
             continue
-        r = bench_case(case, peer, args.reps, args.sweep, gen)
+        r = bench_case(case, peer, args.reps, args.sweep, gen, args.sweep_hot)
         results["cases"].append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "sweep"}), flush=True)
         if args.sweep:
-            for cfg, us, err in r["sweep"][:6]:
+            for cfg, us, err in r["sweep"][:12]:
                 print("   ", cfg, us, err or "", flush=True)
     results["metadata"] = bench_metadata(peer, args.reps)
     results["hazard"] = bench_hazard(peer, args.hazard_launches) if args.hazard_launches else []
