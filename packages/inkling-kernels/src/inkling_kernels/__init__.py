@@ -6,7 +6,7 @@ tensors run the PyTorch references, CUDA tensors the Triton kernels) and the
 references in :mod:`inkling_kernels.reference`.
 """
 
-from .ops import fused_sconv, sconv_seq_metadata, sconv_tap_map
+from .ops import fused_sconv, sconv_seq_metadata, sconv_tap_map, uses_triton
 from .reference import causal_conv_ref, fused_sconv_ref, sconv_seq_metadata_ref, sconv_tap_map_ref
 from .sconv_add_rmsnorm import fused_sconv_add_rmsnorm
 
@@ -21,4 +21,5 @@ __all__ = [
     "sconv_seq_metadata_ref",
     "sconv_tap_map",
     "sconv_tap_map_ref",
+    "uses_triton",
 ]

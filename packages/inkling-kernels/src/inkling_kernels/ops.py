@@ -1,12 +1,18 @@
 """Public ops: torch custom ops under the ``inkling`` namespace, dispatched by device.
 
 CPU tensors run the PyTorch reference (no Triton needed); CUDA tensors run the
-Triton kernels. Both are registered as ``torch.ops.inkling.*`` with fake (meta)
+Triton kernels. All are registered as ``torch.ops.inkling.*`` with fake (meta)
 implementations, so they can sit inside torch.compile'd, CUDA-graph-captured models.
+
+Testing aid: with ``INKLING_KERNELS_CPU_BACKEND=triton`` (and ``TRITON_INTERPRET=1``
+set before Triton is imported) CPU tensors run the Triton kernels under Triton's
+interpreter instead, so a whole engine on CPU exercises the GPU code path (slowly;
+large tiles keep the interpreter's per-program cost down).
 """
 
 # No ``from __future__ import annotations``: torch.library infers the op schema from
 # the real annotation objects.
+import os
 from typing import Optional
 
 import torch
@@ -19,7 +25,30 @@ from ._validation import (
 )
 from .reference import fused_sconv_ref, sconv_seq_metadata_ref, sconv_tap_map_ref
 
-__all__ = ["fused_sconv", "sconv_seq_metadata", "sconv_tap_map"]
+__all__ = ["fused_sconv", "sconv_seq_metadata", "sconv_tap_map", "uses_triton"]
+
+CPU_BACKEND_ENV = "INKLING_KERNELS_CPU_BACKEND"
+
+
+def uses_triton(device: torch.device) -> bool:
+    """Whether the ops run the Triton kernels for tensors on ``device``: always off
+    the CPU; on the CPU only with ``INKLING_KERNELS_CPU_BACKEND=triton`` (read at
+    each call). Builders use it to decide whether a tap map is worth building."""
+    if torch.device(device).type != "cpu":
+        return True
+    value = os.environ.get(CPU_BACKEND_ENV, "reference")
+    if value not in ("reference", "triton"):
+        raise ValueError(f"{CPU_BACKEND_ENV} must be 'reference' or 'triton', got {value!r}")
+    return value == "triton"
+
+
+def _interpreter_config(x: torch.Tensor) -> object:
+    """Large tiles for CPU tensors under the interpreter (its cost is per program)."""
+    if x.device.type != "cpu":
+        return None
+    from .sconv import SconvConfig
+
+    return SconvConfig(block_t=32, block_c=128, num_warps=4)
 
 
 @torch.library.custom_op("inkling::fused_sconv", mutates_args=("cache",))
@@ -39,7 +68,7 @@ def _fused_sconv_op(
     residual: bool = True,
     tap_map: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    if x.device.type == "cpu":
+    if not uses_triton(x.device):
         # The reference resolves every tap itself; the map only saves work on the
         # device (it was validated by the caller).
         return fused_sconv_ref(
@@ -51,7 +80,7 @@ def _fused_sconv_op(
     return fused_sconv_triton(
         x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
         stream_offset, stream_width, block_size, activation=activation, residual=residual,
-        tap_map=tap_map,
+        tap_map=tap_map, config=_interpreter_config(x),
     )
 
 
@@ -92,7 +121,7 @@ def _sconv_seq_metadata_op(
     query_start_out: torch.Tensor,
     num_padded_tokens: int,
 ) -> None:
-    if query_start_loc.device.type == "cpu":
+    if not uses_triton(query_start_loc.device):
         sconv_seq_metadata_ref(
             query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
             num_padded_tokens,
@@ -227,7 +256,7 @@ def _sconv_tap_map_op(
     tap_map_out: torch.Tensor,
 ) -> None:
     args = (positions, block_table, seq_idx, slot_mapping, query_start, block_size, kernel_size, tap_map_out)
-    if positions.device.type == "cpu":
+    if not uses_triton(positions.device):
         sconv_tap_map_ref(*args)
         return
     from .tap_map import sconv_tap_map_triton

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inkling_kernels import sconv_seq_metadata, sconv_tap_map
+from inkling_kernels import sconv_seq_metadata, sconv_tap_map, uses_triton
 
 __all__ = ["SconvMetadata", "SconvMetadataBuilder"]
 
@@ -80,8 +80,10 @@ class SconvMetadataBuilder:
         kernel_size: ``W`` of the layers that read this metadata (needed for the
             tap map; ``None``: no map).
         tap_map: whether :meth:`build` fills a tap map (when given positions).
-            ``None`` (auto): when ``kernel_size`` is given and the device is CUDA
-            (the CPU reference does not use the map); ``True``: always (needs
+            ``None`` (auto): when ``kernel_size`` is given and the ops run the Triton
+            kernels on the device (``inkling_kernels.uses_triton``: CUDA, or CPU
+            under ``INKLING_KERNELS_CPU_BACKEND=triton``; the CPU reference does not
+            use the map); ``True``: always (needs
             ``kernel_size``; useful to test the map on CPU); ``False``: never.
     """
 
@@ -122,7 +124,7 @@ class SconvMetadataBuilder:
         # "cuda" and "cuda:0" compare unequal: keep the resolved device.
         self.device = self.seq_idx_buffer.device
         if tap_map is None:
-            tap_map = kernel_size is not None and self.device.type == "cuda"
+            tap_map = kernel_size is not None and uses_triton(self.device)
         #: The persistent ``[max_num_tokens, W - 1]`` tap-map buffer (``None``: the
         #: map is disabled).
         self.tap_map_buffer: torch.Tensor | None = None
