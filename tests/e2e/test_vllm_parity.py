@@ -191,8 +191,9 @@ def test_triton_kernels_with_tap_map_under_real_scheduling(engines: Any, hf: dic
     adapter builds from vLLM's metadata: same-step prefix hit, n-gram speculative
     decoding with rejected drafts, many concurrent prompts. Every conv launch took the
     map, one map was built per step and KV-cache group, and the tokens equal
-    transformers'. (On CPU programs run in order, B after A or before: the B-first
-    order of the hazard is what the map must get right.)"""
+    transformers'. (The interpreter runs programs in order and vLLM batches A before
+    B, so this run alone would not catch a map without its hazard codes; the kernel
+    tests' B-first and adversarial cases do. A map with wrong slots fails here.)"""
     result = engines("interp_map", "default")
     for name in ("same_step", "spec_decode", "concurrent"):
         launches = result[name]["triton_launches"]
