@@ -25,14 +25,7 @@ from inkling_kernels.seq_metadata import sconv_seq_metadata_triton  # noqa: E402
 
 def seq_variants(peer: Any, reps: int) -> list[dict[str, Any]]:
     out = []
-    for name, lens, pad in [
-        ("decode 256", [1] * 256, 0),
-        ("spec 64x4", [4] * 64, 0),
-        ("mixed 2048 + 255", [2048] + [1] * 255, 0),
-        ("prefill 8192", [8192], 0),
-        ("decode 200 padded to 256", [1] * 200, 56),
-        ("decode 1024", [1] * 1024, 0),
-    ]:
+    for name, lens, pad in [*bs.METADATA_CASES, ("decode 1024", [1] * 1024, 0)]:
         qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
         na, r = sum(lens), len(lens)
         npad = na + pad

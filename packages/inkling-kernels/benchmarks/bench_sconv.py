@@ -283,15 +283,19 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
     return res
 
 
+# (name, query lengths, pad rows) of the sconv_seq_metadata cases
+METADATA_CASES = [
+    ("decode 256", [1] * 256, 0),
+    ("spec 64x4", [4] * 64, 0),
+    ("mixed 2048 + 255", [2048] + [1] * 255, 0),
+    ("prefill 8192", [8192], 0),
+    ("decode 200 padded to 256", [1] * 200, 56),
+]
+
+
 def bench_metadata(peer: Any, reps: int) -> list[dict[str, Any]]:
     out = []
-    for name, lens, pad in [
-        ("decode 256", [1] * 256, 0),
-        ("spec 64x4", [4] * 64, 0),
-        ("mixed 2048 + 255", [2048] + [1] * 255, 0),
-        ("prefill 8192", [8192], 0),
-        ("decode 200 padded to 256", [1] * 200, 56),
-    ]:
+    for name, lens, pad in METADATA_CASES:
         qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
         na = sum(lens)
         npad = na + pad

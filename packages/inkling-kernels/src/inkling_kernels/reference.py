@@ -39,6 +39,32 @@ def _activate(acc: torch.Tensor, activation: str | None) -> torch.Tensor:
     return acc
 
 
+def _tap_sources(
+    pos: torch.Tensor, rows: torch.Tensor, qs: torch.Tensor, dist: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the tap at distance ``dist`` of every row: its source position, its row
+    in x, whether that row is in this forward, whether it is a pre-forward tap."""
+    src = pos - dist
+    row = rows - dist
+    has_tap = src >= 0
+    in_forward = has_tap & (row >= qs) & (row >= 0)
+    return src, row, in_forward, has_tap & ~in_forward
+
+
+def _pre_forward_slots(
+    src: torch.Tensor, seq: torch.Tensor, block_table: torch.Tensor, n: int, num_slots: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache slots of pre-forward taps (source positions ``src`` of requests ``seq``)
+    through the block table, and whether each is usable (a request row and logical
+    block inside the table, a slot in ``[0, num_slots)``)."""
+    num_reqs, max_blocks = block_table.shape
+    blk = src // n
+    ok = (seq >= 0) & (seq < num_reqs) & (blk < max_blocks)
+    entry = block_table[seq.clamp(0, max(num_reqs - 1, 0)), blk.clamp(0, max(max_blocks - 1, 0))]
+    slot = entry.long() * n + src % n
+    return slot, ok & (slot >= 0) & (slot < num_slots)
+
+
 def causal_conv_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -115,25 +141,13 @@ def fused_sconv_ref(
     seq = seq_idx.long()
     rows = torch.arange(num_tokens, device=x.device)
     xf = x.float()
-    num_reqs, max_blocks = block_table.shape
     acc = xf.new_zeros(num_tokens, channels)
     for i in range(prob.kernel_size):
-        dist = prob.kernel_size - 1 - i
-        src = pos - dist
-        row = rows - dist
-        has_tap = src >= 0
-        in_forward = has_tap & (row >= qs) & (row >= 0)
-        pre_forward = has_tap & ~in_forward
+        src, row, in_forward, pre_forward = _tap_sources(pos, rows, qs, prob.kernel_size - 1 - i)
         tap = xf.new_zeros(num_tokens, channels)
         tap[in_forward] = xf[row[in_forward]]
         if bool(pre_forward.any()):
-            p_src = src[pre_forward]
-            p_seq = seq[pre_forward]
-            blk = p_src // n
-            ok = (p_seq >= 0) & (p_seq < num_reqs) & (blk < max_blocks)
-            entry = block_table[p_seq.clamp(0, max(num_reqs - 1, 0)), blk.clamp(0, max(max_blocks - 1, 0))]
-            slot = entry.long() * n + p_src % n
-            ok &= (slot >= 0) & (slot < prob.num_slots)
+            slot, ok = _pre_forward_slots(src[pre_forward], seq[pre_forward], block_table, n, prob.num_slots)
             slot = torch.where(ok, slot, torch.zeros_like(slot))
             vals = cache[slot // n, :, slot % n, lo:hi].reshape(-1, channels).float()
             vals[~ok] = 0.0
@@ -211,25 +225,13 @@ def sconv_tap_map_ref(
     seq = seq_idx.long()
     slots = slot_mapping.long()
     rows = torch.arange(num_tokens, device=pos.device)
-    num_reqs, max_blocks = block_table.shape
     codes = torch.full((num_tokens, kernel_size - 1), -1, dtype=torch.int64, device=pos.device)
     for k in range(kernel_size - 1):
-        dist = k + 1
-        src = pos - dist
-        row = rows - dist
-        has_tap = src >= 0
-        in_forward = has_tap & (row >= qs) & (row >= 0)
-        pre_forward = has_tap & ~in_forward
+        src, row, in_forward, pre_forward = _tap_sources(pos, rows, qs, k + 1)
         codes[in_forward, k] = -(row[in_forward] + 2)
         if not bool(pre_forward.any()):
             continue
-        p_src = src[pre_forward]
-        p_seq = seq[pre_forward]
-        blk = p_src // n
-        ok = (p_seq >= 0) & (p_seq < num_reqs) & (blk < max_blocks)
-        entry = block_table[p_seq.clamp(0, max(num_reqs - 1, 0)), blk.clamp(0, max(max_blocks - 1, 0))]
-        slot = entry.long() * n + p_src % n
-        ok &= (slot >= 0) & (slot < TAP_MAP_MAX_SLOTS)
+        slot, ok = _pre_forward_slots(src[pre_forward], seq[pre_forward], block_table, n, TAP_MAP_MAX_SLOTS)
         # the same-step writer: the last row whose slot is this one
         match = slot[:, None] == slots[None, :]
         writer = torch.where(match, rows[None, :], torch.full_like(match, -1, dtype=torch.int64)).amax(dim=1)
