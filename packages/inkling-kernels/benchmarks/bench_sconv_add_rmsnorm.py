@@ -240,33 +240,47 @@ def ulp_stats(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
     return exact, ((got.float() - w).abs() / unit).max().item()
 
 
+def tap_map_of(p: "Problem") -> torch.Tensor:
+    """The step's tap map of p's metadata (what the model's builder passes along)."""
+    from inkling_kernels import sconv_tap_map
+
+    kernel_size = p.weight.shape[-1]
+    out = torch.empty(p.d.shape[0], kernel_size - 1, dtype=torch.int64, device=p.d.device)
+    sconv_tap_map(p.positions, p.block_table, p.seq_idx, p.slot_mapping, p.query_start, p.block_size,
+                  kernel_size, out)
+    return out
+
+
 def check(layout: ConvStateLayout, dtype: torch.dtype, report: dict) -> bool:
     ok_all = True
     rows = []
     for i, case in enumerate(CASES):
         p = build(case.requests, layout, dtype, seed=100 + i)
         want_h, want_n, want_cache = reference(p)
-        for cfg in (None, NormConfig(8, 2, 256, 8)) if not DRY else (None,):
+        tap_map = tap_map_of(p)
+        variants = [(None, False), (NormConfig(8, 2, 256, 8), False), (None, True)] if not DRY else [(None, False), (None, True)]
+        for cfg, mapped in variants:
             args = list(p.args())
             args[3] = p.cache.clone()
             poison = (torch.full_like(p.d, float("nan")), torch.full_like(p.d, float("nan")))
-            got_h, got_n = sconv_add_rmsnorm_triton(*args, config=cfg, outputs=poison)
+            got_h, got_n = sconv_add_rmsnorm_triton(*args, config=cfg, outputs=poison,
+                                                    tap_map=tap_map if mapped else None)
             eh, uh = ulp_stats(got_h, want_h)
             en, un = ulp_stats(got_n, want_n)
             cache_ok = torch.equal(args[3], want_cache)
             nan = bool(torch.isnan(got_h).any() or torch.isnan(got_n).any())
             good = cache_ok and not nan and uh <= 2.01 and un <= 4.01
             ok_all &= good
-            rows.append(dict(case=case.name, config=str(cfg), exact_h=eh, max_ulp_h=uh, exact_n=en,
-                             max_ulp_n=un, cache_exact=cache_ok, nan=nan, ok=good))
-            print(f"check {case.name:34s} {str(cfg):48s} new_h exact {eh:.4f} max {uh:.1f} ulp | "
+            rows.append(dict(case=case.name, config=str(cfg), tap_map=mapped, exact_h=eh, max_ulp_h=uh,
+                             exact_n=en, max_ulp_n=un, cache_exact=cache_ok, nan=nan, ok=good))
+            print(f"check {case.name:34s} {str(cfg) + (' +map' if mapped else ''):48s} new_h exact {eh:.4f} max {uh:.1f} ulp | "
                   f"normed exact {en:.4f} max {un:.1f} ulp | cache exact {cache_ok} | {'OK' if good else 'FAIL'}")
     report["check_cases"] = rows
 
     # Same-step prefix hit: A computes a 1024-token prompt, B (same prompt, 512-token
     # hit on A's blocks) reads A's in-flight slots; NaN there before every launch.
     hazard = {}
-    for b_first in (True, False):
+    for b_first, mapped in ((True, False), (False, False), (True, True), (False, True)):
         reqs = ([(HAZ_HIT, HAZ_PROMPT - HAZ_HIT), (0, HAZ_PROMPT)] if b_first
                 else [(0, HAZ_PROMPT), (HAZ_HIT, HAZ_PROMPT - HAZ_HIT)])
         a, b = (1, 0) if b_first else (0, 1)
@@ -279,17 +293,18 @@ def check(layout: ConvStateLayout, dtype: torch.dtype, report: dict) -> bool:
         # The block holding positions HAZ_HIT-N .. HAZ_HIT-1: B's pre-forward taps.
         last = HAZ_HIT // n - 1
         shared_blocks = p.block_table[a, last : last + 1].long()
+        tap_map = tap_map_of(p) if mapped else None
         stale = 0
         for _ in range(HAZ_LAUNCHES):
             p.cache[shared_blocks] = float("nan")
-            _, normed = fused_sconv_add_rmsnorm(*p.args())
+            _, normed = fused_sconv_add_rmsnorm(*p.args(), tap_map=tap_map)
             stale += int(torch.isnan(normed).any().item())
-        _, normed = fused_sconv_add_rmsnorm(*p.args())
+        _, normed = fused_sconv_add_rmsnorm(*p.args(), tap_map=tap_map)
         same = torch.equal(normed[b_rows], normed[a_rows][HAZ_HIT:])
-        hazard["B first" if b_first else "A first"] = dict(launches=HAZ_LAUNCHES, stale=stale, b_equals_a=same)
+        key = ("B first" if b_first else "A first") + (", map" if mapped else "")
+        hazard[key] = dict(launches=HAZ_LAUNCHES, stale=stale, b_equals_a=same)
         ok_all &= stale == 0 and same
-        print(f"hazard {'B first' if b_first else 'A first'}: stale taps in {stale}/{HAZ_LAUNCHES} launches; "
-              f"B rows == A rows: {same}")
+        print(f"hazard {key}: stale taps in {stale}/{HAZ_LAUNCHES} launches; B rows == A rows: {same}")
     report["hazard"] = hazard
 
     if DRY:
@@ -425,6 +440,11 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
             best = min(numeric, key=numeric.get)
             row["best_config"], row["best_us"] = best, numeric[best]
         row["sconv_only_us"] = graph_time_us(lambda: fused_sconv(*p.sconv_args()), args.iters, args.replays)
+        tap_map = tap_map_of(p)
+        row["fused_map_us"] = graph_time_us(
+            lambda: fused_sconv_add_rmsnorm(*p.args(), tap_map=tap_map), args.iters, args.replays)
+        row["sconv_only_map_us"] = graph_time_us(
+            lambda: fused_sconv(*p.sconv_args(), tap_map=tap_map), args.iters, args.replays)
         row["unfused_eager_us"] = graph_time_us(lambda: unfused_eager(p), args.iters, args.replays)
         row["unfused_frms_us"] = graph_time_us(lambda: unfused_frms(p), args.iters, args.replays)
         if compiled is not None:
@@ -442,7 +462,8 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
         print(f"{case.name:34s} T={t:5d} fused {row['fused_us']:8.2f} us ({row['fused_gbs']:6.0f} GB/s, "
               f"{row['fused_gbs'] / copy_gbs:.2f} of copy) | best sweep {row.get('best_us', float('nan')):8.2f} "
               f"{row.get('best_config', '')} | sconv only {row['sconv_only_us']:8.2f} | unfused eager "
-              f"{row['unfused_eager_us']:8.2f} F.rms {row['unfused_frms_us']:8.2f} compiled "
+              f"{row['unfused_eager_us']:8.2f} F.rms {row['unfused_frms_us']:8.2f} | with map: fused "
+              f"{row['fused_map_us']:8.2f} sconv only {row['sconv_only_map_us']:8.2f} | compiled "
               f"{row.get('unfused_compiled_us', float('nan')):8.2f} | speedup vs best unfused "
               f"{best_unfused / row['fused_us']:.2f}x", flush=True)
     return row

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from inkling_kernels.reference import fused_sconv_ref
+from inkling_kernels.reference import fused_sconv_ref, sconv_tap_map_ref
 from inkling_kernels.sconv_add_rmsnorm import (
     check_sconv_add_rmsnorm_args,
     fused_sconv_add_rmsnorm,
@@ -169,15 +169,26 @@ def run_unfused(tr: Trace, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def run_kernel(tr: Trace, cache: torch.Tensor, config: NormConfig | None):
-    """The Triton kernel on KERNEL_DEVICE, NaN-poisoned outputs; ``cache`` is updated."""
+def trace_tap_map(tr: Trace) -> torch.Tensor:
+    """The step's tap map of the trace's metadata (the reference builder)."""
+    kernel_size = tr.weight.shape[-1]
+    out = torch.empty(tr.positions.shape[0], kernel_size - 1, dtype=torch.int64)
+    sconv_tap_map_ref(tr.positions, tr.block_table, tr.seq_idx, tr.slot_mapping, tr.query_start,
+                      tr.block_size, kernel_size, out)
+    return out
+
+
+def run_kernel(tr: Trace, cache: torch.Tensor, config: NormConfig | None, mapped: bool = False):
+    """The Triton kernel on KERNEL_DEVICE, NaN-poisoned outputs; ``cache`` is updated.
+    ``mapped``: with the step's tap map instead of the in-kernel tap resolution."""
     dev = KERNEL_DEVICE
     args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in tr.args(cache)]
     if dev.type != "cpu":
         args[3] = torch.empty_strided(cache.shape, cache.stride(), dtype=cache.dtype, device=dev)
         args[3].copy_(cache)
     poison = (torch.full_like(args[1], float("nan")), torch.full_like(args[1], float("nan")))
-    out = sconv_add_rmsnorm_triton(*args, config=config, outputs=poison)
+    tap_map = trace_tap_map(tr).to(dev) if mapped else None
+    out = sconv_add_rmsnorm_triton(*args, config=config, outputs=poison, tap_map=tap_map)
     if dev.type != "cpu":
         cache.copy_(args[3])
     return tuple(o.cpu() for o in out)
@@ -225,11 +236,12 @@ def test_kernel_matches_reference_and_unfused_sequence(dtype: torch.dtype, seed:
     for got, want in zip(ref, unf):
         torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
     for cfg in CONFIGS:
-        cache = clone_cache(tr.cache)
-        out = run_kernel(tr, cache, cfg)
-        for got, want in zip(out, ref):
-            assert_close(got, want, dtype)
-        assert_cache_writes(tr, tr.cache, cache)
+        for mapped in (False, True):
+            cache = clone_cache(tr.cache)
+            out = run_kernel(tr, cache, cfg, mapped)
+            for got, want in zip(out, ref):
+                assert_close(got, want, dtype)
+            assert_cache_writes(tr, tr.cache, cache)
 
 
 @pytest.mark.parametrize("kernel_size", [2, 3, 5])
@@ -237,11 +249,12 @@ def test_other_kernel_sizes(kernel_size: int) -> None:
     rng = random.Random(7 + kernel_size)
     tr = make_trace(rng, torch.float32, random_requests(rng), kernel_size=kernel_size)
     ref = run_reference(tr, clone_cache(tr.cache))
-    cache = clone_cache(tr.cache)
-    out = run_kernel(tr, cache, NormConfig(block_t=2, block_h=1, block_j=32, num_warps=1, scan=8))
-    for got, want in zip(out, ref):
-        assert_close(got, want, torch.float32)
-    assert_cache_writes(tr, tr.cache, cache)
+    for mapped in (False, True):
+        cache = clone_cache(tr.cache)
+        out = run_kernel(tr, cache, NormConfig(block_t=2, block_h=1, block_j=32, num_warps=1, scan=8), mapped)
+        for got, want in zip(out, ref):
+            assert_close(got, want, torch.float32)
+        assert_cache_writes(tr, tr.cache, cache)
 
 
 @pytest.mark.parametrize("hit_first", [True, False])
@@ -272,9 +285,10 @@ def test_same_step_prefix_hit(hit_first: bool) -> None:
         b_rows = slice(0, b_len)
         a_rows = slice(b_len, b_len + prompt)
     ref = run_reference(tr, clone_cache(tr.cache))
-    for cfg in (None, NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4)):
+    for cfg, mapped in [(None, False), (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4), False),
+                        (None, True), (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4), True)]:
         cache = clone_cache(tr.cache)
-        out = run_kernel(tr, cache, cfg)
+        out = run_kernel(tr, cache, cfg, mapped)
         for got, want in zip(out, ref):
             assert_close(got, want, dtype)
         # B's rows equal A's rows at the same positions: the prompt is the same.
@@ -398,3 +412,21 @@ def test_odd_head_count_and_width(config: NormConfig) -> None:
     for got, want in zip(out, ref):
         assert_close(got, want, torch.float16)
     assert_cache_writes(tr, tr.cache, cache)
+
+
+def test_tap_map_argument() -> None:
+    """The public op takes the step's tap map (checked against the call before any
+    launch; the CPU reference ignores it) and the op passes opcheck with it."""
+    rng = random.Random(21)
+    tr = make_trace(rng, torch.float32, random_requests(rng), pad_rows=1)
+    tap_map = trace_tap_map(tr)
+    ref = run_reference(tr, clone_cache(tr.cache))
+    out = fused_sconv_add_rmsnorm(*tr.args(clone_cache(tr.cache)), tap_map=tap_map)
+    for got, want in zip(out, ref):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="tap_map"):
+        fused_sconv_add_rmsnorm(*tr.args(clone_cache(tr.cache)), tap_map=tap_map[:, :2].contiguous())
+    with pytest.raises(ValueError, match="tap_map"):
+        fused_sconv_add_rmsnorm(*tr.args(clone_cache(tr.cache)), tap_map=tap_map[:-1])
+    torch.library.opcheck(torch.ops.inkling.fused_sconv_add_rmsnorm.default,
+                          (*tr.args(clone_cache(tr.cache)), tap_map))

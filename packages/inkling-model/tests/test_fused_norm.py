@@ -279,3 +279,41 @@ def test_weight_is_channel_contiguous_and_loads(unique_name):
     other.load_state_dict(fused.state_dict())
     assert torch.equal(other.conv.weight, w) and other.conv.weight.stride(0) == 1
     assert set(fused.state_dict()) == {"conv.weight", "norm_weight"}
+
+
+def test_fused_layer_passes_the_step_map(unique_name, monkeypatch):
+    """With a tap map in the metadata the fused layer hands it to the fused op (the
+    CUDA kernel then skips its own tap resolution); without one it passes None. The
+    outputs are the same either way (the kernels' tests check the mapped kernel)."""
+    import inkling_model.fused_norm as fused_norm_module
+
+    seen = []
+    real = fused_norm_module.fused_sconv_add_rmsnorm
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("tap_map"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused_norm_module, "fused_sconv_add_rmsnorm", spy)
+    torch.manual_seed(5)
+    layout = ConvStateLayout.build(num_kv_heads=2, head_dim=8, hidden_size=32, kernel_size=4)
+    weight, hidden, d = torch.randn(32, 1, 4) * 0.5, torch.randn(14, 32), torch.randn(14, 32)
+    results = {}
+    for with_map in (True, False):
+        owner = ConvStateOwner(layout, unique_name())
+        fused = InklingShortConvAddRMSNorm(32, 4, owner, Stream.ATTN, eps=1e-6)
+        fused.load_weight(weight)
+        runtime = PagedConvRuntime(num_blocks=32, block_size=4, sliding_window=4, max_num_tokens=64,
+                                   tap_map=with_map)
+        runtime.allocate_caches([owner], torch.float32, fill=float("nan"))
+        step = runtime.step([("a", 0, 7), ("b", 0, 5)], pad_to=14)
+        seen.clear()
+        with torch.no_grad(), forward_metadata(step.metadata):
+            results[with_map] = fused(hidden, d, step.positions)
+        assert len(seen) == 1
+        if with_map:
+            assert seen[0] is step.metadata.tap_map and tuple(seen[0].shape) == (14, 3)
+        else:
+            assert seen[0] is None
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)

@@ -79,6 +79,7 @@ def paged_short_conv_add_rmsnorm(
         owner.block_size,
         norm_weight,
         eps,
+        tap_map=meta.tap_map_for(weight.shape[-1]),
     )
 
 

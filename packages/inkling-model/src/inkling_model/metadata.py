@@ -64,6 +64,13 @@ class SconvMetadata:
     block_size: int | None = None
     tap_map: torch.Tensor | None = None
 
+    def tap_map_for(self, kernel_size: int) -> torch.Tensor | None:
+        """The step's tap map when it was built for this kernel size, else ``None``
+        (the layers then let the kernel resolve the taps itself)."""
+        if self.tap_map is not None and self.tap_map.shape[1] == kernel_size - 1:
+            return self.tap_map
+        return None
+
     @property
     def num_tokens(self) -> int:
         """Rows of the flat batch this metadata describes (pad rows included)."""

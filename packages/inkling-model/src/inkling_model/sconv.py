@@ -47,11 +47,6 @@ def paged_short_conv(
     owner, meta = state
     cache = owner.cache
     offset, width = owner.stream_range(stream)
-    # The step's tap map (built once, shared by every stream and layer of the
-    # group), when it was built for this layer's kernel size.
-    tap_map = meta.tap_map
-    if tap_map is not None and tap_map.shape[1] != weight.shape[-1] - 1:
-        tap_map = None
     return fused_sconv(
         x.contiguous(),
         weight,
@@ -64,7 +59,9 @@ def paged_short_conv(
         offset,
         width,
         owner.block_size,
-        tap_map=tap_map,
+        # the step's tap map (built once, shared by every stream and layer of the
+        # group), when it was built for this layer's kernel size
+        tap_map=meta.tap_map_for(weight.shape[-1]),
     )
 
 

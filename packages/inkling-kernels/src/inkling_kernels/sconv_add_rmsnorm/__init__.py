@@ -24,11 +24,12 @@ checks the layout.
 # No ``from __future__ import annotations``: torch.library infers the op schema from
 # the real annotation objects.
 import math
-from typing import cast
+from typing import Optional, cast
 
 import torch
 
-from .._validation import SconvProblem, check_fused_sconv_args
+from .._validation import SconvProblem, check_fused_sconv_args, check_tap_map_for_call
+from ..ops import uses_triton
 from .reference import fused_sconv_add_rmsnorm_ref, rms_norm_ref
 
 __all__ = [
@@ -116,12 +117,13 @@ def _fused_sconv_add_rmsnorm_op(
     block_size: int,
     norm_weight: torch.Tensor,
     eps: float,
+    tap_map: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     prob = check_sconv_add_rmsnorm_args(
         hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
         query_start, stream_offset, stream_width, block_size, norm_weight, eps,
     )
-    if d.device.type == "cpu":
+    if not uses_triton(d.device):  # the reference resolves taps itself: no map
         return fused_sconv_add_rmsnorm_ref(
             hidden, d, prob, cache, positions, block_table, seq_idx, slot_mapping,
             query_start, stream_offset, stream_width, block_size, norm_weight, float(eps),
@@ -131,6 +133,7 @@ def _fused_sconv_add_rmsnorm_op(
     return launch_sconv_add_rmsnorm(
         hidden, d, prob, cache, positions, block_table, seq_idx, slot_mapping,
         query_start, stream_offset, stream_width, block_size, norm_weight, float(eps),
+        tap_map=tap_map,
     )
 
 
@@ -150,11 +153,14 @@ def _fused_sconv_add_rmsnorm_fake(
     block_size: int,
     norm_weight: torch.Tensor,
     eps: float,
+    tap_map: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_sconv_add_rmsnorm_args(
+    prob = check_sconv_add_rmsnorm_args(
         hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
         query_start, stream_offset, stream_width, block_size, norm_weight, eps,
     )
+    if tap_map is not None:
+        check_tap_map_for_call(tap_map, prob, d.device)
     return torch.empty_like(d), torch.empty_like(d)
 
 
@@ -173,6 +179,8 @@ def fused_sconv_add_rmsnorm(
     block_size: int,
     norm_weight: torch.Tensor,
     eps: float,
+    *,
+    tap_map: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hidden + d + conv(d), rmsnorm(that) * norm_weight)`` in one pass.
 
@@ -189,17 +197,22 @@ def fused_sconv_add_rmsnorm(
         norm_weight: [C] the following RMSNorm's weight (any float dtype), applied
             as transformers' ``InklingRMSNorm`` does: ``w * dt(x * rsqrt(mean(x^2) + eps))``.
         eps: the norm's epsilon (``rms_norm_eps``).
+        tap_map: optional, the step's tap map (:func:`inkling_kernels.sconv_tap_map`
+            on the same metadata), exactly as for ``fused_sconv``: the CUDA kernel
+            then reads each tap's source from it instead of resolving it.
 
     Returns:
         ``(new_hidden, normed)``, two new [T, C] tensors in d.dtype, rounded at the
         points where transformers rounds (see :mod:`.reference`).
     """
     # Checked here too so that bad input raises the errors above, not the dispatcher's.
-    check_sconv_add_rmsnorm_args(
+    prob = check_sconv_add_rmsnorm_args(
         hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
         query_start, stream_offset, stream_width, block_size, norm_weight, eps,
     )
+    if tap_map is not None:
+        check_tap_map_for_call(tap_map, prob, d.device)
     return torch.ops.inkling.fused_sconv_add_rmsnorm(
         hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
-        stream_offset, stream_width, block_size, norm_weight, float(eps),
+        stream_offset, stream_width, block_size, norm_weight, float(eps), tap_map,
     )

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._validation import SconvProblem
+from .._validation import SconvProblem, check_tap_map_for_call
 
 __all__ = [
     "NormConfig",
@@ -86,6 +86,7 @@ def _sconv_add_rmsnorm_kernel(
     seq_ptr,
     slot_ptr,
     qs_ptr,
+    map_ptr,
     norm_w_ptr,
     new_h_ptr,
     normed_ptr,
@@ -110,15 +111,13 @@ def _sconv_add_rmsnorm_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_J: tl.constexpr,
     SCAN: tl.constexpr,
+    USE_MAP: tl.constexpr,
 ):
     CHANNELS: tl.constexpr = NH * WS
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < num_tokens
     rows64 = rows.to(tl.int64)
-    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
     wmask = rmask & (slot >= 0) & (slot < num_slots)
     wslot = tl.where(wmask, slot, 0)
@@ -126,25 +125,43 @@ def _sconv_add_rmsnorm_kernel(
 
     # 0. the taps' sources, [BLOCK_T, KW]; column i is tap i (W-1: the row itself).
     kidx = tl.arange(0, KW)
-    dist = (W - 1 - kidx).to(tl.int64)
-    src = pos[:, None] - dist[None, :]
-    trow = rows64[:, None] - dist[None, :]
-    has_tap = rmask[:, None] & (kidx[None, :] < W) & (src >= 0)
-    in_fwd = has_tap & (trow >= qs[:, None]) & (trow >= 0)
-    pre = has_tap & ~in_fwd
-    bidx = tl.where(pre, src, 0) // N
-    ok = pre & (seq[:, None] >= 0) & (seq[:, None] < num_reqs) & (bidx < max_blocks)
-    entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
-    pslot = entry * N + tl.where(pre, src, 0) % N
-    ok = ok & (pslot >= 0) & (pslot < num_slots)
-    # Row of d each tap reads (-1: none); pre-forward taps first look for a writer.
-    drow = tl.where(in_fwd, trow, -1)
-    if tl.max(tl.max(ok.to(tl.int32), axis=1), axis=0) > 0:
-        keys = tl.reshape(tl.where(ok, pslot, -2), [BLOCK_T * KW])
-        hit = tl.reshape(writer_rows(keys, slot_ptr, num_tokens, SCAN), [BLOCK_T, KW])
-        drow = tl.where(ok & (hit >= 0), hit, drow)
-        ok = ok & (hit < 0)
-    pslot = tl.where(ok, pslot, 0)
+    if USE_MAP:
+        # The step's tap map (inkling_kernels.tap_map): column W-2-i holds tap i
+        # (distance W-1-i); one load instead of the block table and the search.
+        code = tl.load(
+            map_ptr + rows64[:, None] * (W - 1) + (W - 2 - kidx)[None, :],
+            mask=rmask[:, None] & (kidx < W - 1)[None, :],
+            other=-1,
+        )
+        writer = (code >> 32) - 1  # same-step writer row, -1 if none
+        cs = code - ((writer + 1) << 32)
+        usable = (code >= 0) & (cs < num_slots)
+        drow = tl.where(code <= -2, -code - 2, tl.where(usable & (writer >= 0), writer, -1))
+        ok = usable & (writer < 0)
+        pslot = tl.where(ok, cs, 0)
+    else:
+        pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        dist = (W - 1 - kidx).to(tl.int64)
+        src = pos[:, None] - dist[None, :]
+        trow = rows64[:, None] - dist[None, :]
+        has_tap = rmask[:, None] & (kidx[None, :] < W) & (src >= 0)
+        in_fwd = has_tap & (trow >= qs[:, None]) & (trow >= 0)
+        pre = has_tap & ~in_fwd
+        bidx = tl.where(pre, src, 0) // N
+        ok = pre & (seq[:, None] >= 0) & (seq[:, None] < num_reqs) & (bidx < max_blocks)
+        entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
+        pslot = entry * N + tl.where(pre, src, 0) % N
+        ok = ok & (pslot >= 0) & (pslot < num_slots)
+        # Row of d each tap reads (-1: none); pre-forward taps first look for a writer.
+        drow = tl.where(in_fwd, trow, -1)
+        if tl.max(tl.max(ok.to(tl.int32), axis=1), axis=0) > 0:
+            keys = tl.reshape(tl.where(ok, pslot, -2), [BLOCK_T * KW])
+            hit = tl.reshape(writer_rows(keys, slot_ptr, num_tokens, SCAN), [BLOCK_T, KW])
+            drow = tl.where(ok & (hit >= 0), hit, drow)
+            ok = ok & (hit < 0)
+        pslot = tl.where(ok, pslot, 0)
     cread = ok.to(tl.int64)
 
     # Per earlier tap, hoisted out of the channel loop and shaped for the 3-D tiles:
@@ -268,12 +285,14 @@ def launch_sconv_add_rmsnorm(
     eps: float,
     config: NormConfig | None = None,
     outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tap_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate the outputs and launch (CUDA, or CPU tensors under TRITON_INTERPRET=1).
 
-    Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``);
-    ``config`` overrides the heuristic tile choice (benchmarks, tests); ``outputs``
-    are preallocated ``(new_hidden, normed)`` tensors (tests poison them).
+    Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``)
+    and, when given, ``tap_map`` ``check_tap_map_for_call``; ``config`` overrides the
+    heuristic tile choice (benchmarks, tests); ``outputs`` are preallocated
+    ``(new_hidden, normed)`` tensors (tests poison them).
     """
     if outputs is None:
         new_hidden, normed = torch.empty_like(d), torch.empty_like(d)
@@ -293,6 +312,7 @@ def launch_sconv_add_rmsnorm(
     _sconv_add_rmsnorm_kernel[grid](
         hidden, d, w2, cache,
         positions, block_table, seq_idx, slot_mapping, query_start,
+        slot_mapping if tap_map is None else tap_map,  # (unused without a map)
         norm_weight, new_hidden, normed,
         prob.num_tokens, prob.num_slots,
         block_table.shape[0], block_table.shape[1],
@@ -304,6 +324,7 @@ def launch_sconv_add_rmsnorm(
         NH=prob.num_heads, WS=stream_width, N=block_size, W=prob.kernel_size,
         KW=_pow2_ceil(prob.kernel_size),
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_J=cfg.block_j, SCAN=cfg.scan,
+        USE_MAP=tap_map is not None,
         num_warps=cfg.num_warps,
     )
     return new_hidden, normed
@@ -327,6 +348,7 @@ def sconv_add_rmsnorm_triton(
     *,
     config: NormConfig | None = None,
     outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tap_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate and launch the Triton kernel directly (any device Triton runs on).
 
@@ -338,8 +360,10 @@ def sconv_add_rmsnorm_triton(
         hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
         query_start, stream_offset, stream_width, block_size, norm_weight, eps,
     )
+    if tap_map is not None:
+        tap_map = check_tap_map_for_call(tap_map, prob, d.device)
     return launch_sconv_add_rmsnorm(
         hidden, d, prob, cache, positions, block_table, seq_idx, slot_mapping,
         query_start, stream_offset, stream_width, block_size, norm_weight, float(eps),
-        config=config, outputs=outputs,
+        config=config, outputs=outputs, tap_map=tap_map,
     )
