@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ._validation import check_fused_sconv_args, check_tap_map_for_call
+from .tap_map import decode_tap_codes
 
 __all__ = ["SconvConfig", "choose_config", "fused_sconv_triton"]
 
@@ -214,12 +215,9 @@ def _fused_sconv_kernel(
         wv = tl.load(w_ptr + chan * stride_wc + (W - 1 - dist) * stride_wk, mask=cmask, other=0.0).to(tl.float32)
         if USE_MAP:
             code = tl.sum(tl.where(kk[None, :] == k, codes, 0), axis=1)  # column k
-            writer = (code >> 32) - 1  # same-step writer row, -1 if none
-            cslot = code - ((writer + 1) << 32)
-            usable = (code >= 0) & (cslot < num_slots)
-            from_x = (code <= -2) | (usable & (writer >= 0))
-            from_cache = usable & (writer < 0)
-            xrow = tl.where(code <= -2, -code - 2, writer)
+            xrow, cslot = decode_tap_codes(code, num_slots)
+            from_x = xrow >= 0
+            from_cache = cslot >= 0
             xrow = tl.where(from_x, xrow, 0)
             cslot = tl.where(from_cache, cslot, 0)
             tap = tl.load(

@@ -32,7 +32,19 @@ import triton.language as tl
 
 from ._validation import check_tap_map_args
 
-__all__ = ["sconv_tap_map_triton"]
+__all__ = ["decode_tap_codes", "sconv_tap_map_triton"]
+
+
+@triton.jit
+def decode_tap_codes(code, num_slots):
+    """Tap-map codes (int64, any shape) -> ``(x row, cache slot)``, each -1 where the
+    tap does not come from there (both -1: no tap). A slot at or beyond ``num_slots``
+    reads as no tap, and so does its same-step writer (that write is skipped)."""
+    writer = (code >> 32) - 1  # same-step writer row, -1 if none
+    cslot = code - ((writer + 1) << 32)
+    usable = (code >= 0) & (cslot < num_slots)
+    xrow = tl.where(code <= -2, -code - 2, tl.where(usable & (writer >= 0), writer, -1))
+    return xrow, tl.where(usable & (writer < 0), cslot, -1)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from .._validation import SconvProblem, check_tap_map_for_call
+from ..tap_map import decode_tap_codes
 
 __all__ = [
     "NormConfig",
@@ -133,12 +134,9 @@ def _sconv_add_rmsnorm_kernel(
             mask=rmask[:, None] & (kidx < W - 1)[None, :],
             other=-1,
         )
-        writer = (code >> 32) - 1  # same-step writer row, -1 if none
-        cs = code - ((writer + 1) << 32)
-        usable = (code >= 0) & (cs < num_slots)
-        drow = tl.where(code <= -2, -code - 2, tl.where(usable & (writer >= 0), writer, -1))
-        ok = usable & (writer < 0)
-        pslot = tl.where(ok, cs, 0)
+        drow, pslot = decode_tap_codes(code, num_slots)
+        ok = pslot >= 0
+        pslot = tl.where(ok, pslot, 0)
     else:
         pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
         qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
