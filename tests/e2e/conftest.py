@@ -15,6 +15,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "run_scenarios.py"
 ENGINE_TIMEOUT_S = 900
+#: tiny checkpoints the engines run on: "default" (transformers' format, every
+#: feature on), "padded" (the same with unpadded conv pages), "release" (the same
+#: weights in the original release layout)
+VARIANTS = ("default", "padded", "release")
 
 
 @pytest.fixture(scope="session")
@@ -26,14 +30,17 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def checkpoints(scratch: Path) -> dict[str, Path]:
     from inkling_vllm.tiny import build_tiny_checkpoint
 
-    return {v: build_tiny_checkpoint(scratch / f"tiny-{v}", variant=v) for v in ("default", "padded")}
+    return {v: build_tiny_checkpoint(scratch / f"tiny-{v}", variant=v) for v in VARIANTS}
 
 
 @pytest.fixture(scope="session")
 def hf(checkpoints: dict[str, Path]) -> dict[str, Any]:
+    """transformers' model of each variant (the release layout's from its
+    transformers-format copy: the same weights)."""
     from inkling_vllm.parity import HfReference
+    from inkling_vllm.tiny import reference_checkpoint
 
-    return {v: HfReference(p) for v, p in checkpoints.items()}
+    return {v: HfReference(reference_checkpoint(p)) for v, p in checkpoints.items()}
 
 
 def engine_env(scratch: Path) -> dict[str, str]:

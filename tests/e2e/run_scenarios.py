@@ -263,6 +263,10 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["same_step", "spec_decode", "concurrent"],
     ),
+    # the release layout (inkling_mm_model config, model.llm.* tensors, vision/audio
+    # towers and MTP heads skipped), torch.compile, prefix caching over prompts
+    # sharing a prefix longer than the sliding window and the relative extent
+    "release": (dict(), ["inspect", "concurrent", "logprobs", "prefix"]),
     # bfloat16 activations and cache (fp32 conv weights and math)
     "bf16": (dict(enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }

@@ -66,6 +66,12 @@ def server(checkpoints: dict[str, Path], scratch: Path, vllm_env: dict[str, str]
         log.close()
 
 
+def test_health_endpoint_answers_once_up(server: str) -> None:
+    import requests
+
+    assert requests.get(f"{server}/health", timeout=30).status_code == 200
+
+
 def test_models_endpoint_lists_the_model(server: str) -> None:
     import requests
 

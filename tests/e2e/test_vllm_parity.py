@@ -61,7 +61,7 @@ def test_prefix_caching_hits_and_matches_uncached(engines: Any, hf: dict[str, An
 
 
 def test_same_step_prefix_hit_on_blocks_computed_in_that_step(engines: Any, hf: dict[str, Any]) -> None:
-    # design brief §3: B is admitted in the same step as A and hits the blocks A
+    # docs/design.md §3.2: B is admitted in the same step as A and hits the blocks A
     # computes in that step; B's conv taps then name slots A writes in the same launch.
     scenario = engines("compiled", "default")["same_step"]
     first, second = scenario["num_cached_tokens"]
@@ -83,9 +83,11 @@ def test_conv_block_enlarged_by_page_unification(engines: Any) -> None:
 
 
 def test_global_layers_get_no_sliding_window(engines: Any) -> None:
-    # transformers maps `sliding_window` model-wide; only hybrid_sliding layers may use it
-    windows = [layer["attn_sliding_window"] for layer in engines("compiled", "default")["inspect"]["layers"]]
-    assert windows == [24, None, 24, None]
+    # transformers maps `sliding_window` model-wide; only hybrid_sliding layers may use
+    # it, and only global layers scale their logits logarithmically
+    layers = engines("compiled", "default")["inspect"]["layers"]
+    assert [layer["attn_sliding_window"] for layer in layers] == [24, None, 24, None]
+    assert [layer["attn_log_scaling"] is not None for layer in layers] == [False, True, False, True]
 
 
 # --- eager engine, prefix caching off, token budget 37 ---------------------------------
@@ -126,23 +128,51 @@ def test_preemption_and_recompute(engines: Any, hf: dict[str, Any]) -> None:
     assert_greedy_parity(hf["padded"], scenario)
 
 
-@pytest.mark.parametrize("variant", ["default", "padded"])
-def test_checkpoint_is_in_the_supported_subset(checkpoints: dict[str, Any], variant: str) -> None:
-    import json
-
+@pytest.mark.parametrize("variant", ["default", "release"])
+def test_tiny_checkpoint_has_every_feature_on(checkpoints: dict[str, Any], variant: str) -> None:
+    """The parity runs mean something only if the tiny model uses every part of
+    Inkling the released checkpoints use."""
     from safetensors import safe_open
 
+    from inkling_cache import text_spec
+
     path = checkpoints[variant]
-    cfg = json.loads((path / "config.json").read_text())
-    assert cfg["architectures"] == ["InklingForCausalLM"]
-    assert set(cfg["layer_types"]) == {"hybrid", "hybrid_sliding"}
-    assert set(cfg["mlp_layer_types"]) == {"dense"}
-    assert cfg["head_dim"] >= 64 and cfg["swa_head_dim"] >= 64
+    spec = text_spec(path)
+    assert spec.layout == ("release" if variant == "release" else "transformers")
+    assert set(spec.layer_types) == {"hybrid", "hybrid_sliding"}
+    assert spec.mlp_layer_types[0] == "dense" and "sparse" in spec.mlp_layer_types
+    assert spec.n_routed_experts >= 8 and spec.num_experts_per_tok >= 2 and spec.n_shared_experts >= 1
+    assert spec.rel_extent > spec.sliding_window and spec.d_rel >= 2
+    assert spec.log_scaling_n_floor is not None and spec.log_scaling_n_floor < 16
+    assert spec.unpadded_vocab_size < spec.vocab_size
+    assert spec.head_dim >= 64 and spec.swa_head_dim >= 64
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         rel = [k for k in f.keys() if k.endswith("rel_logits_proj.proj")]
-        assert len(rel) == cfg["num_hidden_layers"]
-        assert all(int(f.get_tensor(k).count_nonzero()) == 0 for k in rel)
-        assert str(f.get_tensor("model.layers.0.attn_sconv.conv1d.weight").dtype) == "torch.float32"
+        assert len(rel) == spec.num_hidden_layers
+        assert all(int(f.get_tensor(k).count_nonzero()) > 0 for k in rel)
+        if variant == "release":
+            names = list(f.keys())
+            assert any(k.startswith("model.llm.") for k in names)
+            assert any(k.startswith("model.mtp.") for k in names)
+            assert any(k.startswith(("model.visual.", "model.audio.")) for k in names)
+
+
+def test_release_layout_matches_transformers(engines: Any, hf: dict[str, Any]) -> None:
+    """The original release layout (inkling_mm_model config, model.llm.* tensors,
+    towers and MTP heads skipped) under torch.compile, concurrent prompts, teacher-forced
+    logprobs and prefix-cache hits on prompts sharing 300 tokens (past the window and
+    the relative extent)."""
+    result = engines("release", "release")
+    assert [layer["mlp"] for layer in result["inspect"]["layers"]] == ["InklingMLP"] + ["InklingMoE"] * 3
+    assert_greedy_parity(hf["release"], result["concurrent"])
+    for prompt, got in zip(result["logprobs"]["prompts"], result["logprobs"]["logprobs"]):
+        worst = max(abs(a - b) for a, b in zip(got, hf["release"].token_logprobs(prompt)))
+        assert worst <= LOGPROB_ATOL, worst
+    cached = result["prefix"]
+    assert all(n > 64 for n in cached["num_cached_tokens"][1:]), cached["num_cached_tokens"]
+    assert_greedy_parity(hf["release"], cached)
+    # same weights in both layouts: the same tokens as the transformers-format engine
+    assert cached["tokens"] == engines("compiled", "default")["prefix"]["tokens"]
 
 
 # --- tensor parallel (2 CPU ranks) and bfloat16 ---------------------------------------
@@ -163,16 +193,20 @@ def test_tensor_parallel_two_ranks(engines: Any, hf: dict[str, Any]) -> None:
 
 def test_bfloat16_close_to_float32_reference(engines: Any, hf: dict[str, Any]) -> None:
     # bf16 rounds differently from transformers at every layer, so compare the
-    # teacher-forced logprobs with the fp32 reference within bf16-sized bounds
-    # (measured: max 0.044, mean 0.013; a missing or misplaced conv moves them by
-    # whole units).
+    # teacher-forced logprobs with the fp32 reference within bf16-sized bounds. With
+    # MoE routing a near-tie between experts may flip under bf16, so a few positions
+    # move more (measured over 185 positions: median 0.020, p90 0.071, mean 0.039,
+    # max 0.69); a missing feature or a misplaced conv moves the typical position by
+    # whole units.
     result = engines("bf16", "default")
     assert {layer["dtype"] for layer in result["inspect"]["layers"]} == {"bfloat16"}
     scenario = result["logprobs"]
     diffs = []
     for prompt, got in zip(scenario["prompts"], scenario["logprobs"]):
         diffs += [abs(a - b) for a, b in zip(got, hf["default"].token_logprobs(prompt))]
-    assert max(diffs) <= 0.15 and sum(diffs) / len(diffs) <= 0.04, (max(diffs), sum(diffs) / len(diffs))
+    diffs.sort()
+    median, p90, mean = diffs[len(diffs) // 2], diffs[int(0.9 * len(diffs))], sum(diffs) / len(diffs)
+    assert median <= 0.05 and p90 <= 0.15 and mean <= 0.06, (median, p90, mean, diffs[-1])
 
 
 # --- speculative decoding (n-gram drafts) ------------------------------------------------

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from inkling_cache import GIB_BYTES, AttentionLayout, load_config, plan_capacity
 
-# Design brief section 2: --block-size -> (conv block, global attn block, sliding attn block)
+# docs/design.md §2.3: --block-size -> (conv block, global attn block, sliding attn block)
 TABLE_975B = {16: (4, 32, 16), 32: (8, 64, 32), 128: (32, 256, 128)}
 
 

@@ -74,7 +74,7 @@ def test_transformers_generated_configs() -> None:
 
 
 def test_path_folder_and_text_config(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"text_config": TINY_CKPT, "model_type": "x"}))
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": TINY_CKPT, "model_type": "inkling_mm_model"}))
     assert load_config(tmp_path) == load_config(str(tmp_path / "config.json"))
     assert load_config(tmp_path).global_layers == (1, 5)
 

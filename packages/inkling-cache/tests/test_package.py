@@ -37,7 +37,7 @@ def test_readme_api_example_runs_and_its_comments_hold() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    code = readme.split("\n## API\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, object] = {}
     exec(compile(code, "README.md", "exec"), namespace)
     lay = namespace["lay"]

@@ -49,7 +49,7 @@ class Case:
     name: str
     stream: tuple[int, int, int, int]
     requests: list[tuple[int, int]]  # (history length, new tokens)
-    peer_us: float  # design brief §4, for reference only
+    peer_us: float  # docs/design.md §4, for reference only
 
 
 def _hist(i: int) -> int:

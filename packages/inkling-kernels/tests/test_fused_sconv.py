@@ -171,7 +171,7 @@ def test_multi_step(impl: str) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
 def test_same_step_prefix_hit(impl: str, hit_first: bool) -> None:
-    """Design brief §3: request A computes a prompt; request B, the same prompt, hits
+    """docs/design.md §3.2: request A computes a prompt; request B, the same prompt, hits
     A's first blocks (registered as cached when allocated) and computes the rest in
     the same call. B's pre-forward taps name slots that A writes in this call; they
     are NaN before it. B placed first reproduces the stale read on the interpreter

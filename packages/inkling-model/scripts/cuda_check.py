@@ -75,7 +75,7 @@ def check_schedules() -> None:
 
 def check_same_step_prefix_hit() -> None:
     """B starts on a shared prefix whose last block A computes in the same launch
-    (design brief §3), in both batch orders, repeated: every launch must be right."""
+    (docs/design.md §3.2), in both batch orders, repeated: every launch must be right."""
     dtype = torch.bfloat16
     lay = layout()
     for block_size in (4, 16):

@@ -240,7 +240,7 @@ def test_many_requests_long_schedule_against_full_sequence(unique_name):
 @pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_prefix_hit_on_blocks_computed_in_the_same_step(b_first, block_size, unique_name):
-    """Design brief §3: B starts on a prefix whose last blocks A computes in the same
+    """docs/design.md §3.2: B starts on a prefix whose last blocks A computes in the same
     step; B's pre-forward taps name slots written in this very launch."""
     torch.manual_seed(block_size)
     owner = ConvStateOwner(make_layout(), unique_name())

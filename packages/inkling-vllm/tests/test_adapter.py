@@ -1,5 +1,5 @@
 """The adapter without an engine: spec, errors, metadata builder, provider, plugin,
-and the model's refusal of checkpoints outside the supported subset."""
+and the model's refusal of bad configs and tensors."""
 
 from __future__ import annotations
 
@@ -260,52 +260,55 @@ def test_provider_reads_the_forward_context(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 # --- model config / weights -------------------------------------------------------
-def tiny_hf_config(**overrides: Any) -> Any:
-    cfg = dict(
-        num_hidden_layers=2,
-        layer_types=["hybrid_sliding", "hybrid"],
-        mlp_layer_types=["dense", "dense"],
-        log_scaling_n_floor=None,
-        unpadded_vocab_size=None,
-        vocab_size=100,
-        hidden_act="silu",
-    )
-    cfg.update(overrides)
-    return SimpleNamespace(**cfg)
+def tiny_spec(**overrides: Any) -> Any:
+    from inkling_cache import text_spec
+    from inkling_vllm.tiny import tiny_config
+
+    return text_spec({**tiny_config(), "model_type": "inkling_text", **overrides})
 
 
 def test_supported_config_passes() -> None:
-    check_supported_config(tiny_hf_config())
+    check_supported_config(tiny_spec())
 
 
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        ({"mlp_layer_types": ["dense", "sparse"]}, "MoE"),
-        ({"log_scaling_n_floor": 128}, "log scaling"),
-        ({"layer_types": ["hybrid", "linear"]}, "layer_types"),
-        ({"unpadded_vocab_size": 90}, "unpadded_vocab_size"),
+        ({"layer_types": ["hybrid", "linear", "hybrid", "hybrid"]}, "layer_types"),
+        ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types"),
         ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"model_type": "inkling_unknown"}, "model_type"),
     ],
 )
-def test_unsupported_configs_are_refused(overrides: dict[str, Any], message: str) -> None:
-    with pytest.raises(UnsupportedCheckpoint, match=message):
-        check_supported_config(tiny_hf_config(**overrides))
+def test_bad_configs_are_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises((UnsupportedCheckpoint, ValueError), match=message):
+        check_supported_config(tiny_spec(**overrides))
 
 
-def test_nonzero_relative_logits_are_refused_at_load() -> None:
+@pytest.fixture
+def no_tp(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inkling_vllm import model
+
+    monkeypatch.setattr(model, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(model, "get_tensor_model_parallel_world_size", lambda: 1)
+
+
+def _stub_model() -> Any:
     stub = torch.nn.Module()
-    proj = torch.zeros(4, 24)
-    # a zero projection is skipped (nothing to load) ...
-    assert InklingForCausalLM.load_weights(stub, [("model.layers.0.self_attn.rel_logits_proj.proj", proj)]) == set()
-    proj[1, 3] = 1e-3
-    with pytest.raises(UnsupportedCheckpoint, match="relative-logit"):
-        InklingForCausalLM.load_weights(stub, [("model.layers.0.self_attn.rel_logits_proj.proj", proj)])
+    stub.spec = tiny_spec()  # type: ignore[assignment]
+    stub._load_one = InklingForCausalLM._load_one.__get__(stub)  # type: ignore[attr-defined]
+    return stub
 
 
-def test_moe_weights_are_refused_at_load() -> None:
-    with pytest.raises(UnsupportedCheckpoint, match="MoE"):
-        InklingForCausalLM.load_weights(torch.nn.Module(), [("model.layers.1.mlp.experts.gate_up_proj", torch.zeros(2, 2))])
+def test_unknown_tensors_are_refused_at_load_naming_them(no_tp: None) -> None:
+    with pytest.raises(UnsupportedCheckpoint, match="model.layers.0.self_attn.no_such_proj.weight"):
+        InklingForCausalLM.load_weights(_stub_model(), [("model.layers.0.self_attn.no_such_proj.weight", torch.zeros(2))])
+
+
+def test_moe_weights_for_a_dense_layer_are_refused_at_load(no_tp: None) -> None:
+    with pytest.raises(UnsupportedCheckpoint, match="dense layer"):
+        InklingForCausalLM.load_weights(_stub_model(), [("model.layers.0.mlp.experts.gate_up_proj", torch.zeros(2, 2))])
 
 
 # --- plugin -----------------------------------------------------------------------
@@ -321,9 +324,10 @@ def test_register_is_reentrant_and_points_at_our_model() -> None:
 
     plugin.register()
     plugin.register()
-    entry = ModelRegistry.models["InklingForCausalLM"]
-    assert getattr(entry, "module_name", None) == "inkling_vllm.model"
-    assert getattr(entry, "class_name", None) == "InklingForCausalLM"
+    for arch in plugin.ARCHITECTURES:
+        entry = ModelRegistry.models[arch]
+        assert getattr(entry, "module_name", None) == "inkling_vllm.model"
+        assert getattr(entry, "class_name", None) == "InklingForCausalLM"
 
 
 def test_plugin_import_is_lazy() -> None:

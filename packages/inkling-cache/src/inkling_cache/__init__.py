@@ -2,13 +2,24 @@
 
 Pure Python, no dependencies. The layout of the packed per-layer cache
 (:class:`ConvStateLayout`), per-layer layouts from a model config
-(:func:`layer_layouts`, :func:`load_config`), paging math (:func:`slot_of`,
+(:func:`layer_layouts`, :func:`load_config`), the whole text model's hyperparameters
+(:class:`InklingTextSpec` from :func:`text_spec`, any config form), paging math (:func:`slot_of`,
 :func:`admission_reserve_blocks`, :func:`unify_page_sizes`, ...) and capacity planning
 (:func:`plan_capacity`), plus the ``inkling-cache plan`` command.
 """
 
 from .capacity import GIB_BYTES, AttentionLayout, CacheKind, CapacityPlan, Concurrency, plan_capacity
-from .config import PRESETS, ConfigSource, InklingDims, layer_layouts, load_config
+from .config import (
+    PRESETS,
+    ConfigSource,
+    InklingDims,
+    InklingTextSpec,
+    Layout,
+    conv_kernel_size,
+    layer_layouts,
+    load_config,
+    text_spec,
+)
 from .dtypes import DTYPE_BYTES, canonical_dtype, dtype_bytes
 from .layout import ConvStateLayout, PaddingPolicy, PaddingSpec, Stream
 from .paging import (
@@ -39,6 +50,8 @@ __all__ = [
     "ConfigSource",
     "ConvStateLayout",
     "InklingDims",
+    "InklingTextSpec",
+    "Layout",
     "PageSpec",
     "PaddingPolicy",
     "PaddingSpec",
@@ -48,6 +61,7 @@ __all__ = [
     "blocks_for_tokens",
     "canonical_dtype",
     "cdiv",
+    "conv_kernel_size",
     "dtype_bytes",
     "first_live_block",
     "freed_blocks",
@@ -58,5 +72,6 @@ __all__ = [
     "slot_of",
     "slot_to_block_row",
     "steady_state_blocks",
+    "text_spec",
     "unify_page_sizes",
 ]

@@ -1,4 +1,4 @@
-"""The packed per-layer conv-state layout (design brief section 2).
+"""The packed per-layer conv-state layout (docs/design.md §2.2).
 
 One cache per decoder layer holds the conv inputs of all four streams, head-major::
 

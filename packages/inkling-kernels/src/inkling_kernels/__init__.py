@@ -7,6 +7,7 @@ references in :mod:`inkling_kernels.reference`.
 """
 
 from .ops import fused_sconv, sconv_seq_metadata, sconv_tap_map, uses_triton
+from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
 from .reference import causal_conv_ref, fused_sconv_ref, sconv_seq_metadata_ref, sconv_tap_map_ref
 from .sconv_add_rmsnorm import fused_sconv_add_rmsnorm
 
@@ -17,9 +18,12 @@ __all__ = [
     "fused_sconv",
     "fused_sconv_add_rmsnorm",
     "fused_sconv_ref",
+    "paged_rel_attention",
+    "rel_attention_ref",
     "sconv_seq_metadata",
     "sconv_seq_metadata_ref",
     "sconv_tap_map",
     "sconv_tap_map_ref",
     "uses_triton",
+    "write_kv",
 ]

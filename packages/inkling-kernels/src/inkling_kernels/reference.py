@@ -1,6 +1,6 @@
 """Vectorised fp32 PyTorch references: the test oracle and the CPU path.
 
-Semantics (design brief §3). For one stream of a packed paged cache
+Semantics (docs/design.md §3.1). For one stream of a packed paged cache
 ``cache[num_blocks, H, N, D]`` (stream channels ``[stream_offset, stream_offset +
 stream_width)`` of every head), each row ``t`` of ``x`` at absolute position
 ``p = positions[t]``:
@@ -15,7 +15,7 @@ stream_width)`` of every head), each row ``t`` of ``x`` at absolute position
    ``x.dtype``.
 
 Pre-forward taps see the cache *after* every write of the call. That is what makes
-the call correct under the same-step prefix hit (design brief §3): a pre-forward
+the call correct under the same-step prefix hit (docs/design.md §3.2): a pre-forward
 slot that another request writes in this very call reads that request's input.
 """
 

@@ -1,4 +1,4 @@
-"""Triton kernel and typed launcher for ``fused_sconv`` (design brief §3).
+"""Triton kernel and typed launcher for ``fused_sconv`` (docs/design.md §3).
 
 Tiling: one program owns ``BLOCK_T`` consecutive rows of ``x`` times ``BLOCK_C``
 channels of one head (so its cache addresses are contiguous along D); channel
@@ -11,7 +11,7 @@ accumulation. The grid is ``(H * cdiv(stream_width, BLOCK_C), cdiv(T, BLOCK_T))`
 it depends only on T, nothing is allocated besides ``out`` and nothing syncs with
 the host, so the launch replays under CUDA graphs.
 
-Same-step hazard (design brief §3): a request that prefix-hit blocks which another
+Same-step hazard (docs/design.md §3.2): a request that prefix-hit blocks which another
 request writes in this very launch reads those slots as pre-forward taps, and
 program order on the GPU is undefined. Prefix hits are whole blocks, so only a
 request whose first row in the call starts a block (``p0 % N == 0``) can be such a

@@ -11,7 +11,7 @@ Codes (int64), entry ``[t, k]`` = the tap at distance ``k + 1`` of row ``t``:
 - ``-(r + 2)``: row ``r`` of ``x`` (the tap lies in this forward);
 - ``s + ((u + 1) << 32)`` with ``0 <= s < 2**31``: a pre-forward tap in cache slot
   ``s``; ``u >= 0`` is the row of this call that writes slot ``s`` (the same-step
-  prefix hit of design brief §3: the tap is read from ``x[u]``), ``u = -1`` when no
+  prefix hit of docs/design.md §3.2: the tap is read from ``x[u]``), ``u = -1`` when no
   row does (the tap is read from the cache).
 
 Two launches, both with grids that depend only on T: the first writes every row's

@@ -25,7 +25,7 @@ import torch
 
 from inkling_kernels import sconv_seq_metadata, sconv_tap_map, uses_triton
 
-__all__ = ["SconvMetadata", "SconvMetadataBuilder"]
+__all__ = ["RelAttentionMetadata", "SconvMetadata", "SconvMetadataBuilder"]
 
 
 @dataclass
@@ -70,6 +70,37 @@ class SconvMetadata:
         if self.tap_map is not None and self.tap_map.shape[1] == kernel_size - 1:
             return self.tap_map
         return None
+
+    @property
+    def num_tokens(self) -> int:
+        """Rows of the flat batch this metadata describes (pad rows included)."""
+        return int(self.slot_mapping.shape[0])
+
+
+@dataclass
+class RelAttentionMetadata:
+    """What one forward pass of the paged relative-logit attention needs, for the
+    layers of one KV-cache group.
+
+    Attributes:
+        block_table: ``[num_reqs, max_blocks]`` int32/int64 (device), physical block of
+            each request's logical block (blocks outside a sliding window may be a
+            null block: never read).
+        slot_mapping: ``[T]`` int64 (device), flat cache slot of each token's K/V
+            (``block * block_size + row``); ``-1`` marks a pad row (no write).
+        query_start_loc_cpu: ``[num_reqs + 1]`` host int tensor, first flat row of
+            each request (rows from ``query_start_loc_cpu[-1]`` on are padding).
+        seq_lens_cpu: ``[num_reqs]`` host int tensor, tokens in each request's
+            context including this step's.
+        block_size: tokens per block the slot mapping was computed with, when known;
+            the layers check it against the bound cache.
+    """
+
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    block_size: int | None = None
 
     @property
     def num_tokens(self) -> int:

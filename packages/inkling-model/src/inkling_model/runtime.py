@@ -115,7 +115,7 @@ class ScheduledChunk:
     (a multiple of the block size) on the blocks of request ``prefix_from`` holding
     positions ``[0, start)``, shared, not copied. The source must have computed
     those positions (final inputs, not speculative drafts) by the end of this step;
-    it may compute them in this very step (the same-step hit of design brief §3,
+    it may compute them in this very step (the same-step hit of docs/design.md §3.2,
     which the kernel resolves).
     """
 

@@ -20,18 +20,20 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from inkling_cache import ConvStateLayout, Stream, layer_layouts
 
-from .metadata import SconvMetadata
+from .metadata import RelAttentionMetadata, SconvMetadata
 
 __all__ = [
     "ConvStateOwner",
     "MetadataProvider",
+    "NamedRegistry",
     "current_metadata",
+    "current_metadata_of",
     "live_state",
     "forward_metadata",
     "get_metadata_provider",
@@ -39,21 +41,49 @@ __all__ = [
     "set_metadata_provider",
 ]
 
-MetadataProvider = Callable[[str], SconvMetadata | None]
+#: ``name -> metadata | None``: a :class:`SconvMetadata` for conv-state owners, an
+#: :class:`~inkling_model.metadata.RelAttentionMetadata` for attention owners.
+MetadataProvider = Callable[[str], Any]
 
-_registry: weakref.WeakValueDictionary[str, ConvStateOwner] = weakref.WeakValueDictionary()
-_registry_lock = threading.Lock()
 _provider: MetadataProvider | None = None
+
+T = TypeVar("T")
+
+
+class NamedRegistry(Generic[T]):
+    """Process-wide ``name -> live object`` table (weak: an object dropped by its
+    model leaves the table). Code inside a compiled graph finds owners by name."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._table: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def register(self, name: str, obj: T, *, replace: bool = False) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        with self._lock:
+            other = self._table.get(name)
+            if other is not None and other is not obj and not replace:
+                raise ValueError(
+                    f"a {self.kind} named {name!r} already exists: give each layer a unique "
+                    "name (e.g. its module prefix) or pass replace=True"
+                )
+            self._table[name] = obj
+
+    def get(self, name: str) -> T:
+        obj = self._table.get(name)
+        if obj is None:
+            raise KeyError(f"no {self.kind} named {name!r} is alive; create one first")
+        return obj  # type: ignore[no-any-return]
+
+
+_registry: NamedRegistry[ConvStateOwner] = NamedRegistry("ConvStateOwner")
 
 
 def get_owner(name: str) -> ConvStateOwner:
-    """The live owner registered under ``name``."""
-    owner = _registry.get(name)
-    if owner is None:
-        raise KeyError(
-            f"no ConvStateOwner named {name!r} is alive; create one with ConvStateOwner(layout, {name!r})"
-        )
-    return owner
+    """The live conv-state owner registered under ``name``."""
+    return _registry.get(name)
 
 
 class ConvStateOwner:
@@ -72,21 +102,12 @@ class ConvStateOwner:
             raise TypeError(
                 f"layout must be an inkling_cache.ConvStateLayout, got {type(layout).__name__}"
             )
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name must be a non-empty string, got {name!r}")
         self.layout = layout
         self.name = name
         # Placeholder until an engine binds the real cache (profiling passes run
         # before that and must see "no cache").
         self._cache: torch.Tensor = torch.empty(0)
-        with _registry_lock:
-            other = _registry.get(name)
-            if other is not None and other is not self and not replace:
-                raise ValueError(
-                    f"a ConvStateOwner named {name!r} already exists: give each layer a unique "
-                    "name (e.g. its module prefix) or pass replace=True"
-                )
-            _registry[name] = self
+        _registry.register(name, self, replace=replace)
 
     @classmethod
     def for_layer(
@@ -193,18 +214,24 @@ def get_metadata_provider() -> MetadataProvider | None:
     return _provider
 
 
-def current_metadata(owner_name: str) -> SconvMetadata | None:
-    """Ask the installed provider for ``owner_name``'s metadata."""
+def current_metadata_of(owner_name: str, kind: type[T]) -> T | None:
+    """Ask the installed provider for ``owner_name``'s metadata, which must be a
+    ``kind`` (or ``None``)."""
     provider = _provider
     if provider is None:
         return None
     meta = provider(owner_name)
-    if meta is not None and not isinstance(meta, SconvMetadata):
+    if meta is not None and not isinstance(meta, kind):
         raise TypeError(
             f"the metadata provider returned {type(meta).__name__} for {owner_name!r}; "
-            "it must return SconvMetadata or None"
+            f"it must return {kind.__name__} or None"
         )
     return meta
+
+
+def current_metadata(owner_name: str) -> SconvMetadata | None:
+    """Ask the installed provider for conv-state owner ``owner_name``'s metadata."""
+    return current_metadata_of(owner_name, SconvMetadata)
 
 
 def live_state(owner_name: str, x: torch.Tensor) -> tuple[ConvStateOwner, SconvMetadata] | None:
@@ -242,28 +269,29 @@ def live_state(owner_name: str, x: torch.Tensor) -> tuple[ConvStateOwner, SconvM
 
 @contextlib.contextmanager
 def forward_metadata(
-    meta: SconvMetadata | Mapping[str, SconvMetadata] | None,
+    meta: SconvMetadata | RelAttentionMetadata | Mapping[str, Any] | None,
 ) -> Iterator[None]:
-    """Make ``meta`` the metadata of every owner (one :class:`SconvMetadata`),
-    of the named owners (a mapping; others get ``None``), or of none (``None``),
-    for the duration of the ``with`` block. The previous provider is restored."""
+    """Make ``meta`` the metadata of every owner (one :class:`SconvMetadata` or
+    :class:`RelAttentionMetadata`: a model with both kinds of layers needs a mapping),
+    of the named owners (a mapping; others get ``None``), or of none (``None``), for
+    the duration of the ``with`` block. The previous provider is restored."""
     if meta is None:
-        def provider(name: str) -> SconvMetadata | None:
+        def provider(name: str) -> Any:
             return None
-    elif isinstance(meta, SconvMetadata):
+    elif isinstance(meta, (SconvMetadata, RelAttentionMetadata)):
         single = meta
 
-        def provider(name: str) -> SconvMetadata | None:
+        def provider(name: str) -> Any:
             return single
     elif isinstance(meta, Mapping):
         table = dict(meta)
 
-        def provider(name: str) -> SconvMetadata | None:
+        def provider(name: str) -> Any:
             return table.get(name)
     else:
         raise TypeError(
-            f"forward_metadata takes SconvMetadata, a mapping name -> SconvMetadata, or None; "
-            f"got {type(meta).__name__}"
+            "forward_metadata takes SconvMetadata, RelAttentionMetadata, a mapping name -> "
+            f"metadata, or None; got {type(meta).__name__}"
         )
     previous = set_metadata_provider(provider)
     try:

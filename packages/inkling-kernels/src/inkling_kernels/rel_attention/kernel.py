@@ -1,0 +1,709 @@
+"""Triton kernel and typed launcher for paged relative-logit attention (the GPU path).
+
+Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one launch
+(plus a small combine launch when the keys are split):
+
+* **Tiles.** A program owns ``BLOCK_Q`` consecutive query rows of *one* request times
+  the query heads of *one* KV head (GQA): its ``BLOCK_M = BLOCK_Q * GP`` tile rows are
+  (query, head-in-group) pairs, heads fastest (``GP``: the group size rounded up to a
+  power of two). Every K/V tile is therefore read once for the whole group.
+* **Which request.** Request ``i`` owns the query blocks
+  ``query_start_loc[i] // BLOCK_Q + i ..`` (at least ``cdiv(qlen_i, BLOCK_Q)`` of
+  them); a program finds its request with a binary search over ``query_start_loc``
+  on the device. Blocks past the last request cover the pad rows (they write
+  zeros). The grid, ``cdiv(T, BLOCK_Q) + R`` blocks x ``Hkv`` x ``num_splits``,
+  depends only on shapes, nothing syncs with the host, and the only allocations are
+  the output and (split mode) a workspace, so the launch can be captured in a CUDA
+  graph.
+* **Keys.** A query block at positions ``p_first..p_last`` reads the keys
+  ``[k_lo, p_last]`` (``k_lo = p_first - window + 1`` on sliding layers, else 0) in
+  tiles of ``BLOCK_N`` positions, each key's page looked up in the block table (any
+  page size ``N``, any cache strides). Keys outside that range are never loaded, so
+  null / stale pages outside the window are never touched.
+* **Far and near tiles.** On global layers the key tiles more than ``extent``
+  behind the query block, wholly seen by every row, run a plain flash-attention
+  step (no bias, no mask); the rest ("near": the bias band, the diagonal, the
+  window, range ends) run a second loop, ``near_block_n`` keys at a time, with the
+  bias and masks. Sliding layers have only near tiles.
+* **Bias.** Only near tiles compute it. ``"band"``: the tile's distances span
+  ``BLOCK_Q + near_block_n - 1`` consecutive values, so the program
+  multiplies its rows' ``r`` [BLOCK_M, d_rel] by those columns of ``rel_proj`` (one
+  small ``tl.dot``; exact fp32 products when both are bf16/fp16) and picks each
+  (row, key)'s distance out of that band with ``tl.gather``. ``"table"``: the
+  launcher precomputes ``rl = r @ rel_proj`` [T, Hq, E] in fp32 and the tile gathers
+  from it (one fp32 load per score; memory ``T * Hq * E * 4`` bytes).
+* **Softmax.** Online (running max and sum) in fp32, base 2; ``tau(p)`` (log
+  scaling) multiplies each row's fp32 scores and bias, never the bf16 ``q``.
+* **Split KV** (flash-decoding). With ``num_splits > 1`` a query block with many
+  key tiles divides them among up to ``num_splits`` programs (each keeping at least
+  ``min_split_tiles`` tiles) that write unnormalised partial results to an fp32
+  workspace; :func:`_combine_kernel` merges them. A block that needs no split writes
+  its output directly, so short requests in the batch cost no workspace traffic.
+  This is what fills the GPU for decode batches of a few long requests.
+
+Query positions are derived from the metadata (request ``i``'s rows are positions
+``seq_lens[i] - qlen_i ..`` in order, the contract of :func:`paged_rel_attention`);
+the values of ``positions`` are not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .paged import _check_caches, _float_tensor, _same_device, _tensor
+from .reference import INDEX_DTYPES, check_log_scaling, check_scale, check_window
+
+__all__ = [
+    "RelAttentionConfig",
+    "RelAttentionProblem",
+    "check_paged_rel_attention_triton_args",
+    "choose_rel_attention_config",
+    "paged_rel_attention_triton",
+]
+
+BIAS_MODES = ("band", "table")
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _mma(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc + a @ b`` with fp32 accumulation (``acc`` feeds the MMA directly); the
+    interpreter multiplies 16-bit floats wrongly, so there both sides go through
+    fp32 (exact for bf16/fp16 values)."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _attend_tile(
+    m_i, l_i, acc,
+    q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+    j0, k_lo, p_first, p_last, req, extent, window,
+    k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr,
+    max_blocks, stride_btr, stride_btc,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_rlt, stride_rlh, stride_rpc, stride_rpe,
+    kvh,
+    N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
+    D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, INTERPRET: tl.constexpr,
+    PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
+):
+    """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
+
+    ``NEAR=False``: a tile every row sees whole and beyond the extent (no bias, no
+    mask: the plain flash-attention step). ``NEAR=True``: bias and masks."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, DP)
+    j = j0 + offs_n
+    kv_ok = (j >= k_lo) & (j <= p_last)
+    if PAGE_TILE:  # the tile lies in one page: one block-table entry
+        page0 = j0 // N
+        blk = tl.load(bt_ptr + req.to(tl.int64) * stride_btr + page0 * stride_btc,
+                      mask=page0 < max_blocks, other=0).to(tl.int64)
+    else:
+        page = j // N
+        blk = tl.load(bt_ptr + req.to(tl.int64) * stride_btr + page * stride_btc,
+                      mask=kv_ok & (page < max_blocks), other=0).to(tl.int64)
+    d_ok = offs_d < HEAD_DIM
+    k_base = blk * stride_kb + (j % N).to(tl.int64) * stride_kn + kvh * stride_kh
+    kt = tl.load(k_ptr + k_base[None, :] + offs_d[:, None] * stride_kd,
+                 mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
+    s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PREC, INTERPRET)
+    s = s * qk_coef[:, None]  # [BLOCK_M, BLOCK_N], log2 units
+
+    if NEAR:
+        if BIAS_TABLE:
+            dist = p_row[:, None] - j[None, :]
+            ok = (dist >= 0) & (dist < extent) & kv_ok[None, :] & row_ok[:, None]
+            bias = tl.load(rl_ptr + rows64[:, None] * stride_rlt + heads[:, None] * stride_rlh + dist,
+                           mask=ok, other=0.0)
+        else:
+            # distances of this (rows, keys) tile: dbase .. dbase + BLOCK_Q + BLOCK_N - 2
+            dbase = p_first - j0 - (BLOCK_N - 1)
+            offs_w = tl.arange(0, BAND)
+            offs_c = tl.arange(0, DR)
+            dcol = dbase + offs_w
+            pm = (offs_c < D_REL)[:, None] & ((dcol >= 0) & (dcol < extent))[None, :]
+            pslice = tl.load(rp_ptr + offs_c[:, None] * stride_rpc + dcol[None, :] * stride_rpe,
+                             mask=pm, other=0.0)
+            band = _mma(r_rows, pslice.to(r_rows.dtype), tl.zeros([BLOCK_M, BAND], tl.float32),
+                        BAND_PREC, INTERPRET)  # [BLOCK_M, BAND]
+            qi = tl.arange(0, BLOCK_M) // GP
+            idx = qi[:, None] + (BLOCK_N - 1) - offs_n[None, :]
+            bias = tl.gather(band, idx, axis=1)
+        s += bias * b_coef[:, None]
+        dist2 = p_row[:, None] - j[None, :]
+        seen = (dist2 >= 0) & kv_ok[None, :]
+        if HAS_WINDOW:
+            seen = seen & (dist2 < window)
+        s = tl.where(seen, s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
+    alpha = tl.math.exp2(m_i - m_ref)
+    prob = tl.math.exp2(s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(prob, axis=1)
+    v = tl.load(v_ptr + (blk * stride_vb + (j % N).to(tl.int64) * stride_vn + kvh * stride_vh)[:, None]
+                + offs_d[None, :] * stride_vd,
+                mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
+    acc = _mma(prob.to(v.dtype), v, acc * alpha[:, None], DOT_PREC, INTERPRET)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _key_loop(
+    t0, t1, k_start,
+    m_i, l_i, acc,
+    q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+    k_lo, p_first, p_last, req, extent, window,
+    k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr,
+    max_blocks, stride_btr, stride_btc,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_rlt, stride_rlh, stride_rpc, stride_rpe,
+    kvh,
+    N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
+    D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, INTERPRET: tl.constexpr,
+    PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
+):
+    """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
+    if INTERPRET:  # the interpreter cannot range() over runtime ints
+        t = t0
+        while t < t1:
+            m_i, l_i, acc = _attend_tile(
+                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+                k_start + t * BLOCK_N, k_lo, p_first, p_last, req, extent, window,
+                k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+                stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
+                stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+                N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
+                BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+            )
+            t += 1
+    else:
+        for t in range(t0, t1):
+            m_i, l_i, acc = _attend_tile(
+                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+                k_start + t * BLOCK_N, k_lo, p_first, p_last, req, extent, window,
+                k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+                stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
+                stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+                N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
+                BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+            )
+    return m_i, l_i, acc
+
+
+@triton.jit(do_not_specialize=["num_rows", "num_reqs", "max_blocks", "extent", "window"])
+def _rel_attention_kernel(
+    q_ptr, r_ptr, rp_ptr, rl_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr, nsp_ptr,
+    num_rows, num_reqs, max_blocks, extent, window,
+    scale, ls_inv_floor, ls_alpha,
+    stride_qt, stride_qh, stride_qd,
+    stride_rt, stride_rh, stride_rc,
+    stride_rpc, stride_rpe,
+    stride_rlt, stride_rlh,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_btr, stride_btc,
+    stride_ot, stride_oh, stride_od,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, N: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEAR_BN: tl.constexpr,
+    DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
+    BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
+    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # request of this query block: the largest i in [0, R] with
+    # query_start_loc[i] // BLOCK_Q + i <= pid_b (i == R: the pad rows)
+    lo = pid_b * 0
+    hi = lo + num_reqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_block = tl.load(qsl_ptr + mid).to(tl.int32) // BLOCK_Q + mid
+        go_up = first_block <= pid_b
+        lo = tl.where(go_up, mid, lo)
+        hi = tl.where(go_up, hi, mid - 1)
+    req = lo
+    is_req = req < num_reqs
+    q_start = tl.load(qsl_ptr + req).to(tl.int32)
+    # pad rows: "request" R with rows up to T and no keys (zeros out)
+    q_end = tl.load(qsl_ptr + req + 1, mask=is_req, other=num_rows).to(tl.int32)
+    seq_len = tl.load(sl_ptr + req, mask=is_req, other=0).to(tl.int32)
+    ctx = seq_len - (q_end - q_start)
+    row0 = q_start + (pid_b - (q_start // BLOCK_Q + req)) * BLOCK_Q
+
+    offs_m = tl.arange(0, BLOCK_M)
+    qi = offs_m // GP
+    hg = offs_m % GP
+    rows = row0 + qi
+    row_ok = (rows < q_end) & (hg < GROUP)
+    rows64 = rows.to(tl.int64)
+    heads = kvh * GROUP + hg
+    p_row = ctx + (rows - q_start)
+    p_first = ctx + (row0 - q_start)
+    p_last = tl.minimum(p_first + BLOCK_Q - 1, seq_len - 1)
+    if HAS_WINDOW:
+        k_lo = tl.maximum(p_first - window + 1, 0)
+    else:
+        k_lo = p_first * 0
+    k_start = (k_lo // BLOCK_N) * BLOCK_N
+    n_tiles = tl.maximum((p_last + BLOCK_N - k_start) // BLOCK_N, 0)
+    n_tiles = tl.where(row0 < q_end, n_tiles, 0)  # a request's spare block has no rows
+    if NUM_SPLITS == 1:
+        t_begin = n_tiles * 0
+        t_end = n_tiles
+    else:
+        # only blocks with many tiles split (at most NUM_SPLITS ways, at least
+        # MIN_SPLIT_TILES tiles a split); a block in one split writes `out` directly
+        used = tl.minimum(tl.maximum((n_tiles + MIN_SPLIT_TILES - 1) // MIN_SPLIT_TILES, 1), NUM_SPLITS)
+        per_split = (n_tiles + used - 1) // used
+        t_begin = split * per_split
+        t_end = tl.minimum(t_begin + per_split, n_tiles)
+
+    offs_d = tl.arange(0, DP)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + rows64[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if BIAS_TABLE:
+        r_rows = q  # unused
+    else:
+        offs_c = tl.arange(0, DR)
+        r_rows = tl.load(r_ptr + rows64[:, None] * stride_rt + heads[:, None] * stride_rh
+                         + offs_c[None, :] * stride_rc,
+                         mask=row_ok[:, None] & (offs_c < D_REL)[None, :], other=0.0)
+        if BAND_PREC == "ieee":
+            r_rows = r_rows.to(tl.float32)
+    if LOG_SCALE:
+        ratio = tl.maximum((p_row.to(tl.float32) + 1.0) * ls_inv_floor, 1.0)
+        tau = 1.0 + ls_alpha * tl.log(ratio)
+    else:
+        tau = tl.full([BLOCK_M], 1.0, tl.float32)
+    b_coef = tau * 1.4426950408889634
+    qk_coef = b_coef * scale
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DP], tl.float32)
+    # far tiles: wholly seen by every row and beyond the extent (global layers only);
+    # near tiles: the rest (bias band, diagonal, window, range ends)
+    if HAS_WINDOW:
+        t_far = t_begin * 0
+    else:
+        t_far = tl.maximum((p_first - extent + 1 - k_start) // BLOCK_N, 0)
+    m_i, l_i, acc = _key_loop(
+        t_begin, tl.minimum(t_end, t_far), k_start, m_i, l_i, acc,
+        q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+        stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
+        stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+        N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
+        BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
+    )
+    # near tiles in steps of NEAR_BN keys (a narrower bias band: fewer registers)
+    m_i, l_i, acc = _key_loop(
+        tl.maximum(t_begin, t_far) * (BLOCK_N // NEAR_BN), t_end * (BLOCK_N // NEAR_BN), k_start, m_i, l_i, acc,
+        q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+        stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
+        stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+        N, BLOCK_Q, GP, BLOCK_M, NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
+        BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
+    )
+
+    has = l_i > 0.0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    o = tl.where(has[:, None], o, 0.0)
+    o_ptrs = out_ptr + rows64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+    if NUM_SPLITS == 1:
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        direct = (used == 1) & (split == 0)
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :] & direct)
+        # how many splits the combine merges for these rows (1: none, out is final)
+        tl.store(nsp_ptr + rows64, used + rows * 0, mask=(rows < q_end) & (hg == 0) & (split == 0) & (kvh == 0))
+        # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
+        part = row_ok & (split < used) & (used > 1)
+        slot = (split.to(tl.int64) * num_rows + rows64) * NUM_Q_HEADS + heads
+        tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], acc, mask=part[:, None])
+        tl.store(wml_ptr + slot * 2, m_i, mask=part)
+        tl.store(wml_ptr + slot * 2 + 1, l_i, mask=part)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _combine_kernel(
+    ws_ptr, wml_ptr, nsp_ptr, out_ptr, num_rows,
+    stride_ot, stride_oh, stride_od,
+    NUM_Q_HEADS: tl.constexpr, HB: tl.constexpr, SP: tl.constexpr, DP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """Merge the splits' partial softmax states of one row and ``HB`` heads, all
+    splits at once (rows whose block ran in one split already hold their output)."""
+    row = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    offs_s = tl.arange(0, SP)
+    offs_d = tl.arange(0, DP)
+    used = tl.load(nsp_ptr + row)
+    h_ok = (heads < NUM_Q_HEADS) & (used > 1)
+    ok = (offs_s < used)[:, None] & h_ok[None, :]  # [SP, HB]
+    slot = (offs_s.to(tl.int64)[:, None] * num_rows + row) * NUM_Q_HEADS + heads[None, :]
+    m_s = tl.load(wml_ptr + slot * 2, mask=ok, other=float("-inf"))
+    l_s = tl.load(wml_ptr + slot * 2 + 1, mask=ok, other=0.0)
+    a_s = tl.load(ws_ptr + slot[:, :, None] * DP + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+    m_top = tl.max(m_s, axis=0)  # [HB]
+    ref = tl.where(m_top == float("-inf"), 0.0, m_top)
+    wgt = tl.math.exp2(m_s - ref[None, :])  # splits that saw nothing weigh 0
+    l_sum = tl.sum(wgt * l_s, axis=0)
+    acc = tl.sum(wgt[:, :, None] * a_s, axis=0)  # [HB, DP]
+    has = l_sum > 0.0
+    o = acc / tl.where(has, l_sum, 1.0)[:, None]
+    o = tl.where(has[:, None], o, 0.0)
+    tl.store(out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+             o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+@dataclass(frozen=True)
+class RelAttentionConfig:
+    """Tiling of one launch.
+
+    ``block_q`` query rows x the group's heads (rounded up to a power of two) per
+    program, ``block_n`` keys per tile, ``num_splits`` programs per query block
+    along the keys (1: no workspace, no combine launch), ``bias`` ``"band"`` or
+    ``"table"`` (see the module docstring); a query block splits only into as many
+    splits as give each at least ``min_split_tiles`` key tiles (one split: it writes
+    its output directly). Tiles that need the bias or a mask (the last ``extent``
+    keys before a query block, the diagonal, the window) are processed
+    ``near_block_n`` keys at a time (default ``block_n``)."""
+
+    block_q: int
+    block_n: int
+    num_splits: int = 1
+    bias: str = "band"
+    num_warps: int = 4
+    num_stages: int = 2
+    min_split_tiles: int = 4
+    near_block_n: int | None = None
+
+    def __post_init__(self) -> None:
+        nb = self.near_block_n
+        if nb is not None and (isinstance(nb, bool) or not isinstance(nb, int) or nb < 1 or nb & (nb - 1)
+                               or nb > self.block_n):
+            raise ValueError(
+                f"RelAttentionConfig.near_block_n must be None or a power of two <= block_n, got {nb!r}")
+        for name in ("block_q", "block_n", "num_splits", "num_warps", "min_split_tiles"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RelAttentionConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("block_q", "block_n", "num_warps"):
+            value = getattr(self, name)
+            if value & (value - 1):
+                raise ValueError(f"RelAttentionConfig.{name} must be a power of two, got {value}")
+        if self.bias not in BIAS_MODES:
+            raise ValueError(f"RelAttentionConfig.bias must be one of {BIAS_MODES}, got {self.bias!r}")
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"RelAttentionConfig.num_stages must be an int >= 1, got {self.num_stages!r}")
+
+
+@dataclass(frozen=True)
+class RelAttentionProblem:
+    """Validated shapes of one :func:`paged_rel_attention_triton` call."""
+
+    num_rows: int  # T
+    num_reqs: int  # R
+    num_q_heads: int  # Hq
+    num_kv_heads: int  # Hkv
+    head_dim: int  # Dh
+    d_rel: int
+    extent: int  # E
+    block_size: int  # N
+    scale: float
+    window: int | None
+    log_scaling: tuple[int, float] | None
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _metadata(name: str, value: object, length: int | None, what: str, dev: torch.device) -> torch.Tensor:
+    t = _tensor(name, value)
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D ({what}), got shape {tuple(t.shape)}")
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name} must have {length} entries ({what}), got {t.shape[0]}")
+    if t.device != dev and t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device} but q is on {dev}: pass it on q's device (or the host)")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (stride 1), got stride {t.stride(0)}")
+    return t
+
+
+def check_paged_rel_attention_triton_args(
+    q: object, r: object, rel_proj: object, key_cache: object, value_cache: object,
+    positions: object, block_table: object, query_start_loc: object, seq_lens: object,
+    scale: object, window: object, log_scaling: object, out: object, max_chunk_elements: object,
+) -> RelAttentionProblem:
+    """Validate a :func:`paged_rel_attention_triton` call; raise TypeError/ValueError
+    saying what to change. Reads only shapes, dtypes, strides and devices (never a
+    device tensor's values), so it is safe inside CUDA-graph capture."""
+    q = _float_tensor("q", q, 3, "[T, Hq, Dh]")
+    t_rows, hq, dh = q.shape
+    dev = q.device
+    r = _float_tensor("r", r, 3, "[T, Hq, d_rel]")
+    if r.shape[:2] != q.shape[:2] or r.shape[2] < 1:
+        raise ValueError(f"r must be [T, Hq, d_rel] = [{t_rows}, {hq}, d_rel >= 1], got {tuple(r.shape)}")
+    _same_device("r", r, dev)
+    rel_proj = _float_tensor("rel_proj", rel_proj, 2, "[d_rel, E]")
+    if rel_proj.shape[0] != r.shape[2] or rel_proj.shape[1] < 1:
+        raise ValueError(f"rel_proj must be [d_rel, E] = [{r.shape[2]}, E >= 1], got {tuple(rel_proj.shape)}")
+    _same_device("rel_proj", rel_proj, dev)
+    kc, _ = _check_caches(key_cache, value_cache)
+    if kc.dtype != q.dtype:
+        raise TypeError(f"cache dtype {kc.dtype} differs from q dtype {q.dtype}")
+    _same_device("key_cache", kc, dev)
+    _, n, hkv, kdh = kc.shape
+    if kdh != dh:
+        raise ValueError(f"cache head_dim {kdh} differs from q head_dim {dh}")
+    if hq % hkv != 0:
+        raise ValueError(f"q heads {hq} must be a multiple of the cache's kv heads {hkv} (GQA)")
+    if dh > 256 or r.shape[2] > 128:
+        raise ValueError(f"head_dim {dh} > 256 or d_rel {r.shape[2]} > 128 is not supported by the kernel")
+
+    pos = _tensor("positions", positions)
+    if pos.dim() != 1 or pos.shape[0] != t_rows:
+        raise ValueError(f"positions must be [T] = [{t_rows}] (one per query row), got {tuple(pos.shape)}")
+    if pos.dtype not in INDEX_DTYPES:
+        raise TypeError(f"positions must be int64 (int32 accepted), got {pos.dtype}")
+    _same_device("positions", pos, dev)
+    bt = _tensor("block_table", block_table)
+    if bt.dim() != 2:
+        raise ValueError(f"block_table must be 2-D [R, max_blocks], got shape {tuple(bt.shape)}")
+    if bt.dtype not in INDEX_DTYPES:
+        raise TypeError(f"block_table must be int32 or int64, got {bt.dtype}")
+    _same_device("block_table", bt, dev)
+
+    sl = _metadata("seq_lens", seq_lens, None, "[R] context lengths", dev)
+    num_reqs = sl.shape[0]
+    _metadata("query_start_loc", query_start_loc, num_reqs + 1, "[R + 1] row offsets", dev)
+    if num_reqs > 0 and bt.shape[0] < num_reqs:
+        raise ValueError(f"block_table has {bt.shape[0]} rows but there are {num_reqs} requests")
+
+    scale_f = check_scale(scale)
+    window_i = check_window(window)
+    log_s = check_log_scaling(log_scaling)
+    if isinstance(max_chunk_elements, bool) or not isinstance(max_chunk_elements, int):
+        raise TypeError(f"max_chunk_elements must be an int, got {type(max_chunk_elements).__name__}")
+    if out is not None:
+        o = _tensor("out", out)
+        if o.shape != q.shape:
+            raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
+        if o.dtype != q.dtype:
+            raise TypeError(f"out dtype {o.dtype} differs from q dtype {q.dtype}")
+        _same_device("out", o, dev)
+    return RelAttentionProblem(
+        num_rows=t_rows, num_reqs=num_reqs, num_q_heads=hq, num_kv_heads=hkv, head_dim=dh,
+        d_rel=r.shape[2], extent=rel_proj.shape[1], block_size=n, scale=scale_f, window=window_i,
+        log_scaling=log_s,
+    )
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def choose_rel_attention_config(
+    problem: RelAttentionProblem, device: torch.device, max_seq_len: int | None = None
+) -> RelAttentionConfig:
+    """Default tiling from shapes only (stable under CUDA graphs: the same padded
+    batch always gets the same config). ``max_seq_len`` (a host int, when the caller
+    knows it) caps the key splits so that each split keeps a few tiles."""
+    t, reqs, hkv = problem.num_rows, max(problem.num_reqs, 1), problem.num_kv_heads
+    gp = _next_pow2(problem.num_q_heads // hkv)
+    decode = False
+    if device.type == "cpu":  # interpreter: few, small programs
+        block_q, block_n, warps, stages = max(1, 16 // gp), 16, 4, 1
+        target = 8
+    elif t <= 8 * reqs:  # decode / speculative verification: bound by reading K/V
+        # one query block per request when its rows fit in 64 tile rows (K/V read once)
+        per_req = _next_pow2(-(-t // reqs))
+        block_q = max(max(1, 16 // gp), min(per_req, max(1, 64 // gp)))
+        block_n, warps, stages = 64, 2, 2
+        target = 8 * _num_sms(device)
+        decode = True
+    else:  # prefill, chunked prefill, mixed: 64 tile rows, 4 warps (measured on H200)
+        block_q, block_n, warps, stages = max(1, 64 // gp), 64, 4, 3
+        target = 2 * _num_sms(device)
+    blocks = max(min(reqs, t), -(-t // block_q))
+    splits = 1
+    while splits < 64 and blocks * hkv * splits * 2 <= target:
+        splits *= 2
+    if max_seq_len is not None:
+        while splits > 1 and -(-max_seq_len // block_n) < 4 * splits:
+            splits //= 2
+    near_bn = None
+    if decode:
+        # measured on the H200: 2 warps once there are >= 2048 programs; below that
+        # 4 warps, and 128-key tiles when the keys are not split
+        programs = blocks * hkv * splits
+        if programs < 2048:
+            warps = 4
+            if splits == 1:
+                block_n = 128
+    elif device.type != "cpu" and block_n >= 32:
+        near_bn = block_n // 2  # bias/mask tiles: half the band (fewer registers)
+    return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias="band",
+                              num_warps=warps, num_stages=stages, near_block_n=near_bn)
+
+
+def _is_interpreter() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def paged_rel_attention_triton(
+    q: torch.Tensor,
+    r: torch.Tensor,
+    rel_proj: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    window: int | None = None,
+    log_scaling: tuple[int, float] | None = None,
+    out: torch.Tensor | None = None,
+    max_chunk_elements: int = 1 << 24,
+    max_seq_len: int | None = None,
+    config: RelAttentionConfig | None = None,
+) -> torch.Tensor:
+    """Relative-logit attention over the paged KV cache in one Triton launch (plus a
+    combine launch when the keys are split).
+
+    Arguments and result as :func:`inkling_kernels.rel_attention.paged_rel_attention`,
+    except:
+
+    * ``query_start_loc`` [R + 1] and ``seq_lens`` [R] should be tensors on q's
+      device (vLLM: ``query_start_loc`` / ``seq_lens``); host tensors are accepted
+      and copied (not CUDA-graph capturable). Their values are never read on the
+      host: with device metadata the call does not synchronise and replays under
+      CUDA graphs (fixed grid from T and R).
+    * ``positions`` is checked for shape only: the kernel derives each row's position
+      from the metadata (request ``i``'s rows are positions ``seq_lens[i] - qlen_i ..``).
+    * ``max_chunk_elements`` is accepted for signature compatibility and ignored
+      (the kernel never materialises scores).
+    * ``max_seq_len``: optional host bound on ``seq_lens`` (vLLM has it) that keeps
+      the key split of decode batches from over-splitting short contexts.
+    * ``config``: explicit tiling (default :func:`choose_rel_attention_config`).
+    """
+    prob = check_paged_rel_attention_triton_args(
+        q, r, rel_proj, key_cache, value_cache, positions, block_table, query_start_loc,
+        seq_lens, scale, window, log_scaling, out, max_chunk_elements,
+    )
+    if config is None:
+        config = choose_rel_attention_config(prob, q.device, max_seq_len)
+    elif not isinstance(config, RelAttentionConfig):
+        raise TypeError(f"config must be a RelAttentionConfig, got {type(config).__name__}")
+    result = torch.empty_like(q) if out is None else out
+    t_rows = prob.num_rows
+    if t_rows == 0:
+        return result
+    dev = q.device
+    qsl = query_start_loc.to(dev, non_blocking=True)
+    sl = seq_lens.to(dev, non_blocking=True)
+
+    group = prob.num_q_heads // prob.num_kv_heads
+    gp = _next_pow2(group)
+    block_q, block_n, splits = config.block_q, config.block_n, config.num_splits
+    block_m = block_q * gp
+    near_bn = config.near_block_n or block_n
+    if dev.type != "cpu" and min(block_m, block_n, near_bn) < 16:
+        raise ValueError(
+            f"on the GPU, block_q * group rows ({block_m}), block_n ({block_n}) and near_block_n "
+            f"({near_bn}) must be >= 16 (tl.dot)")
+    dp = max(16, _next_pow2(prob.head_dim))
+    dr = max(16, _next_pow2(prob.d_rel))
+    band = max(16, _next_pow2(block_q + near_bn - 1))
+
+    use_table = config.bias == "table"
+    if q.dtype == torch.float32:
+        dot_prec = "ieee"
+    else:
+        dot_prec = "tf32"  # ignored for 16-bit inputs
+    if r.dtype == rel_proj.dtype and r.dtype in (torch.bfloat16, torch.float16):
+        band_prec = "tf32"  # 16-bit x 16-bit products are exact in fp32: any precision
+    else:
+        band_prec = "ieee"
+    if use_table:
+        rl = torch.matmul(r.float(), rel_proj.float())  # [T, Hq, E] fp32
+    else:
+        rl = q  # unused
+    if splits > 1:
+        ws = torch.empty((splits, t_rows, prob.num_q_heads, dp), dtype=torch.float32, device=dev)
+        wml = torch.empty((splits, t_rows, prob.num_q_heads, 2), dtype=torch.float32, device=dev)
+        nsp = torch.empty((t_rows,), dtype=torch.int32, device=dev)
+    else:
+        ws = wml = nsp = result  # unused
+    inv_floor, alpha = (0.0, 0.0) if prob.log_scaling is None else (1.0 / prob.log_scaling[0], prob.log_scaling[1])
+    grid = (-(-t_rows // block_q) + prob.num_reqs, prob.num_kv_heads, splits)
+    kc, vc = key_cache, value_cache
+    _rel_attention_kernel[grid](
+        q, r, rel_proj, rl, kc, vc, block_table, qsl, sl, result, ws, wml, nsp,
+        t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0,
+        prob.scale, inv_floor, alpha,
+        q.stride(0), q.stride(1), q.stride(2),
+        r.stride(0), r.stride(1), r.stride(2),
+        rel_proj.stride(0), rel_proj.stride(1),
+        rl.stride(0) if use_table else 0, rl.stride(1) if use_table else 0,
+        kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
+        vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
+        block_table.stride(0), block_table.stride(1),
+        result.stride(0), result.stride(1), result.stride(2),
+        NUM_Q_HEADS=prob.num_q_heads, GROUP=group, GP=gp, N=prob.block_size,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
+        DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
+        LOG_SCALE=prob.log_scaling is not None, BIAS_TABLE=use_table, NUM_SPLITS=splits,
+        MIN_SPLIT_TILES=config.min_split_tiles,
+        INTERPRET=_is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
+        PAGE_TILE=prob.block_size % block_n == 0,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if splits > 1:
+        sp = _next_pow2(splits)
+        hb = 1  # heads per program: about 8K partial values in registers
+        while hb < 16 and hb < prob.num_q_heads and 2 * hb * sp * dp <= 8192:
+            hb *= 2
+        _combine_kernel[(t_rows, -(-prob.num_q_heads // hb))](
+            ws, wml, nsp, result, t_rows, result.stride(0), result.stride(1), result.stride(2),
+            NUM_Q_HEADS=prob.num_q_heads, HB=hb, SP=sp, DP=dp, HEAD_DIM=prob.head_dim,
+            num_warps=4,
+        )
+    return result
+

@@ -1,0 +1,517 @@
+"""Paged relative-logit attention against its dense reference, and the reference
+against a naive per-(query, key) loop.
+
+Every random world uses a fixed seed, printed in the assertion messages. The dense
+reference receives each sequence's full K/V as generated (never read back through
+the block table); the cache holds only what the op may read, everything else is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from inkling_kernels import paged_rel_attention, rel_attention_ref, write_kv
+
+# (tokens already in the cache, query rows this step)
+MIX = [
+    (40, 1),   # decode, long context
+    (0, 17),   # prefill from empty
+    (25, 4),   # speculative verify
+    (9, 1),    # decode, short context
+    (33, 12),  # chunked prefill after context
+    (0, 1),    # first token
+    (50, 3),   # speculative verify, longest context
+    (12, 0),   # request with no rows this step
+    (6, 5),    # speculative verify, short context
+]
+
+# name -> (window, extent, log_scaling); the mix has contexts up to 53 tokens
+LAYERS: dict[str, tuple[int | None, int, tuple[int, float] | None]] = {
+    "sliding_small": (8, 8, None),        # window well inside the context
+    "sliding_large": (64, 64, None),      # window longer than any context
+    "global_log": (None, 6, (4, 0.5)),    # extent < context, tau matters from p = 4
+    "global_plain": (None, 16, None),
+}
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+@dataclass
+class World:
+    seed: int
+    q: torch.Tensor
+    r: torch.Tensor
+    rel_proj: torch.Tensor
+    key: torch.Tensor  # [T, Hkv, Dh] this step's keys (pad rows random)
+    value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    storage: torch.Tensor  # the tensor both caches are views of
+    positions: torch.Tensor
+    block_table: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    slot_mapping: torch.Tensor
+    full_k: list[torch.Tensor]  # per request [L, Hkv, Dh]
+    full_v: list[torch.Tensor]
+    window: int | None
+    log_scaling: tuple[int, float] | None
+    scale: float
+    num_rows: int  # real rows (the rest are pad)
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(scale=self.scale, window=self.window, log_scaling=self.log_scaling)
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return (self.q, self.r, self.rel_proj, self.key_cache, self.value_cache, self.positions,
+                self.block_table, self.query_start_loc, self.seq_lens)
+
+    def reference(self, **override: Any) -> torch.Tensor:
+        """Dense reference of every real row (pad rows zeros), [T, Hq, Dh]."""
+        kw = self.kwargs()
+        rel_proj = override.pop("rel_proj", self.rel_proj)
+        kw.update(override)
+        out = torch.zeros_like(self.q)
+        starts = self.query_start_loc.tolist()
+        for i, length in enumerate(self.seq_lens.tolist()):
+            s, e = starts[i], starts[i + 1]
+            if s == e:
+                continue
+            out[s:e] = rel_attention_ref(
+                self.q[s:e], self.full_k[i], self.full_v[i], self.r[s:e], rel_proj,
+                torch.arange(length - (e - s), length), torch.arange(length), **kw,
+            )
+        return out
+
+
+def build_world(
+    *,
+    seed: int,
+    mix: list[tuple[int, int]] = MIX,
+    hkv: int = 2,
+    group: int = 2,
+    dh: int = 16,
+    d_rel: int = 4,
+    n: int = 16,
+    layer: str = "global_plain",
+    dtype: torch.dtype = torch.float32,
+    layout: str = "split0",
+    num_pad: int = 2,
+    spare_blocks: int = 5,
+    table_dtype: torch.dtype = torch.int32,
+) -> World:
+    """A batch over a paged cache: each request's context is stored directly in its
+    (shuffled) blocks, only for the positions its queries may see; blocks wholly
+    below the window point at a shared NaN null block (id 0); every other slot of
+    the cache is NaN. This step's K/V are written with ``write_kv``."""
+    window, extent, log_scaling = LAYERS[layer]
+    g = torch.Generator().manual_seed(seed)
+    hq = hkv * group
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    full_k = [_rms(randn(c + t, hkv, dh)).to(dtype) for c, t in mix]
+    full_v = [randn(c + t, hkv, dh).to(dtype) for c, t in mix]
+    num_rows = sum(t for _, t in mix)
+    total = num_rows + num_pad
+    q = _rms(randn(total, hq, dh)).to(dtype)
+    r = randn(total, hq, d_rel).to(dtype)
+    rel_proj = (0.5 * randn(d_rel, extent)).to(dtype)
+
+    blocks_per_req = [max(1, -(-(c + t) // n)) for c, t in mix]
+    num_blocks = 1 + sum(blocks_per_req) + spare_blocks
+    pool = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    max_blocks = max(blocks_per_req) + 1
+    table = torch.zeros(len(mix), max_blocks, dtype=torch.int64)
+    if layout == "split0":
+        storage = torch.full((2, num_blocks, n, hkv, dh), float("nan"), dtype=dtype)
+        kc, vc = storage[0], storage[1]
+    else:
+        storage = torch.full((num_blocks, 2, n, hkv, dh), float("nan"), dtype=dtype)
+        kc, vc = storage[:, 0], storage[:, 1]
+
+    key = randn(total, hkv, dh).to(dtype)
+    value = randn(total, hkv, dh).to(dtype)
+    slots = torch.full((total,), -1, dtype=torch.int64)
+    positions = torch.zeros(total, dtype=torch.int64)
+    starts = [0]
+    for i, (ctx, qlen) in enumerate(mix):
+        length = ctx + qlen
+        lo = 0 if window is None or qlen == 0 else max(0, ctx - window + 1)
+        for b in range(blocks_per_req[i]):
+            if (b + 1) * n - 1 >= lo:  # block holds a position the queries may see
+                table[i, b] = pool.pop()
+        if qlen > 0:
+            for j in range(lo, ctx):  # the context, stored directly
+                kc[table[i, j // n], j % n] = full_k[i][j]
+                vc[table[i, j // n], j % n] = full_v[i][j]
+        row0 = starts[-1]
+        for t in range(qlen):
+            j = ctx + t
+            positions[row0 + t] = j
+            slots[row0 + t] = int(table[i, j // n]) * n + j % n
+            key[row0 + t] = full_k[i][j]
+            value[row0 + t] = full_v[i][j]
+        starts.append(row0 + qlen)
+    world = World(
+        seed=seed, q=q, r=r, rel_proj=rel_proj, key=key, value=value, key_cache=kc,
+        value_cache=vc, storage=storage, positions=positions, block_table=table.to(table_dtype),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor([c + t for c, t in mix], dtype=torch.int32), slot_mapping=slots,
+        full_k=full_k, full_v=full_v, window=window, log_scaling=log_scaling,
+        scale=1.0 / dh, num_rows=num_rows,
+    )
+    write_kv(key, value, kc, vc, slots)
+    return world
+
+
+def _tol(dtype: torch.dtype) -> dict[str, Any]:
+    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
+
+
+def _check_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert not torch.isnan(got).any(), f"{what}: NaN in the output (a poisoned slot was read)"
+    err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+    torch.testing.assert_close(got, want, **_tol(dtype), msg=lambda m: f"{what}: max err {err}\n{m}")
+
+
+# --- the reference against a naive loop ------------------------------------------
+
+
+def _naive(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor, rel_proj: torch.Tensor,
+    qpos: list[int], kpos: list[int], scale: float, window: int | None,
+    log_scaling: tuple[int, float] | None,
+) -> torch.Tensor:
+    """float64 scalar loops over (row, head, key), straight from the definition."""
+    tq, hq, dh = q.shape
+    group = hq // k.shape[1]
+    extent = rel_proj.shape[1]
+    out = torch.zeros(tq, hq, dh, dtype=torch.float64)
+    for t in range(tq):
+        p = qpos[t]
+        tau = 1.0
+        if log_scaling is not None:
+            tau = 1.0 + log_scaling[1] * math.log(max((p + 1) / log_scaling[0], 1.0))
+        for h in range(hq):
+            kvh = h // group
+            logits: list[tuple[float, int]] = []
+            for jj, j in enumerate(kpos):
+                d = p - j
+                if d < 0 or (window is not None and d >= window):
+                    continue
+                dot = sum(tau * float(q[t, h, x]) * float(k[jj, kvh, x]) for x in range(dh))
+                bias = 0.0
+                if d < extent:
+                    bias = sum(float(r[t, h, c]) * float(rel_proj[c, d]) for c in range(rel_proj.shape[0]))
+                logits.append((dot * scale + tau * bias, jj))
+            if not logits:
+                continue
+            top = max(x for x, _ in logits)
+            weights = [(math.exp(x - top), jj) for x, jj in logits]
+            total = sum(w for w, _ in weights)
+            for w, jj in weights:
+                out[t, h] += (w / total) * v[jj, kvh].double()
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("log_scaling", [None, (2, 0.7)])
+def test_reference_matches_naive_loop(window: int | None, log_scaling: tuple[int, float] | None) -> None:
+    seed = 11
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, 4, 3, generator=g)
+    k = torch.randn(7, 2, 3, generator=g)
+    v = torch.randn(7, 2, 3, generator=g)
+    r = torch.randn(3, 4, 2, generator=g)
+    rel_proj = torch.randn(2, 3, generator=g)
+    qpos, kpos = [4, 5, 6], list(range(7))
+    got = rel_attention_ref(
+        q, k, v, r, rel_proj, torch.tensor(qpos), torch.tensor(kpos),
+        scale=0.4, window=window, log_scaling=log_scaling,
+    )
+    want = _naive(q, k, v, r, rel_proj, qpos, kpos, 0.4, window, log_scaling)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_reference_row_without_keys_is_zero() -> None:
+    g = torch.Generator().manual_seed(5)
+    q, r = torch.randn(2, 2, 4, generator=g), torch.randn(2, 2, 3, generator=g)
+    k, v = torch.randn(3, 1, 4, generator=g), torch.randn(3, 1, 4, generator=g)
+    # row 0 (position 1) sees nothing: keys are at positions 5..7
+    out = rel_attention_ref(q, k, v, r, torch.randn(3, 4, generator=g), torch.tensor([1, 6]),
+                            torch.tensor([5, 6, 7]), scale=0.25)
+    assert torch.equal(out[0], torch.zeros(2, 4)), "seed 5: a row without keys must be zeros"
+    assert not torch.isnan(out).any() and out[1].abs().sum() > 0, "seed 5"
+
+
+# --- the paged op against the reference ------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n", [1, 3, 16])
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_paged_matches_reference(layer: str, group: int, n: int, dtype: torch.dtype) -> None:
+    seed = 1000 + 97 * list(LAYERS).index(layer) + 13 * group + n + (500 if dtype != torch.float32 else 0)
+    layout = "split0" if n != 3 else "split1"  # n = 3 runs on the [nb, 2, ...] interleaved views
+    w = build_world(seed=seed, layer=layer, group=group, n=n, dtype=dtype, layout=layout,
+                    table_dtype=torch.int32 if group != 2 else torch.int64)
+    out = torch.full_like(w.q, float("nan"))
+    got = paged_rel_attention(*w.args(), **w.kwargs(), out=out)
+    assert got is out, f"seed {seed}: out= must be returned"
+    assert torch.equal(got[w.num_rows:], torch.zeros_like(got[w.num_rows:])), f"seed {seed}: pad rows not zero"
+    _check_close(got, w.reference(), dtype, f"seed {seed} layer {layer} group {group} N {n} {dtype}")
+
+
+@pytest.mark.parametrize("layer", ["sliding_small", "global_log"])
+def test_tiny_chunks_give_same_result(layer: str) -> None:
+    seed = 77
+    w = build_world(seed=seed, layer=layer, n=3, group=2)
+    hq = w.q.shape[1]
+    full = paged_rel_attention(*w.args(), **w.kwargs())
+    _check_close(full, w.reference(), torch.float32, f"seed {seed} {layer} default chunks")
+    # Hq * 7: a few queries per chunk; Hq * 3: keys split too (online softmax); Hq: one key
+    for limit in (hq * 7, hq * 3, hq):
+        got = paged_rel_attention(*w.args(), **w.kwargs(), max_chunk_elements=limit)
+        _check_close(got, full, torch.float32, f"seed {seed} {layer} max_chunk_elements={limit}")
+
+
+def test_chunking_respects_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The score tensor never exceeds max_chunk_elements (checked on every einsum)."""
+    seed = 78
+    w = build_world(seed=seed, layer="global_plain", n=16, group=4)
+    limit = w.q.shape[1] * 40
+    seen: list[int] = []
+    real_einsum = torch.einsum
+
+    def spy(eq: str, *ops: torch.Tensor) -> torch.Tensor:
+        res = real_einsum(eq, *ops)
+        if eq == "qhgd,khd->qhgk":
+            seen.append(res.numel())
+        return res
+
+    monkeypatch.setattr(torch, "einsum", spy)
+    got = paged_rel_attention(*w.args(), **w.kwargs(), max_chunk_elements=limit)
+    monkeypatch.undo()
+    assert seen and max(seen) <= limit, f"seed {seed}: score tensors {max(seen)} > {limit}"
+    _check_close(got, w.reference(), torch.float32, f"seed {seed} bounded chunks")
+
+
+def test_features_are_load_bearing() -> None:
+    """A paged op that dropped the bias, log scaling or the window would fail the
+    comparison above by far more than its tolerance."""
+    seed = 91
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("global_plain", dict(rel_proj="zero"), "bias zeroed"),
+        ("global_plain", dict(rel_proj="flip"), "bias distances reversed"),
+        ("global_log", dict(log_scaling=None), "log scaling skipped"),
+        ("sliding_small", dict(window=None), "window ignored"),
+    ]
+    for layer, ablate, what in cases:
+        w = build_world(seed=seed, layer=layer, group=2, n=3)
+        got = paged_rel_attention(*w.args(), **w.kwargs())
+        _check_close(got, w.reference(), torch.float32, f"seed {seed} {layer}")
+        if ablate.get("rel_proj") == "zero":
+            ablate = dict(rel_proj=torch.zeros_like(w.rel_proj))
+        elif ablate.get("rel_proj") == "flip":
+            ablate = dict(rel_proj=w.rel_proj.flip(1))
+        diff = (got - w.reference(**ablate)).abs().max().item()
+        assert diff > 0.1, f"seed {seed}: {what} changes the output by only {diff}"
+
+
+def test_null_blocks_are_really_poisoned() -> None:
+    """The poison is live: reading the whole table (window ignored) yields NaN."""
+    seed = 92
+    w = build_world(seed=seed, layer="sliding_small", n=3)
+    got = paged_rel_attention(*w.args(), scale=w.scale, window=None)
+    assert torch.isnan(got[: w.num_rows]).any(), f"seed {seed}: NaN blocks were not reachable"
+
+
+def test_write_kv_then_attention_cache_untouched() -> None:
+    """The op only reads: the cache keeps its bits."""
+    seed = 93
+    w = build_world(seed=seed, layer="global_log", n=16, dtype=torch.bfloat16)
+    before = w.storage.clone()
+    paged_rel_attention(*w.args(), **w.kwargs())
+    assert torch.equal(w.storage.view(torch.int16), before.view(torch.int16)), f"seed {seed}"
+
+
+def test_all_pad_and_empty_batch() -> None:
+    seed = 94
+    w = build_world(seed=seed, mix=[(4, 0), (0, 0)], num_pad=3)
+    got = paged_rel_attention(*w.args(), **w.kwargs(), out=torch.full_like(w.q, float("nan")))
+    assert torch.equal(got, torch.zeros_like(got)), f"seed {seed}"
+    none = paged_rel_attention(
+        w.q, w.r, w.rel_proj, w.key_cache, w.value_cache, w.positions, w.block_table[:0],
+        torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), scale=w.scale,
+    )
+    assert torch.equal(none, torch.zeros_like(none)), f"seed {seed}"
+
+
+# --- write_kv ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n", [1, 3, 16])
+@pytest.mark.parametrize("layout", ["split0", "split1"])
+def test_write_kv_writes_exactly_the_named_slots(layout: str, n: int, dtype: torch.dtype) -> None:
+    seed = 300 + n + (1 if layout == "split1" else 0) + (50 if dtype != torch.float32 else 0)
+    g = torch.Generator().manual_seed(seed)
+    nb, hkv, dh, t = 11, 2, 8, 9
+    shape = (2, nb, n, hkv, dh) if layout == "split0" else (nb, 2, n, hkv, dh)
+    storage = torch.randn(*shape, generator=g).to(dtype)
+    storage.view(-1)[::11] = float("nan")  # NaN bits must survive untouched too
+    kc, vc = (storage[0], storage[1]) if layout == "split0" else (storage[:, 0], storage[:, 1])
+    chosen = torch.randperm(nb * n, generator=g)[:t]
+    slots = chosen.clone()
+    slots[torch.tensor([1, 4])] = -1
+    key = torch.randn(t, hkv, dh, generator=g).to(dtype)
+    value = torch.randn(t, hkv, dh, generator=g).to(dtype)
+
+    expected = storage.clone()
+    ek, ev = (expected[0], expected[1]) if layout == "split0" else (expected[:, 0], expected[:, 1])
+    for row, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            ek[slot // n, slot % n] = key[row]
+            ev[slot // n, slot % n] = value[row]
+    write_kv(key, value, kc, vc, slots)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(storage.view(bits), expected.view(bits)), f"seed {seed}: wrong bytes after write_kv"
+
+
+def test_write_kv_all_pad_is_a_no_op() -> None:
+    storage = torch.randn(2, 3, 4, 1, 2, generator=torch.Generator().manual_seed(301))
+    before = storage.clone()
+    write_kv(torch.ones(2, 1, 2), torch.ones(2, 1, 2), storage[0], storage[1], torch.tensor([-1, -1]))
+    assert torch.equal(storage, before), "seed 301"
+
+
+# --- validation -------------------------------------------------------------------
+
+
+def _small() -> tuple[World, dict[str, Any]]:
+    w = build_world(seed=5, mix=[(5, 2), (0, 3)], n=4, group=2, num_pad=1)
+    kw: dict[str, Any] = dict(
+        q=w.q, r=w.r, rel_proj=w.rel_proj, key_cache=w.key_cache, value_cache=w.value_cache,
+        positions=w.positions, block_table=w.block_table, query_start_loc=w.query_start_loc,
+        seq_lens=w.seq_lens, scale=w.scale, window=None, log_scaling=None, out=None,
+        max_chunk_elements=1 << 24,
+    )
+    return w, kw
+
+
+Mut = Callable[[dict[str, Any]], Any]
+BAD: list[tuple[str, str, Mut, type[Exception], str]] = [
+    ("q 2-D", "q", lambda k: k["q"][0], ValueError, "3-D"),
+    ("q int", "q", lambda k: k["q"].to(torch.int32), TypeError, "bfloat16, float16 or float32"),
+    ("r rows", "r", lambda k: k["r"][:-1], ValueError, r"r must be \[T, Hq, d_rel\]"),
+    ("r device", "r", lambda k: k["r"].to("meta"), ValueError, "move it to q's device"),
+    ("d_rel", "rel_proj", lambda k: k["rel_proj"][:-1], ValueError, "d_rel"),
+    ("rel_proj 1-D", "rel_proj", lambda k: k["rel_proj"][0], ValueError, "2-D"),
+    ("cache dtype", "key_cache", lambda k: k["key_cache"].double(), TypeError, "bfloat16"),
+    ("cache vs q dtype", "value_cache", lambda k: k["value_cache"].bfloat16(), TypeError, "differs from value_cache"),
+    ("cache shapes", "value_cache", lambda k: k["value_cache"][:-1], ValueError, "same shape"),
+    ("cache 3-D", "key_cache", lambda k: k["key_cache"][0], ValueError, "4-D"),
+    ("head_dim", "q", lambda k: k["q"][..., :-1], ValueError, "head_dim"),
+    ("GQA", "", lambda k: dict(q=k["q"][:, :3], r=k["r"][:, :3]), ValueError, "multiple of"),
+    ("cache vs q", "", lambda k: dict(q=k["q"].bfloat16(), out=None), TypeError, "differs from q dtype"),
+    ("positions length", "positions", lambda k: k["positions"][:-1], ValueError, "one per query row"),
+    ("positions float", "positions", lambda k: k["positions"].float(), TypeError, "int64"),
+    ("positions contract", "positions", lambda k: k["positions"] + 1, ValueError, "must be 5"),
+    ("block_table 1-D", "block_table", lambda k: k["block_table"][0], ValueError, "2-D"),
+    ("block_table float", "block_table", lambda k: k["block_table"].float(), TypeError, "int32 or int64"),
+    ("block_table rows", "block_table", lambda k: k["block_table"][:1], ValueError, "2 requests"),
+    ("block_table capacity", "block_table", lambda k: k["block_table"][:, :1], ValueError, "holds only"),
+    ("qsl device", "query_start_loc", lambda k: k["query_start_loc"].to("meta"), ValueError, "host"),
+    ("seq_lens device", "seq_lens", lambda k: k["seq_lens"].to("meta"), ValueError, "host"),
+    ("qsl float", "query_start_loc", lambda k: k["query_start_loc"].float(), TypeError, "int32 or int64"),
+    ("qsl length", "query_start_loc", lambda k: k["query_start_loc"][:-1], ValueError, "one more"),
+    ("qsl start", "query_start_loc", lambda k: k["query_start_loc"] + 1, ValueError, r"\[0\] must be 0"),
+    ("qsl decreasing", "query_start_loc", lambda k: torch.tensor([0, 3, 2]), ValueError, "non-decreasing"),
+    ("qsl beyond T", "", lambda k: dict(query_start_loc=torch.tensor([0, 2, 9]), seq_lens=torch.tensor([7, 7])),
+     ValueError, "exceeds"),
+    ("seq_lens short", "seq_lens", lambda k: torch.tensor([1, 3]), ValueError, "must be >= the query length"),
+    ("window 0", "window", lambda k: 0, ValueError, ">= 1"),
+    ("window float", "window", lambda k: 4.0, TypeError, "window must be None"),
+    ("n_floor 0", "log_scaling", lambda k: (0, 0.1), ValueError, "n_floor must be >= 1"),
+    ("log_scaling list", "log_scaling", lambda k: [4, 0.1], TypeError, "tuple"),
+    ("alpha nan", "log_scaling", lambda k: (4, float("nan")), ValueError, "finite"),
+    ("scale str", "scale", lambda k: "0.1", TypeError, "scale must be a float"),
+    ("scale inf", "scale", lambda k: float("inf"), ValueError, "finite"),
+    ("chunk < Hq", "max_chunk_elements", lambda k: 3, ValueError, ">= Hq"),
+    ("out shape", "out", lambda k: torch.empty(1, 2, 3), ValueError, "out must have"),
+    ("out dtype", "out", lambda k: torch.empty_like(k["q"], dtype=torch.float16), TypeError, "out dtype"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_paged_validation(case: tuple[str, str, Mut, type[Exception], str]) -> None:
+    _, key, mutate, exc, match = case
+    _, kw = _small()
+    if key:
+        kw[key] = mutate(kw)
+    else:  # the mutation changes several arguments consistently
+        kw.update(mutate(kw))
+    with pytest.raises(exc, match=match):
+        paged_rel_attention(
+            kw.pop("q"), kw.pop("r"), kw.pop("rel_proj"), kw.pop("key_cache"), kw.pop("value_cache"),
+            kw.pop("positions"), kw.pop("block_table"), kw.pop("query_start_loc"), kw.pop("seq_lens"), **kw,
+        )
+
+
+def test_small_validation_base_is_valid() -> None:
+    w, kw = _small()
+    got = paged_rel_attention(
+        kw.pop("q"), kw.pop("r"), kw.pop("rel_proj"), kw.pop("key_cache"), kw.pop("value_cache"),
+        kw.pop("positions"), kw.pop("block_table"), kw.pop("query_start_loc"), kw.pop("seq_lens"), **kw,
+    )
+    _check_close(got, w.reference(), torch.float32, "seed 5 validation base")
+
+
+WRITE_BAD: list[tuple[str, int, Callable[[list[Any]], Any], type[Exception], str]] = [
+    ("key 2-D", 0, lambda a: a[0][:, 0], ValueError, "3-D"),
+    ("key/value shapes", 1, lambda a: a[1][:-1], ValueError, "same shape"),
+    ("row shape", -1, lambda a: {0: a[0][..., :-1], 1: a[1][..., :-1]}, ValueError, r"\[Hkv, Dh\]"),
+    ("dtype", 0, lambda a: a[0].bfloat16(), TypeError, "cache dtype"),
+    ("slots length", 4, lambda a: a[4][:-1], ValueError, "one per key row"),
+    ("slots float", 4, lambda a: a[4].float(), TypeError, "int64"),
+    ("slot too big", 4, lambda a: torch.tensor([0, 1, 999]), ValueError, "only 3 blocks"),
+    ("caches differ", 3, lambda a: a[3][:-1], ValueError, "same shape"),
+]
+
+
+@pytest.mark.parametrize("case", WRITE_BAD, ids=[c[0] for c in WRITE_BAD])
+def test_write_kv_validation(case: tuple[str, int, Callable[[list[Any]], Any], type[Exception], str]) -> None:
+    _, idx, mutate, exc, match = case
+    storage = torch.zeros(2, 3, 4, 2, 5)
+    args: list[Any] = [torch.ones(3, 2, 5), torch.ones(3, 2, 5), storage[0], storage[1], torch.tensor([0, -1, 7])]
+    if idx >= 0:
+        args[idx] = mutate(args)
+    else:  # several arguments at once
+        for i, value in mutate(args).items():
+            args[i] = value
+    with pytest.raises(exc, match=match):
+        write_kv(*args)
+    assert torch.equal(storage, torch.zeros_like(storage)), "a rejected call must not write"
+
+
+def test_reference_validation() -> None:
+    q, k = torch.zeros(2, 4, 8), torch.zeros(3, 2, 8)
+    r, proj, qp, kp = torch.zeros(2, 4, 3), torch.zeros(3, 5), torch.arange(2), torch.arange(3)
+    with pytest.raises(ValueError, match="multiple of"):
+        rel_attention_ref(q, k[:, :1].expand(3, 3, 8), k[:, :1].expand(3, 3, 8), r, proj, qp, kp, scale=1.0)
+    with pytest.raises(ValueError, match="rel_proj"):
+        rel_attention_ref(q, k, k, r, proj[:2], qp, kp, scale=1.0)
+    with pytest.raises(ValueError, match=">= 1"):
+        rel_attention_ref(q, k, k, r, proj, qp, kp, scale=1.0, window=0)
+    with pytest.raises(ValueError, match="n_floor"):
+        rel_attention_ref(q, k, k, r, proj, qp, kp, scale=1.0, log_scaling=(0, 0.1))

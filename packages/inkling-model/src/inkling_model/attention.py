@@ -1,0 +1,288 @@
+"""Inkling's relative-logit attention over a paged KV cache.
+
+Per query token at absolute position ``p`` and head ``h`` (GQA: KV head
+``h // (Hq / Hkv)``), against the keys of the same sequence at positions ``j``::
+
+    tau   = 1 + alpha * log(max((p + 1) / n_floor, 1))   (global layers with log scaling; else 1)
+    bias  = (r[p, h] @ rel_proj)[p - j]  if 0 <= p - j < extent  else 0
+    logit = (tau * q[p, h]) . k[j] * scale + tau * bias
+    out   = softmax over the allowed j (causal; p - j < window on sliding layers) of logit, @ v
+
+``scale`` is ``1 / head_dim`` (q and k are RMS-normalised per head), ``extent`` is the
+window on sliding layers and ``rel_extent`` on global ones.
+
+:class:`InklingRelAttention` holds the shared ``rel_proj [d_rel, extent]`` and a
+:class:`AttentionCacheOwner` (the layer's bound ``[num_blocks, Hkv, N, 2 * Dh]`` KV cache,
+registered by name). Its forward goes through the custom op
+``torch.ops.inkling_model.paged_rel_attention``, which at *run* time finds the owner and
+the step's :class:`~inkling_model.metadata.RelAttentionMetadata` (from the process-wide
+metadata provider, as the short convolutions do), writes this step's K/V into the cache
+and attends through the block table (``inkling_kernels.paged_rel_attention``). With no
+metadata or no bound cache (an engine's profiling pass) it returns zeros.
+"""
+
+# No ``from __future__ import annotations``: torch.library infers the op schema
+# from the real annotation objects.
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from inkling_kernels import paged_rel_attention as paged_rel_attention_op
+from inkling_kernels import write_kv
+
+from .metadata import RelAttentionMetadata
+from .state import NamedRegistry, current_metadata_of
+
+__all__ = [
+    "AttentionCacheOwner",
+    "InklingRelAttention",
+    "get_attention_owner",
+    "paged_rel_attention",
+]
+
+_owners: "NamedRegistry[AttentionCacheOwner]" = NamedRegistry("AttentionCacheOwner")
+
+
+def get_attention_owner(name: str) -> "AttentionCacheOwner":
+    """The live :class:`AttentionCacheOwner` registered under ``name``."""
+    return _owners.get(name)
+
+
+class AttentionCacheOwner:
+    """One attention layer's paged KV cache and the fixed parameters of its attention.
+
+    Args:
+        name: unique process-wide name (an engine uses the layer prefix).
+        num_heads: query heads on this rank.
+        num_kv_heads: KV heads on this rank (divides ``num_heads``).
+        head_dim: per-head size of q, k and v.
+        window: sliding window (keys with ``p - j < window``), ``None`` on global layers.
+        log_scaling: ``(n_floor, alpha)`` of the logit scaling, ``None`` when off.
+        scale: logit scale (Inkling: ``1 / head_dim``).
+        replace: re-use ``name`` even if another live owner holds it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        window: Optional[int] = None,
+        log_scaling: Optional[tuple[int, float]] = None,
+        scale: Optional[float] = None,
+        replace: bool = False,
+    ) -> None:
+        for label, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be a positive int, got {value!r}")
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads} (grouped-query attention)"
+            )
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        if log_scaling is not None:
+            n_floor, alpha = log_scaling
+            if isinstance(n_floor, bool) or not isinstance(n_floor, int) or n_floor < 1:
+                raise ValueError(f"log scaling n_floor must be a positive int, got {n_floor!r}")
+            log_scaling = (int(n_floor), float(alpha))
+        self.name = name
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.window = window
+        self.log_scaling = log_scaling
+        self.scale = float(scale) if scale is not None else 1.0 / head_dim
+        self._cache: torch.Tensor = torch.empty(0)
+        _owners.register(name, self, replace=replace)
+
+    @property
+    def cache(self) -> torch.Tensor:
+        """The bound ``[num_blocks, Hkv, N, 2 * Dh]`` cache, or an empty placeholder."""
+        return self._cache
+
+    @property
+    def is_bound(self) -> bool:
+        return self._cache.dim() == 4
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the bound cache (``shape[2]``); 0 while unbound."""
+        return int(self._cache.shape[2]) if self.is_bound else 0
+
+    def kv_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(key_cache, value_cache)``, each ``[num_blocks, N, Hkv, Dh]`` (strided
+        views of the bound cache: a token's K then V sit side by side per head)."""
+        kv = self._cache.unflatten(-1, (2, self.head_dim)).transpose(1, 2)
+        return kv[..., 0, :], kv[..., 1, :]
+
+    def bind_cache(self, cache: torch.Tensor) -> None:
+        """Bind the engine's ``[num_blocks, Hkv, N, 2 * Dh]`` KV cache (per block,
+        head-major like the conv state; per token and head, K then V). The block
+        stride may be padded; the last dim must be contiguous."""
+        if not isinstance(cache, torch.Tensor):
+            raise TypeError(f"cache must be a torch.Tensor, got {type(cache).__name__}")
+        if cache.dim() != 4:
+            raise ValueError(
+                f"layer {self.name!r}: the KV cache must be [num_blocks, Hkv, N, 2*Dh], got {tuple(cache.shape)}"
+            )
+        if not cache.is_floating_point():
+            raise TypeError(f"layer {self.name!r}: the KV cache must be floating point, got {cache.dtype}")
+        _, heads, block_size, width = cache.shape
+        if heads != self.num_kv_heads or width != 2 * self.head_dim:
+            raise ValueError(
+                f"layer {self.name!r}: the KV cache holds {heads} heads of {width} values per token, the "
+                f"layer needs {self.num_kv_heads} KV heads of 2 x {self.head_dim} (K and V) per rank"
+            )
+        if block_size < 1 or cache.stride(3) != 1:
+            raise ValueError(f"layer {self.name!r}: bad KV cache block size {block_size} or strides {cache.stride()}")
+        self._cache = cache
+
+    def unbind_cache(self) -> None:
+        self._cache = torch.empty(0)
+
+    def __repr__(self) -> str:
+        bound = tuple(self._cache.shape) if self.is_bound else "unbound"
+        return (
+            f"AttentionCacheOwner({self.name!r}, heads={self.num_heads}/{self.num_kv_heads}x{self.head_dim}, "
+            f"window={self.window}, log_scaling={self.log_scaling}, cache={bound})"
+        )
+
+
+def _live(owner_name: str, q: torch.Tensor) -> Optional[tuple[AttentionCacheOwner, RelAttentionMetadata]]:
+    owner = get_attention_owner(owner_name)
+    meta = current_metadata_of(owner_name, RelAttentionMetadata)
+    if meta is None or not owner.is_bound:
+        return None
+    if meta.num_tokens != q.shape[0]:
+        raise ValueError(
+            f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but the input has "
+            f"{q.shape[0]} rows; pad the batch to the metadata's padded token count"
+        )
+    if meta.block_size is not None and meta.block_size != owner.block_size:
+        raise ValueError(
+            f"layer {owner_name!r}: the metadata was built for block size {meta.block_size} but the "
+            f"bound KV cache has {owner.block_size} rows per block"
+        )
+    if owner.cache.dtype != q.dtype or owner.cache.device != q.device:
+        raise TypeError(
+            f"layer {owner_name!r}: the input is {q.dtype} on {q.device}, the KV cache "
+            f"{owner.cache.dtype} on {owner.cache.device}; bind a cache of the activation dtype and device"
+        )
+    return owner, meta
+
+
+@torch.library.custom_op("inkling_model::paged_rel_attention", mutates_args=())
+def paged_rel_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    r: torch.Tensor,
+    rel_proj: torch.Tensor,
+    positions: torch.Tensor,
+    owner_name: str,
+) -> torch.Tensor:
+    """Write ``k, v [T, Hkv, Dh]`` into owner ``owner_name``'s KV cache, then attend
+    ``q [T, Hq, Dh]`` (relative states ``r [T, Hq, d_rel]``) over it; returns
+    ``[T, Hq, Dh]`` (zeros with no metadata / no bound cache, and on pad rows)."""
+    state = _live(owner_name, q)
+    if state is None:
+        return torch.zeros_like(q)
+    owner, meta = state
+    key_cache, value_cache = owner.kv_views()
+    write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+    return paged_rel_attention_op(
+        q,
+        r,
+        rel_proj,
+        key_cache,
+        value_cache,
+        positions,
+        meta.block_table,
+        meta.query_start_loc_cpu,
+        meta.seq_lens_cpu,
+        scale=owner.scale,
+        window=owner.window,
+        log_scaling=owner.log_scaling,
+    )
+
+
+@paged_rel_attention.register_fake
+def _paged_rel_attention_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    r: torch.Tensor,
+    rel_proj: torch.Tensor,
+    positions: torch.Tensor,
+    owner_name: str,
+) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+class InklingRelAttention(nn.Module):
+    """The attention core of one Inkling layer (after the projections, q/k norms
+    and the K/V short convolutions).
+
+    Args:
+        owner: the layer's :class:`AttentionCacheOwner` (heads on this rank, window,
+            log scaling, bound cache).
+        d_rel: per-head size of the relative states.
+        extent: distances with a bias (the window on sliding layers, ``rel_extent``
+            on global ones).
+
+    ``rel_proj [d_rel, extent]`` is the checkpoint's ``rel_logits_proj.proj`` (shared
+    by all heads; replicated on every rank).
+    """
+
+    def __init__(
+        self,
+        owner: AttentionCacheOwner,
+        d_rel: int,
+        extent: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Union[torch.device, str, None] = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(owner, AttentionCacheOwner):
+            raise TypeError(f"owner must be an AttentionCacheOwner, got {type(owner).__name__}")
+        for label, value in (("d_rel", d_rel), ("extent", extent)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be a positive int, got {value!r}")
+        self.owner = owner
+        self.d_rel = d_rel
+        self.extent = extent
+        self.rel_proj = nn.Parameter(torch.zeros(d_rel, extent, dtype=dtype, device=device), requires_grad=False)
+
+    @torch.no_grad()
+    def load_rel_proj(self, tensor: torch.Tensor) -> None:
+        """Load the checkpoint's ``[d_rel, extent]`` relative-logit profile bank."""
+        if tuple(tensor.shape) != tuple(self.rel_proj.shape):
+            raise ValueError(
+                f"rel_logits_proj.proj of layer {self.owner.name!r} has shape {tuple(tensor.shape)}; "
+                f"the config gives [d_rel, extent] = {list(self.rel_proj.shape)}"
+            )
+        self.rel_proj.copy_(tensor)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """``q [T, Hq*Dh]``, ``k, v [T, Hkv*Dh]``, ``r [T, Hq*d_rel]`` (this rank's
+        heads), ``positions [T]`` -> ``[T, Hq*Dh]`` in ``q.dtype``."""
+        owner = self.owner
+        tokens = q.shape[0]
+        q3 = q.reshape(tokens, owner.num_heads, owner.head_dim)
+        k3 = k.reshape(tokens, owner.num_kv_heads, owner.head_dim)
+        v3 = v.reshape(tokens, owner.num_kv_heads, owner.head_dim)
+        r3 = r.reshape(tokens, owner.num_heads, self.d_rel)
+        if positions.dtype != torch.int64:
+            positions = positions.to(torch.int64)
+        out = paged_rel_attention(q3, k3, v3, r3, self.rel_proj, positions, owner.name)
+        return out.reshape(tokens, owner.num_heads * owner.head_dim)
+
+    def extra_repr(self) -> str:
+        return f"d_rel={self.d_rel}, extent={self.extent}, owner={self.owner.name!r}"

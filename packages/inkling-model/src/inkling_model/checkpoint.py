@@ -1,0 +1,348 @@
+"""Tensor names of Inkling checkpoints: the release layout and transformers' layout.
+
+The released checkpoints (``config.json`` ``model_type: inkling_mm_model`` or the
+text-only ``inkling_model``) store the text model under ``model.llm.*``, with fused,
+row-interleaved gate/up projections; the vision tower under ``model.visual.*``, the
+audio tower under ``model.audio.*`` and the multi-token-prediction head under
+``model.mtp.*``. transformers' ``InklingForCausalLM`` names the text model
+``model.*`` / ``lm_head.weight`` and keeps gate and up apart. This module is the one
+map between the two (it agrees with transformers' own conversion rules for
+``inkling_mm_model``; the test suite loads a release-layout folder with transformers
+to prove it).
+
+Release name (``model.llm.`` + ...) -> transformers name (``InklingForCausalLM``):
+
+* ``embed.weight`` -> ``model.embed_tokens.weight``;
+  ``embed_norm.weight`` -> ``model.embed_tokens.embed_norm.weight``;
+  ``norm.weight`` -> ``model.norm.weight``; ``unembed.weight`` -> ``lm_head.weight``.
+* In ``layers.{i}.`` -> ``model.layers.{i}.``: ``attn_norm`` -> ``input_layernorm``,
+  ``mlp_norm`` -> ``post_attention_layernorm``; ``attn.wq_du`` / ``wk_dv`` / ``wv_dv`` /
+  ``wr_du`` / ``wo_ud`` -> ``self_attn.q_proj`` / ``k_proj`` / ``v_proj`` / ``r_proj`` /
+  ``o_proj``; ``attn.q_norm`` / ``k_norm`` -> ``self_attn.q_norm`` / ``k_norm``;
+  ``attn.k_sconv`` / ``v_sconv`` -> ``self_attn.k_sconv.conv1d`` / ``v_sconv.conv1d``;
+  ``attn.rel_logits_proj.proj`` -> ``self_attn.rel_logits_proj.proj``;
+  ``attn_sconv`` / ``mlp_sconv`` -> ``attn_sconv.conv1d`` / ``mlp_sconv.conv1d``.
+* Dense MLP: ``mlp.w13_dn.weight`` [2I, H] -> ``mlp.gate_proj.weight`` +
+  ``mlp.up_proj.weight`` [I, H]; ``mlp.w2_md.weight`` -> ``mlp.down_proj.weight``;
+  ``mlp.global_scale`` unchanged.
+* MoE: ``mlp.gate.weight`` / ``mlp.gate.global_scale`` unchanged; ``mlp.gate.bias`` ->
+  ``mlp.gate.e_score_correction_bias``; ``mlp.experts.w13_weight`` [E, 2I, H] ->
+  ``mlp.experts.gate_up_proj`` [E, 2I, H]; ``mlp.experts.w2_weight`` ->
+  ``mlp.experts.down_proj``; ``mlp.shared_experts.shared_w13_weight`` [S, 2I, H] ->
+  ``mlp.shared_experts.gate_proj`` + ``up_proj`` [S, I, H];
+  ``mlp.shared_experts.shared_w2_weight`` -> ``mlp.shared_experts.down_proj``.
+
+A fused release ``w13`` holds gate and up rows alternately (gate row ``j`` at
+``2j``, up row ``j`` at ``2j + 1``) along its ``2I`` axis; transformers' experts
+``gate_up_proj`` holds all gate rows first, then all up rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "TextWeights",
+    "WeightKind",
+    "iter_text_weights",
+    "release_to_transformers",
+    "transformers_to_release",
+    "weight_kind",
+]
+
+#: What a checkpoint tensor belongs to.
+WeightKind = Literal["text", "mtp", "vision", "audio", "unknown"]
+
+_RELEASE_TEXT = "model.llm."
+
+# release name inside a decoder layer -> transformers name (plain renames)
+_LAYER_RENAMES: dict[str, str] = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "attn.wq_du.weight": "self_attn.q_proj.weight",
+    "attn.wk_dv.weight": "self_attn.k_proj.weight",
+    "attn.wv_dv.weight": "self_attn.v_proj.weight",
+    "attn.wr_du.weight": "self_attn.r_proj.weight",
+    "attn.wo_ud.weight": "self_attn.o_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "attn.k_sconv.weight": "self_attn.k_sconv.conv1d.weight",
+    "attn.v_sconv.weight": "self_attn.v_sconv.conv1d.weight",
+    "attn.rel_logits_proj.proj": "self_attn.rel_logits_proj.proj",
+    "attn_sconv.weight": "attn_sconv.conv1d.weight",
+    "mlp_sconv.weight": "mlp_sconv.conv1d.weight",
+    "mlp.w2_md.weight": "mlp.down_proj.weight",
+    "mlp.global_scale": "mlp.global_scale",
+    "mlp.gate.weight": "mlp.gate.weight",
+    "mlp.gate.bias": "mlp.gate.e_score_correction_bias",
+    "mlp.gate.global_scale": "mlp.gate.global_scale",
+    "mlp.experts.w2_weight": "mlp.experts.down_proj",
+    "mlp.shared_experts.shared_w2_weight": "mlp.shared_experts.down_proj",
+}
+# fused release tensors: release name -> (interleaved axis, transformers gate name, up name);
+# an up name of None means transformers keeps the pair fused, gate rows first
+_LAYER_FUSED: dict[str, tuple[int, str, str | None]] = {
+    "mlp.w13_dn.weight": (0, "mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.experts.w13_weight": (1, "mlp.experts.gate_up_proj", None),
+    "mlp.shared_experts.shared_w13_weight": (
+        1, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"),
+}
+_TOP_RENAMES: dict[str, str] = {
+    "embed.weight": "model.embed_tokens.weight",
+    "embed_norm.weight": "model.embed_tokens.embed_norm.weight",
+    "norm.weight": "model.norm.weight",
+    "unembed.weight": "lm_head.weight",
+}
+
+_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+_TF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+# transformers names of the layer tensors, and of the top-level ones
+_TF_LAYER_NAMES = frozenset(
+    [*_LAYER_RENAMES.values()]
+    + [n for _, gate, up in _LAYER_FUSED.values() for n in (gate, up) if n is not None]
+)
+_TF_TOP_NAMES = frozenset(_TOP_RENAMES.values())
+
+# transformers InklingForConditionalGeneration tower names -> release names (towers are
+# never loaded into the text model; the inverse map writes them for test checkpoints)
+_TOWER_INVERSE: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^model\.vision_tower\.encoder_layers\.(\d+)\.projection\."),
+     r"model.visual.layers.linear_\1."),
+    (re.compile(r"^model\.vision_tower\.encoder_layers\.(\d+)\.layer_norm\."),
+     r"model.visual.layers.norm_\1."),
+    (re.compile(r"^model\.vision_tower\."), "model.visual."),
+    (re.compile(r"^model\.audio_tower\.embed_audio_tokens\.embed_audio_tokens\.weight$"),
+     "model.audio.encoder.weight"),
+    (re.compile(r"^model\.audio_tower\.norm\.weight$"), "model.audio.final_norm.weight"),
+    (re.compile(r"^model\.audio_tower\."), "model.audio."),
+)
+
+
+def weight_kind(name: str) -> WeightKind:
+    """What the tensor ``name`` (release or transformers layout) belongs to: the text
+    model, the multi-token-prediction head (``model.mtp.*``), the vision tower
+    (``model.visual.*`` / ``model.vision_tower.*``), the audio tower
+    (``model.audio.*`` / ``model.audio_tower.*``), or nothing known."""
+    if name.startswith("model.mtp."):
+        return "mtp"
+    if name.startswith(("model.visual.", "model.vision_tower.")):
+        return "vision"
+    if name.startswith(("model.audio.", "model.audio_tower.")):
+        return "audio"
+    if name.startswith((_RELEASE_TEXT, "model.language_model.", "model.layers.",
+                        "model.embed_tokens.", "lm_head.")) or name == "model.norm.weight":
+        return "text"
+    return "unknown"
+
+
+def _deinterleave(tensor: torch.Tensor, axis: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if tensor.dim() <= axis or tensor.shape[axis] % 2:
+        raise ValueError(
+            f"{name} has shape {tuple(tensor.shape)}: its axis {axis} must hold gate and up "
+            "rows alternately (an even count)"
+        )
+    index = [slice(None)] * tensor.dim()
+    index[axis] = slice(0, None, 2)
+    gate = tensor[tuple(index)].contiguous()
+    index[axis] = slice(1, None, 2)
+    up = tensor[tuple(index)].contiguous()
+    return gate, up
+
+
+def _interleave(gate: torch.Tensor, up: torch.Tensor, axis: int) -> torch.Tensor:
+    if gate.shape != up.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} shapes differ")
+    pair = torch.stack([gate, up], dim=axis + 1)
+    shape = list(gate.shape)
+    shape[axis] *= 2
+    return pair.reshape(shape).contiguous()
+
+
+def release_to_transformers(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """Map one release-layout tensor to transformers ``InklingForCausalLM`` tensors.
+
+    A fused ``w13`` comes back split (dense MLP, shared experts: ``gate_proj`` and
+    ``up_proj``) or reordered gate-rows-first (routed experts: ``gate_up_proj``);
+    every other text tensor is renamed and returned as is. Tensors the text model
+    does not use (``model.mtp.*``, ``model.visual.*``, ``model.audio.*``) give ``[]``.
+
+    Raises:
+        ValueError: a ``model.llm.*`` or other name this map does not know (quantized
+            checkpoints' scale tensors, say), or a fused tensor of odd width.
+    """
+    kind = weight_kind(name)
+    if kind in ("mtp", "vision", "audio"):
+        return []
+    if not name.startswith(_RELEASE_TEXT):
+        raise ValueError(
+            f"{name!r} is not a release-layout text tensor (model.llm.*, model.mtp.*, "
+            "model.visual.*, model.audio.*): is the checkpoint in transformers' layout?"
+        )
+    rest = name[len(_RELEASE_TEXT):]
+    if rest in _TOP_RENAMES:
+        return [(_TOP_RENAMES[rest], tensor)]
+    match = _LAYER_RE.match(rest)
+    if match is not None:
+        prefix, inner = f"model.layers.{match.group(1)}.", match.group(2)
+        if inner in _LAYER_RENAMES:
+            return [(prefix + _LAYER_RENAMES[inner], tensor)]
+        if inner in _LAYER_FUSED:
+            axis, gate_name, up_name = _LAYER_FUSED[inner]
+            gate, up = _deinterleave(tensor, axis, name)
+            if up_name is None:
+                return [(prefix + gate_name, torch.cat([gate, up], dim=axis))]
+            return [(prefix + gate_name, gate), (prefix + up_name, up)]
+    raise ValueError(f"unknown release tensor {name!r}: the Inkling name map has no rule for it")
+
+
+def _transformers_text_name(name: str) -> str | None:
+    """``name`` as an ``InklingForCausalLM`` name (``model.language_model.*`` of
+    ``InklingForConditionalGeneration`` folded in), or None when it is not one."""
+    if name.startswith("model.language_model."):
+        name = "model." + name[len("model.language_model."):]
+    if name in _TF_TOP_NAMES:
+        return name
+    match = _TF_LAYER_RE.match(name)
+    if match is not None and match.group(2) in _TF_LAYER_NAMES:
+        return name
+    return None
+
+
+def transformers_to_release(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse map: a transformers ``InklingForCausalLM`` (or
+    ``InklingForConditionalGeneration``) state dict in the release layout.
+
+    Gate/up pairs are fused row-interleaved; ``model.mtp.*`` passes through; the towers
+    of ``InklingForConditionalGeneration`` get their release names (``model.visual.*``,
+    ``model.audio.*``). Used to write release-layout test checkpoints.
+
+    Raises:
+        ValueError: a name outside the map, or a gate without its up (or the reverse).
+    """
+    inverse_top = {v: k for k, v in _TOP_RENAMES.items()}
+    inverse_layer = {v: k for k, v in _LAYER_RENAMES.items()}
+    pairs: dict[str, tuple[int, str, str]] = {}  # transformers gate name -> fused info
+    for release, (axis, gate, up) in _LAYER_FUSED.items():
+        if up is not None:
+            pairs[gate] = (axis, up, release)
+    ups = {up: gate for gate, (_, up, _) in pairs.items()}
+    experts = {gate: (axis, release) for release, (axis, gate, up) in _LAYER_FUSED.items()
+               if up is None}
+
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state_dict.items():
+        kind = weight_kind(name)
+        if kind == "mtp":
+            out[name] = tensor
+            continue
+        if kind in ("vision", "audio"):
+            for pattern, replacement in _TOWER_INVERSE:
+                if pattern.match(name):
+                    out[pattern.sub(replacement, name)] = tensor
+                    break
+            continue
+        text = _transformers_text_name(name)
+        if text is None:
+            raise ValueError(f"{name!r} is not an Inkling transformers tensor name")
+        if text in inverse_top:
+            out[_RELEASE_TEXT + inverse_top[text]] = tensor
+            continue
+        match = _TF_LAYER_RE.match(text)
+        assert match is not None
+        prefix, inner = f"{_RELEASE_TEXT}layers.{match.group(1)}.", match.group(2)
+        if inner in inverse_layer:
+            out[prefix + inverse_layer[inner]] = tensor
+        elif inner in experts:
+            axis, release = experts[inner]
+            half = tensor.shape[axis] // 2
+            gate, up = tensor.split(half, dim=axis)
+            out[prefix + release] = _interleave(gate, up, axis)
+        elif inner in pairs:
+            axis, up_inner, release = pairs[inner]
+            up_name = name[: len(name) - len(inner)] + up_inner
+            if up_name not in state_dict:
+                raise ValueError(f"{name!r} has no matching {up_name!r}")
+            out[prefix + release] = _interleave(tensor, state_dict[up_name], axis)
+        elif inner in ups:
+            gate_name = name[: len(name) - len(inner)] + ups[inner]
+            if gate_name not in state_dict:
+                raise ValueError(f"{name!r} has no matching {gate_name!r}")
+        else:  # pragma: no cover - _transformers_text_name admits only mapped names
+            raise ValueError(f"{name!r} is not an Inkling transformers tensor name")
+    return out
+
+
+class TextWeights:
+    """Iterates a checkpoint's text-model tensors under transformers' names (see
+    :func:`iter_text_weights`); after the iteration :attr:`skipped` counts what was left
+    out, by kind (``"mtp"``, ``"vision"``, ``"audio"``), and :meth:`summary` gives one
+    log line per kind."""
+
+    def __init__(self, weights: Iterable[tuple[str, torch.Tensor]], layout: str) -> None:
+        if layout not in ("release", "transformers", "auto"):
+            raise ValueError(f"layout must be 'release', 'transformers' or 'auto', got {layout!r}")
+        self._weights = weights
+        self.layout = layout
+        self.skipped: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}
+        self.yielded = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._weights:
+            kind = weight_kind(name)
+            if kind in ("mtp", "vision", "audio"):
+                self.skipped[kind] += 1
+                self.examples.setdefault(kind, name)
+                continue
+            release = name.startswith(_RELEASE_TEXT)
+            if self.layout == "transformers" and release:
+                raise ValueError(
+                    f"{name!r} is a release-layout name but the layout is 'transformers'"
+                )
+            if self.layout == "release" or release:
+                mapped = release_to_transformers(name, tensor)
+            else:
+                text = _transformers_text_name(name)
+                if text is None:
+                    raise ValueError(f"unknown transformers tensor {name!r} for the Inkling text model")
+                mapped = [(text, tensor)]
+            self.yielded += len(mapped)
+            yield from mapped
+
+    def summary(self) -> list[str]:
+        """One line per skipped kind, e.g. ``"skipped 12 mtp tensors (e.g.
+        model.mtp.chain_norm.weight): not part of the text model"``."""
+        return [
+            f"skipped {count} {kind} tensors (e.g. {self.examples[kind]}): not part of the "
+            "text model"
+            for kind, count in sorted(self.skipped.items())
+        ]
+
+
+def iter_text_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], layout: str = "auto"
+) -> TextWeights:
+    """The text model's tensors of a checkpoint, under transformers ``InklingForCausalLM``
+    names, in checkpoint order (a fused release ``w13`` yields its parts together).
+
+    Args:
+        weights: ``(name, tensor)`` pairs as stored.
+        layout: ``"release"`` (``model.llm.*`` names), ``"transformers"``
+            (``InklingForCausalLM`` / ``InklingForConditionalGeneration`` names) or
+            ``"auto"`` (each name decides: ``model.llm.*`` is release); e.g.
+            ``text_spec(folder).layout``.
+
+    Returns:
+        an iterable :class:`TextWeights`; its ``skipped`` counter tells how many MTP,
+        vision and audio tensors it passed over.
+
+    Raises:
+        ValueError (while iterating): a name no rule maps.
+    """
+    return TextWeights(weights, layout)
