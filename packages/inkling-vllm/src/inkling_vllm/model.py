@@ -98,14 +98,16 @@ def _raw_config(model_config: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def served_spec(vllm_config: VllmConfig) -> InklingTextSpec:
+def served_spec(vllm_config: VllmConfig, raw: dict[str, Any] | None = None) -> InklingTextSpec:
     """The text model's hyperparameters, through ``inkling_cache.text_spec``.
 
     Read from the checkpoint's own config.json when the model is a local folder
     (transformers < 5.20 and vLLM's own config classes rename or drop release-layout
-    fields, such as the expert width), else from vLLM's parsed config object."""
+    fields, such as the expert width), else from vLLM's parsed config object. ``raw``:
+    that config.json when the caller has read it already."""
     model_config = vllm_config.model_config
-    raw = _raw_config(model_config)
+    if raw is None:
+        raw = _raw_config(model_config)
     try:
         return text_spec(raw if raw is not None else model_config.hf_config)
     except ValueError as exc:
@@ -290,10 +292,11 @@ class InklingDecoderLayer(nn.Module):
 class InklingModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        spec = served_spec(vllm_config)
+        raw = _raw_config(vllm_config.model_config)  # read once: spec and conv padding
+        spec = served_spec(vllm_config, raw)
         check_supported_config(spec)
         quant_config = vllm_config.quant_config
-        padding = _conv_padding(vllm_config)
+        padding = _conv_padding(vllm_config, raw)
         self.spec = spec
         self.embed_tokens = VocabParallelEmbedding(
             spec.vocab_size, spec.hidden_size, quant_config=quant_config, prefix=f"{prefix}.embed_tokens"
@@ -325,9 +328,8 @@ class InklingModel(nn.Module):
         return self.norm(hidden_states)
 
 
-def _conv_padding(vllm_config: VllmConfig) -> str:
-    raw = _raw_config(vllm_config.model_config) or {}
-    value = raw.get(PADDING_KEY, getattr(vllm_config.model_config.hf_config, PADDING_KEY, None))
+def _conv_padding(vllm_config: VllmConfig, raw: dict[str, Any] | None) -> str:
+    value = (raw or {}).get(PADDING_KEY, getattr(vllm_config.model_config.hf_config, PADDING_KEY, None))
     return str(value or "pow2")
 
 
@@ -402,10 +404,9 @@ class InklingForCausalLM(nn.Module):
         logits = self.logits_processor(self.lm_head, hidden_states)
         unpadded = self.spec.unpadded_vocab_size
         if logits is not None and unpadded < logits.shape[-1]:
-            # padded unembedding rows: never sampled, no probability mass
-            logits = logits.masked_fill(
-                torch.arange(logits.shape[-1], device=logits.device) >= unpadded, float("-inf")
-            )
+            # padded unembedding rows: never sampled, no probability mass (in place: the
+            # processor returns a fresh tensor; no index tensor per step)
+            logits[..., unpadded:] = float("-inf")
         return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
