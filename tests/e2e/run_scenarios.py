@@ -170,13 +170,31 @@ def sc_spec_decode(llm: Any) -> dict[str, Any]:
     }
 
 
+def sc_small_mix(llm: Any) -> dict[str, Any]:
+    # two prompts prefilled in chunks side by side, then decoded; then the first
+    # prompt with a new tail, served partly from the prefix cache
+    first = prompts(10, [300, 33])  # 300: past the hybrid page (the prefix-hit unit)
+    tail = prompts(11, [5])[0]
+    hits0 = _metric(llm, "vllm:prefix_cache_hits")
+    out = list(_run(llm, first, greedy(5))) + list(_run(llm, [first[0] + tail], greedy(3)))
+    return {
+        "prompts": first + [first[0] + tail],
+        "tokens": _tokens(out),
+        "num_cached_tokens": [o.num_cached_tokens for o in out],
+        "prefix_cache_hits": _metric(llm, "vllm:prefix_cache_hits") - hits0,
+    }
+
+
 def sc_inspect(llm: Any) -> dict[str, Any]:
     from inkling_vllm.diagnostics import describe_conv_state
 
     return llm.apply_model(describe_conv_state)[0]
 
 
-LAUNCHES = {"fused_sconv": 0, "fused_sconv_mapped": 0, "sconv_tap_map": 0}
+LAUNCHES = {
+    "fused_sconv": 0, "fused_sconv_mapped": 0, "sconv_tap_map": 0,
+    "rel_attention": 0, "rel_attention_engine_meta": 0, "write_kv": 0,
+}
 
 
 def _count_triton_launches() -> None:
@@ -184,8 +202,10 @@ def _count_triton_launches() -> None:
     run here when VLLM_ENABLE_V1_MULTIPROCESSING=0), so that a scenario can show it
     took the GPU code path with the step's tap map."""
     from inkling_kernels import sconv, tap_map
+    from inkling_kernels.rel_attention import kernel as attention
 
     real_conv, real_map = sconv.fused_sconv_triton, tap_map.sconv_tap_map_triton
+    real_attend, real_write = attention.paged_rel_attention_triton, attention.write_kv_triton
 
     def conv(*args: Any, **kwargs: Any) -> Any:
         LAUNCHES["fused_sconv"] += 1
@@ -196,8 +216,20 @@ def _count_triton_launches() -> None:
         LAUNCHES["sconv_tap_map"] += 1
         return real_map(*args, **kwargs)
 
+    def attend(*args: Any, **kwargs: Any) -> Any:
+        LAUNCHES["rel_attention"] += 1
+        # the adapter's builder hands on vLLM's device metadata and max_seq_len
+        LAUNCHES["rel_attention_engine_meta"] += kwargs.get("max_seq_len") is not None
+        return real_attend(*args, **kwargs)
+
+    def write(*args: Any, **kwargs: Any) -> Any:
+        LAUNCHES["write_kv"] += 1
+        return real_write(*args, **kwargs)
+
     sconv.fused_sconv_triton = conv
     tap_map.sconv_tap_map_triton = build
+    attention.paged_rel_attention_triton = attend
+    attention.write_kv_triton = write
 
 
 COMMON = dict(dtype="float32", max_model_len=512, seed=0, disable_log_stats=False)
@@ -256,12 +288,33 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                 "INKLING_KERNELS_CPU_BACKEND": "triton",
                 "TRITON_INTERPRET": "1",
+                # the attention kernel interpreted costs ~1 s per layer and step:
+                # it runs in "interp_attn" below, on fewer steps
+                "INKLING_KERNELS_CPU_ATTENTION": "reference",
             },
             enforce_eager=True,
             max_num_seqs=8,
             speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
         ),
         ["same_step", "spec_decode", "concurrent"],
+    ),
+    # The GPU attention path on CPU: the relative-logit attention (and the conv)
+    # run the Triton kernels under the interpreter, fed vLLM's device metadata:
+    # teacher-forced logprobs over prompts past the window and the relative extent,
+    # then chunked prefill (a budget that ends chunks inside blocks), decode and a
+    # prefix-cache hit in a few steps.
+    "interp_attn": (
+        dict(
+            _env={
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "INKLING_KERNELS_CPU_BACKEND": "triton",
+                "TRITON_INTERPRET": "1",
+            },
+            enforce_eager=True,
+            max_num_seqs=4,
+            max_num_batched_tokens=48,
+        ),
+        ["logprobs", "small_mix"],
     ),
     # the release layout (inkling_mm_model config, model.llm.* tensors, vision/audio
     # towers and MTP heads skipped), torch.compile, prefix caching over prompts
@@ -281,6 +334,7 @@ SCENARIOS = {
     "preemption": sc_preemption,
     "inspect": sc_inspect,
     "spec_decode": sc_spec_decode,
+    "small_mix": sc_small_mix,
 }
 
 

@@ -234,6 +234,8 @@ def test_triton_kernels_with_tap_map_under_real_scheduling(engines: Any, hf: dic
         assert launches["fused_sconv"] > 0 and launches["fused_sconv_mapped"] == launches["fused_sconv"], launches
         # 4 streams x 4 layers per step; 2 KV-cache groups (global, sliding) per step
         assert launches["fused_sconv"] == 8 * launches["sconv_tap_map"], launches
+        # the attention stays on its PyTorch path here (INKLING_KERNELS_CPU_ATTENTION)
+        assert launches["rel_attention"] == launches["write_kv"] == 0, launches
     same = result["same_step"]
     assert same["num_cached_tokens"][0] == 0 and same["num_cached_tokens"][1] > 0, same["num_cached_tokens"]
     assert same["scheduled_ts"][0] is not None and same["scheduled_ts"][0] == same["scheduled_ts"][1]
@@ -242,3 +244,26 @@ def test_triton_kernels_with_tap_map_under_real_scheduling(engines: Any, hf: dic
     assert spec["draft_tokens"] > 0 and spec["accepted_tokens"] < spec["draft_tokens"]
     assert_greedy_parity(hf["default"], spec)
     assert_greedy_parity(hf["default"], result["concurrent"])
+
+
+def test_triton_attention_under_real_scheduling(engines: Any, hf: dict[str, Any]) -> None:
+    """The relative-logit attention runs its Triton kernels (interpreted) inside vLLM:
+    one K/V write and one attention launch per layer and step, each handed vLLM's
+    device query starts / sequence lengths and max_seq_len by the adapter's builder.
+    Teacher-forced logprobs over 150- and 37-token prompts (past the sliding window 24
+    and the relative extent 64) match transformers within fp32 tolerance; chunked
+    prefill (48-token budget), decode and a prefix-cache hit give transformers' tokens."""
+    result = engines("interp_attn", "default")
+    for name in ("logprobs", "small_mix"):
+        launches = result[name]["triton_launches"]
+        # 4 layers per step, 2 conv KV-cache groups (one tap map each) per step
+        assert launches["rel_attention"] == 2 * launches["sconv_tap_map"] > 0, launches
+        assert launches["write_kv"] == launches["rel_attention"] == launches["rel_attention_engine_meta"], launches
+    for prompt, got in zip(result["logprobs"]["prompts"], result["logprobs"]["logprobs"]):
+        want = hf["default"].token_logprobs(prompt)
+        worst = max(abs(a - b) for a, b in zip(got, want))
+        assert len(got) == len(want) == len(prompt) - 1
+        assert worst <= LOGPROB_ATOL, f"teacher-forced logprobs differ by {worst:.2e}"
+    mix = result["small_mix"]
+    assert mix["num_cached_tokens"][2] > 0 and mix["prefix_cache_hits"] > 0, mix["num_cached_tokens"]
+    assert_greedy_parity(hf["default"], mix)

@@ -82,14 +82,23 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
         out["stages 3"] = alt(num_stages=3)
         out["bn128 w4"] = alt(block_n=128, num_warps=4)
         out["splits x2"] = alt(num_splits=min(64, 2 * d.num_splits))
-        out["table"] = alt(bias="table")
+        if d.num_splits >= 32:  # few long requests: more programs in flight
+            out["s128 t2"] = alt(num_splits=128, min_split_tiles=2)
+            out["s128 t2 st3"] = alt(num_splits=128, min_split_tiles=2, num_stages=3)
+            out["s256 t1 w2"] = alt(num_splits=256, min_split_tiles=1, num_warps=2)
+            out["s128 t2 w8"] = alt(num_splits=128, min_split_tiles=2, num_warps=8)
+            out["st4"] = alt(num_stages=4)
+            out["bn32 s128"] = alt(block_n=32, num_splits=128, min_split_tiles=4)
     else:
         gp = 1 << max(0, (HQ // case.hkv - 1).bit_length())
         out["near 64"] = alt(near_block_n=None)
+        out["near 16"] = alt(near_block_n=16)
         out["stages 2"] = alt(num_stages=2)
-        out["bn128, near 64"] = alt(block_n=128, near_block_n=64)
-        out["m64 w4"] = alt(block_q=64 // gp, num_warps=4)
-        out["table"] = alt(bias="table")
+        out["stages 4"] = alt(num_stages=4)
+        out["bn128, near 32"] = alt(block_n=128, near_block_n=32)
+        out["m128 w8 st2"] = alt(block_q=128 // gp, num_warps=8, num_stages=2)
+        out["m128 w8 near64"] = alt(block_q=128 // gp, num_warps=8, near_block_n=None)
+        out["m128 w4"] = alt(block_q=128 // gp, num_warps=4)
     return out
 
 

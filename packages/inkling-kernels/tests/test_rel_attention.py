@@ -256,121 +256,34 @@ def test_reference_row_without_keys_is_zero() -> None:
 # --- the paged op against the reference ------------------------------------------
 
 
+def _writer(name: str) -> Callable[..., None]:
+    if name == "torch":
+        return write_kv
+    from inkling_kernels.rel_attention import write_kv_triton  # imports Triton
+
+    return write_kv_triton
+
+
+def _kv_views(storage: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if layout == "split0":  # [2, nb, N, Hkv, Dh]
+        return storage[0], storage[1]
+    if layout == "split1":  # [nb, 2, N, Hkv, Dh]
+        return storage[:, 0], storage[:, 1]
+    # inkling: [nb, Hkv, N, 2, Dh] (head-major pages, K then V per token)
+    return storage[..., 0, :].transpose(1, 2), storage[..., 1, :].transpose(1, 2)
+
+
+@pytest.mark.parametrize("writer", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("n", [1, 3, 16])
-@pytest.mark.parametrize("group", [1, 2, 4])
-@pytest.mark.parametrize("layer", list(LAYERS))
-def test_paged_matches_reference(layer: str, group: int, n: int, dtype: torch.dtype) -> None:
-    seed = 1000 + 97 * list(LAYERS).index(layer) + 13 * group + n + (500 if dtype != torch.float32 else 0)
-    layout = "split0" if n != 3 else "split1"  # n = 3 runs on the [nb, 2, ...] interleaved views
-    w = build_world(seed=seed, layer=layer, group=group, n=n, dtype=dtype, layout=layout,
-                    table_dtype=torch.int32 if group != 2 else torch.int64)
-    out = torch.full_like(w.q, float("nan"))
-    got = paged_rel_attention(*w.args(), **w.kwargs(), out=out)
-    assert got is out, f"seed {seed}: out= must be returned"
-    assert torch.equal(got[w.num_rows:], torch.zeros_like(got[w.num_rows:])), f"seed {seed}: pad rows not zero"
-    _check_close(got, w.reference(), dtype, f"seed {seed} layer {layer} group {group} N {n} {dtype}")
-
-
-@pytest.mark.parametrize("layer", ["sliding_small", "global_log"])
-def test_tiny_chunks_give_same_result(layer: str) -> None:
-    seed = 77
-    w = build_world(seed=seed, layer=layer, n=3, group=2)
-    hq = w.q.shape[1]
-    full = paged_rel_attention(*w.args(), **w.kwargs())
-    _check_close(full, w.reference(), torch.float32, f"seed {seed} {layer} default chunks")
-    # Hq * 7: a few queries per chunk; Hq * 3: keys split too (online softmax); Hq: one key
-    for limit in (hq * 7, hq * 3, hq):
-        got = paged_rel_attention(*w.args(), **w.kwargs(), max_chunk_elements=limit)
-        _check_close(got, full, torch.float32, f"seed {seed} {layer} max_chunk_elements={limit}")
-
-
-def test_chunking_respects_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The score tensor never exceeds max_chunk_elements (checked on every einsum)."""
-    seed = 78
-    w = build_world(seed=seed, layer="global_plain", n=16, group=4)
-    limit = w.q.shape[1] * 40
-    seen: list[int] = []
-    real_einsum = torch.einsum
-
-    def spy(eq: str, *ops: torch.Tensor) -> torch.Tensor:
-        res = real_einsum(eq, *ops)
-        if eq == "qhgd,khd->qhgk":
-            seen.append(res.numel())
-        return res
-
-    monkeypatch.setattr(torch, "einsum", spy)
-    got = paged_rel_attention(*w.args(), **w.kwargs(), max_chunk_elements=limit)
-    monkeypatch.undo()
-    assert seen and max(seen) <= limit, f"seed {seed}: score tensors {max(seen)} > {limit}"
-    _check_close(got, w.reference(), torch.float32, f"seed {seed} bounded chunks")
-
-
-def test_features_are_load_bearing() -> None:
-    """A paged op that dropped the bias, log scaling or the window would fail the
-    comparison above by far more than its tolerance."""
-    seed = 91
-    cases: list[tuple[str, dict[str, Any], str]] = [
-        ("global_plain", dict(rel_proj="zero"), "bias zeroed"),
-        ("global_plain", dict(rel_proj="flip"), "bias distances reversed"),
-        ("global_log", dict(log_scaling=None), "log scaling skipped"),
-        ("sliding_small", dict(window=None), "window ignored"),
-    ]
-    for layer, ablate, what in cases:
-        w = build_world(seed=seed, layer=layer, group=2, n=3)
-        got = paged_rel_attention(*w.args(), **w.kwargs())
-        _check_close(got, w.reference(), torch.float32, f"seed {seed} {layer}")
-        if ablate.get("rel_proj") == "zero":
-            ablate = dict(rel_proj=torch.zeros_like(w.rel_proj))
-        elif ablate.get("rel_proj") == "flip":
-            ablate = dict(rel_proj=w.rel_proj.flip(1))
-        diff = (got - w.reference(**ablate)).abs().max().item()
-        assert diff > 0.1, f"seed {seed}: {what} changes the output by only {diff}"
-
-
-def test_null_blocks_are_really_poisoned() -> None:
-    """The poison is live: reading the whole table (window ignored) yields NaN."""
-    seed = 92
-    w = build_world(seed=seed, layer="sliding_small", n=3)
-    got = paged_rel_attention(*w.args(), scale=w.scale, window=None)
-    assert torch.isnan(got[: w.num_rows]).any(), f"seed {seed}: NaN blocks were not reachable"
-
-
-def test_write_kv_then_attention_cache_untouched() -> None:
-    """The op only reads: the cache keeps its bits."""
-    seed = 93
-    w = build_world(seed=seed, layer="global_log", n=16, dtype=torch.bfloat16)
-    before = w.storage.clone()
-    paged_rel_attention(*w.args(), **w.kwargs())
-    assert torch.equal(w.storage.view(torch.int16), before.view(torch.int16)), f"seed {seed}"
-
-
-def test_all_pad_and_empty_batch() -> None:
-    seed = 94
-    w = build_world(seed=seed, mix=[(4, 0), (0, 0)], num_pad=3)
-    got = paged_rel_attention(*w.args(), **w.kwargs(), out=torch.full_like(w.q, float("nan")))
-    assert torch.equal(got, torch.zeros_like(got)), f"seed {seed}"
-    none = paged_rel_attention(
-        w.q, w.r, w.rel_proj, w.key_cache, w.value_cache, w.positions, w.block_table[:0],
-        torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), scale=w.scale,
-    )
-    assert torch.equal(none, torch.zeros_like(none)), f"seed {seed}"
-
-
-# --- write_kv ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("n", [1, 3, 16])
-@pytest.mark.parametrize("layout", ["split0", "split1"])
-def test_write_kv_writes_exactly_the_named_slots(layout: str, n: int, dtype: torch.dtype) -> None:
-    seed = 300 + n + (1 if layout == "split1" else 0) + (50 if dtype != torch.float32 else 0)
+@pytest.mark.parametrize("layout", ["split0", "split1", "inkling"])
+def test_write_kv_writes_exactly_the_named_slots(layout: str, n: int, dtype: torch.dtype, writer: str) -> None:
+    seed = 300 + n + ("split0", "split1", "inkling").index(layout) * 7 + (50 if dtype != torch.float32 else 0)
     g = torch.Generator().manual_seed(seed)
     nb, hkv, dh, t = 11, 2, 8, 9
-    shape = (2, nb, n, hkv, dh) if layout == "split0" else (nb, 2, n, hkv, dh)
+    shape = {"split0": (2, nb, n, hkv, dh), "split1": (nb, 2, n, hkv, dh), "inkling": (nb, hkv, n, 2, dh)}[layout]
     storage = torch.randn(*shape, generator=g).to(dtype)
     storage.view(-1)[::11] = float("nan")  # NaN bits must survive untouched too
-    kc, vc = (storage[0], storage[1]) if layout == "split0" else (storage[:, 0], storage[:, 1])
     chosen = torch.randperm(nb * n, generator=g)[:t]
     slots = chosen.clone()
     slots[torch.tensor([1, 4])] = -1
@@ -378,20 +291,26 @@ def test_write_kv_writes_exactly_the_named_slots(layout: str, n: int, dtype: tor
     value = torch.randn(t, hkv, dh, generator=g).to(dtype)
 
     expected = storage.clone()
-    ek, ev = (expected[0], expected[1]) if layout == "split0" else (expected[:, 0], expected[:, 1])
+    ek, ev = _kv_views(expected, layout)
     for row, slot in enumerate(slots.tolist()):
         if slot >= 0:
             ek[slot // n, slot % n] = key[row]
             ev[slot // n, slot % n] = value[row]
-    write_kv(key, value, kc, vc, slots)
+    dev = torch.device("cuda") if writer == "triton" and torch.cuda.is_available() else torch.device("cpu")
+    storage = storage.to(dev)
+    kc, vc = _kv_views(storage, layout)
+    _writer(writer)(key.to(dev), value.to(dev), kc, vc, slots.to(dev))
     bits = torch.int32 if dtype == torch.float32 else torch.int16
-    assert torch.equal(storage.view(bits), expected.view(bits)), f"seed {seed}: wrong bytes after write_kv"
+    assert torch.equal(storage.cpu().view(bits), expected.view(bits)), f"seed {seed}: wrong bytes after {writer}"
 
 
-def test_write_kv_all_pad_is_a_no_op() -> None:
-    storage = torch.randn(2, 3, 4, 1, 2, generator=torch.Generator().manual_seed(301))
+@pytest.mark.parametrize("writer", ["torch", "triton"])
+def test_write_kv_all_pad_is_a_no_op(writer: str) -> None:
+    dev = torch.device("cuda") if writer == "triton" and torch.cuda.is_available() else torch.device("cpu")
+    storage = torch.randn(2, 3, 4, 1, 2, generator=torch.Generator().manual_seed(301)).to(dev)
     before = storage.clone()
-    write_kv(torch.ones(2, 1, 2), torch.ones(2, 1, 2), storage[0], storage[1], torch.tensor([-1, -1]))
+    ones = torch.ones(2, 1, 2, device=dev)
+    _writer(writer)(ones, ones, storage[0], storage[1], torch.tensor([-1, -1], device=dev))
     assert torch.equal(storage, before), "seed 301"
 
 

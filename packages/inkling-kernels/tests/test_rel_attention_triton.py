@@ -108,6 +108,17 @@ def test_dtypes_groups_default_config(dtype: torch.dtype, group: int, layer: str
     assert torch.equal(d.storage.view(bits), before.view(bits)), f"seed {seed}: cache changed"
 
 
+@pytest.mark.parametrize("near_cost", [1, 3, 9])
+def test_cost_weighted_key_splits(near_cost: int) -> None:
+    """Key splits share a block's cost with near tiles weighted: every split boundary
+    (some splits empty, boundaries inside the near band) must still cover each key
+    tile exactly once."""
+    seed = 2150 + near_cost
+    w = build_world(seed=seed, mix=[(57, 1), (40, 2), (3, 1)], layer="global_log", group=2, n=4)
+    got = _run(_on(w, DEV), _cfg(2, block_n=16, splits=5, near_cost=near_cost))
+    _check_close(got.cpu(), w.reference(), torch.float32, f"seed {seed} near_cost {near_cost}")
+
+
 @pytest.mark.parametrize("n", [1, 64], ids=["N1", "N64"])
 def test_block_sizes(n: int) -> None:
     seed = 2200 + n
@@ -227,6 +238,12 @@ def test_uses_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rel_attention_uses_triton("cuda")
     monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "triton")
     assert rel_attention_uses_triton(torch.device("cpu"))
+    monkeypatch.setenv("INKLING_KERNELS_CPU_ATTENTION", "reference")  # attention alone on PyTorch
+    assert not rel_attention_uses_triton("cpu")
+    assert rel_attention_uses_triton("cuda")  # a CPU-only switch
+    monkeypatch.setenv("INKLING_KERNELS_CPU_ATTENTION", "triton")
+    with pytest.raises(ValueError, match="'follow' or 'reference'"):
+        rel_attention_uses_triton("cpu")
 
 
 # --- GPU-only: Inkling 975B shapes against the PyTorch path -------------------------

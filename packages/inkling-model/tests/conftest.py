@@ -1,12 +1,18 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
-from inkling_model import set_metadata_provider
+# The Triton paths (INKLING_KERNELS_CPU_BACKEND=triton) run under the interpreter on
+# machines without a GPU; it must be on before triton is first imported.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from inkling_model import set_metadata_provider  # noqa: E402
 
 _counter = itertools.count()
 

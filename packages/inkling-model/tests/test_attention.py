@@ -3,6 +3,7 @@ own relative-logit attention math on the whole sequence."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -48,6 +49,7 @@ def _transformers_attention(q, k, v, r, proj, *, window, log_scaling):
     return out[0]  # [T, H, Dh]
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize(
     "name,window,extent,log_scaling,block_size,chunks",
     [
@@ -56,7 +58,24 @@ def _transformers_attention(q, k, v, r, proj, *, window, log_scaling):
         ("global, extent past the context", None, 64, (2, 0.25), 5, [13, 2, 1]),
     ],
 )
-def test_paged_steps_match_transformers(name, window, extent, log_scaling, block_size, chunks) -> None:
+def test_paged_steps_match_transformers(
+    name, window, extent, log_scaling, block_size, chunks, backend, monkeypatch
+) -> None:
+    """Both paths of the op: PyTorch (the CPU default) and the Triton kernels (the GPU
+    path, here under the interpreter, given device metadata as an engine does)."""
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", backend)
+    launches = []
+    if backend == "triton":
+        from inkling_kernels.rel_attention import kernel
+
+        for fn_name in ("paged_rel_attention_triton", "write_kv_triton"):
+            original = getattr(kernel, fn_name)
+
+            def counted(*args, _original=original, _name=fn_name, **kwargs):
+                launches.append(_name)
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(kernel, fn_name, counted)
     gen = torch.Generator().manual_seed(SEED)
     heads, kv_heads, head_dim, d_rel = 4, 2, 16, 3
     total = sum(chunks)
@@ -71,10 +90,12 @@ def test_paged_steps_match_transformers(name, window, extent, log_scaling, block
         f"test-attn-{name}", num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         window=window, log_scaling=log_scaling, replace=True,
     )
-    layer = InklingRelAttention(owner, d_rel, extent)
-    layer.load_rel_proj(proj)
+    # the Triton path runs compiled on a GPU, interpreted on the CPU otherwise
+    dev = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    layer = InklingRelAttention(owner, d_rel, extent, device=dev)
+    layer.load_rel_proj(proj.to(dev))
     num_blocks = math.ceil(total / block_size) + 3
-    owner.bind_cache(torch.full((num_blocks, kv_heads, block_size, 2 * head_dim), float("nan")))
+    owner.bind_cache(torch.full((num_blocks, kv_heads, block_size, 2 * head_dim), float("nan"), device=dev))
     # a shuffled block table: logical block i lives in physical block blocks[i]
     blocks = torch.randperm(num_blocks, generator=gen)[: math.ceil(total / block_size)]
     got = []
@@ -83,24 +104,27 @@ def test_paged_steps_match_transformers(name, window, extent, log_scaling, block
         pos = torch.arange(start, start + n)
         slots = blocks[pos // block_size] * block_size + pos % block_size
         meta = RelAttentionMetadata(
-            block_table=blocks[None].to(torch.int32),
-            slot_mapping=slots,
+            block_table=blocks[None].to(dev, torch.int32),
+            slot_mapping=slots.to(dev),
             query_start_loc_cpu=torch.tensor([0, n]),
             seq_lens_cpu=torch.tensor([start + n]),
             block_size=block_size,
         )
-        with forward_metadata(meta):
-            out = layer(
-                q[start : start + n].reshape(n, -1), k[start : start + n].reshape(n, -1),
-                v[start : start + n].reshape(n, -1), r[start : start + n].reshape(n, -1), pos,
+        if backend == "triton" and start > 0:  # device copies, as an engine passes them
+            meta = dataclasses.replace(
+                meta, query_start_loc=meta.query_start_loc_cpu.to(dev, torch.int32),
+                seq_lens=meta.seq_lens_cpu.to(dev, torch.int32), max_seq_len=start + n,
             )
-        got.append(out.reshape(n, heads, head_dim))
+        with forward_metadata(meta):
+            out = layer(*(x[start : start + n].reshape(n, -1).to(dev) for x in (q, k, v, r)), pos.to(dev))
+        got.append(out.reshape(n, heads, head_dim).cpu())
         start += n
     got_all = torch.cat(got)
     err = (got_all - want).abs().max().item()
-    assert err < 1e-5, f"{name} (seed {SEED}): max error {err:.2e} against transformers"
+    assert err < 1e-5, f"{name}, {backend} (seed {SEED}): max error {err:.2e} against transformers"
+    assert launches == (["write_kv_triton", "paged_rel_attention_triton"] * len(chunks) if backend == "triton" else [])
     # the cache holds exactly what was written, K then V per token and head
-    key_cache, value_cache = owner.kv_views()
+    key_cache, value_cache = (c.cpu() for c in owner.kv_views())
     pos = torch.arange(total)
     assert torch.equal(key_cache[blocks[pos // block_size], pos % block_size], k)
     assert torch.equal(value_cache[blocks[pos // block_size], pos % block_size], v)

@@ -17,8 +17,10 @@ registered by name). Its forward goes through the custom op
 ``torch.ops.inkling_model.paged_rel_attention``, which at *run* time finds the owner and
 the step's :class:`~inkling_model.metadata.RelAttentionMetadata` (from the process-wide
 metadata provider, as the short convolutions do), writes this step's K/V into the cache
-and attends through the block table (``inkling_kernels.paged_rel_attention``). With no
-metadata or no bound cache (an engine's profiling pass) it returns zeros.
+and attends through the block table: ``inkling_kernels.paged_rel_attention`` (PyTorch)
+on the CPU, ``paged_rel_attention_triton`` on the GPU and on the CPU under
+``INKLING_KERNELS_CPU_BACKEND=triton`` (the switch the conv ops use). With no metadata
+or no bound cache (an engine's profiling pass) it returns zeros.
 """
 
 # No ``from __future__ import annotations``: torch.library infers the op schema
@@ -30,6 +32,7 @@ from torch import nn
 
 from inkling_kernels import paged_rel_attention as paged_rel_attention_op
 from inkling_kernels import write_kv
+from inkling_kernels.rel_attention import rel_attention_uses_triton
 
 from .metadata import RelAttentionMetadata
 from .state import NamedRegistry, current_metadata_of
@@ -193,6 +196,8 @@ def paged_rel_attention(
         return torch.zeros_like(q)
     owner, meta = state
     key_cache, value_cache = owner.kv_views()
+    if rel_attention_uses_triton(q.device):
+        return _triton_path(q, k, v, r, rel_proj, positions, owner, meta, key_cache, value_cache)
     write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
     return paged_rel_attention_op(
         q,
@@ -207,6 +212,43 @@ def paged_rel_attention(
         scale=owner.scale,
         window=owner.window,
         log_scaling=owner.log_scaling,
+    )
+
+
+def _triton_path(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    r: torch.Tensor,
+    rel_proj: torch.Tensor,
+    positions: torch.Tensor,
+    owner: AttentionCacheOwner,
+    meta: RelAttentionMetadata,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+) -> torch.Tensor:
+    """The GPU path (and the CPU one under the Triton interpreter): one launch writes
+    K/V, one attends (plus a combine launch when the keys are split); with the
+    metadata's device tensors nothing synchronises with the host."""
+    from inkling_kernels.rel_attention import paged_rel_attention_triton, write_kv_triton
+
+    write_kv_triton(k, v, key_cache, value_cache, meta.slot_mapping)
+    query_start = meta.query_start_loc if meta.query_start_loc is not None else meta.query_start_loc_cpu
+    seq_lens = meta.seq_lens if meta.seq_lens is not None else meta.seq_lens_cpu
+    return paged_rel_attention_triton(
+        q,
+        r,
+        rel_proj,
+        key_cache,
+        value_cache,
+        positions,
+        meta.block_table,
+        query_start,
+        seq_lens,
+        scale=owner.scale,
+        window=owner.window,
+        log_scaling=owner.log_scaling,
+        max_seq_len=meta.max_seq_len,
     )
 
 

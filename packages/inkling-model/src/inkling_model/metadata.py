@@ -94,6 +94,12 @@ class RelAttentionMetadata:
             context including this step's.
         block_size: tokens per block the slot mapping was computed with, when known;
             the layers check it against the bound cache.
+        query_start_loc, seq_lens: optional copies of the two host tensors on the
+            model's device (an engine's persistent buffers). The Triton path (GPU, or
+            CPU under ``INKLING_KERNELS_CPU_BACKEND=triton``) reads them and never
+            synchronises; without them it copies the host tensors each layer.
+        max_seq_len: optional host bound on ``seq_lens`` (limits the key split of
+            decode batches).
     """
 
     block_table: torch.Tensor
@@ -101,6 +107,9 @@ class RelAttentionMetadata:
     query_start_loc_cpu: torch.Tensor
     seq_lens_cpu: torch.Tensor
     block_size: int | None = None
+    query_start_loc: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    max_seq_len: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -36,20 +36,38 @@ from .conv_state import ModelOwnedBackend, padded_token_count, register_layer
 
 __all__ = [
     "ATTENTION_BACKEND_NAME",
+    "ATTENTION_OP",
     "InklingAttentionLayer",
     "InklingRelAttentionBackend",
     "InklingRelAttentionMetadataBuilder",
+    "split_graphs_at_attention",
 ]
 
 ATTENTION_BACKEND_NAME = "INKLING_REL_ATTN"
 
 
+ATTENTION_OP = "inkling_model::paged_rel_attention"
+
+
+def split_graphs_at_attention(vllm_config: VllmConfig) -> None:
+    """Make vLLM's piecewise compilation cut its graphs at the attention op, as it does
+    at its own attention ops: the op then runs outside the captured CUDA graphs (its
+    grid follows the step's request count), while the rest of the layer, the conv
+    ops included, is captured. A no-op when nothing is split (eager, or compilation
+    without splitting ops)."""
+    ops = vllm_config.compilation_config.splitting_ops
+    if ops and ATTENTION_OP not in ops:
+        ops.append(ATTENTION_OP)
+
+
 class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMetadata]):  # type: ignore[misc]
     """Per-step metadata of one Inkling attention KV-cache group (full or sliding).
 
-    The PyTorch attention walks the requests on the host, so the step's query starts
-    and sequence lengths travel as host tensors; no CUDA-graph support (a GPU kernel
-    is a separate piece of work)."""
+    Both copies of the query starts and sequence lengths travel: the host ones for the
+    PyTorch path (it walks the requests on the host), vLLM's persistent device
+    buffers for the Triton kernels (they never synchronise). The attention op is a
+    graph-splitting op (:func:`split_graphs_at_attention`), so no full-graph capture
+    of this group is claimed."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
@@ -84,6 +102,9 @@ class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMe
             query_start_loc_cpu=query_start_cpu,
             seq_lens_cpu=cm.seq_lens[:num_reqs].to("cpu", torch.int64),
             block_size=self._block_size,
+            query_start_loc=cm.query_start_loc[: num_reqs + 1],
+            seq_lens=cm.seq_lens[:num_reqs],
+            max_seq_len=int(cm.max_seq_len),
         )
 
 
@@ -126,6 +147,7 @@ class InklingAttentionLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         self.prefix = prefix
         self.kv_cache = torch.tensor([])
         vllm_config = register_layer(self, prefix)
+        split_graphs_at_attention(vllm_config)
         self.dtype = vllm_config.model_config.dtype
         self.block_size = int(vllm_config.cache_config.block_size)
         # replace=True: a new engine in the same process re-uses the layer names.

@@ -121,8 +121,10 @@ REQUIRED_API: tuple[ApiItem, ...] = (
             "block_table_tensor",
             "slot_mapping",
             "seq_lens",
+            "max_seq_len",
         ),
     ),
+    ApiItem("vllm.config", "CompilationConfig", fields=("splitting_ops",)),
     ApiItem(
         "vllm.v1.kv_cache_interface",
         "FullAttentionSpec",

@@ -28,9 +28,11 @@ Shapes: ``q`` [T, Hq, Dh]; ``r`` [T, Hq, d_rel]; ``rel_proj`` [d_rel, E];
 :func:`paged_rel_attention` is PyTorch only (the CPU path of the served model);
 :func:`paged_rel_attention_triton` (module :mod:`.kernel`, Triton, imported on first
 use) is the GPU path with the same arguments, taking device-side ``query_start_loc``
-/ ``seq_lens``. :func:`rel_attention_uses_triton` says which one to call for a device.
+/ ``seq_lens``; :func:`write_kv_triton` is :func:`write_kv` without the host sync.
+:func:`rel_attention_uses_triton` says which pair to call for a device.
 """
 
+import os
 from typing import Any
 
 import torch
@@ -46,18 +48,32 @@ __all__ = [
     "rel_attention_ref",
     "rel_attention_uses_triton",
     "write_kv",
+    "write_kv_triton",
 ]
 
-_KERNEL_NAMES = ("RelAttentionConfig", "choose_rel_attention_config", "paged_rel_attention_triton")
+_KERNEL_NAMES = ("RelAttentionConfig", "choose_rel_attention_config", "paged_rel_attention_triton", "write_kv_triton")
+
+
+CPU_ATTENTION_ENV = "INKLING_KERNELS_CPU_ATTENTION"
 
 
 def rel_attention_uses_triton(device: "torch.device | str") -> bool:
     """Whether attention on ``device`` should run :func:`paged_rel_attention_triton`:
     always off the CPU; on the CPU only under ``INKLING_KERNELS_CPU_BACKEND=triton``
-    (then ``TRITON_INTERPRET=1`` must be set before Triton is imported)."""
+    (then ``TRITON_INTERPRET=1`` must be set before Triton is imported), unless
+    ``INKLING_KERNELS_CPU_ATTENTION=reference`` keeps the attention alone on the
+    PyTorch path (the interpreter runs it at about a second per layer and step: an
+    engine that interprets the conv kernels over many steps may want that)."""
     from ..ops import uses_triton
 
-    return uses_triton(torch.device(device))
+    device = torch.device(device)
+    if device.type == "cpu":
+        value = os.environ.get(CPU_ATTENTION_ENV, "follow")
+        if value not in ("follow", "reference"):
+            raise ValueError(f"{CPU_ATTENTION_ENV} must be 'follow' or 'reference', got {value!r}")
+        if value == "reference":
+            return False
+    return uses_triton(device)
 
 
 def __getattr__(name: str) -> Any:

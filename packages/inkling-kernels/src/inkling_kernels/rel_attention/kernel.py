@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .paged import _check_caches, _float_tensor, _same_device, _tensor
+from .paged import _check_caches, _float_tensor, _same_device, _tensor, check_write_kv_args
 from .reference import INDEX_DTYPES, check_log_scaling, check_scale, check_window
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "check_paged_rel_attention_triton_args",
     "choose_rel_attention_config",
     "paged_rel_attention_triton",
+    "write_kv_triton",
 ]
 
 BIAS_MODES = ("band", "table")
@@ -224,7 +225,7 @@ def _rel_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEAR_BN: tl.constexpr,
     DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
@@ -267,16 +268,30 @@ def _rel_attention_kernel(
     k_start = (k_lo // BLOCK_N) * BLOCK_N
     n_tiles = tl.maximum((p_last + BLOCK_N - k_start) // BLOCK_N, 0)
     n_tiles = tl.where(row0 < q_end, n_tiles, 0)  # a request's spare block has no rows
+    # far tiles (t < t_far): wholly seen by every row and beyond the extent (global
+    # layers only); near tiles: the rest (bias band, diagonal, window, range ends)
+    if HAS_WINDOW:
+        t_far = n_tiles * 0
+    else:
+        t_far = tl.maximum((p_first - extent + 1 - k_start) // BLOCK_N, 0)
     if NUM_SPLITS == 1:
         t_begin = n_tiles * 0
         t_end = n_tiles
     else:
         # only blocks with many tiles split (at most NUM_SPLITS ways, at least
-        # MIN_SPLIT_TILES tiles a split); a block in one split writes `out` directly
+        # MIN_SPLIT_TILES tiles a split); a block in one split writes `out` directly.
+        # The splits share the block's *cost*, a near tile counting NEAR_COST far
+        # ones: equal tile counts would leave the last splits (all near tiles: a
+        # decode's last `extent` keys) on the critical path.
         used = tl.minimum(tl.maximum((n_tiles + MIN_SPLIT_TILES - 1) // MIN_SPLIT_TILES, 1), NUM_SPLITS)
-        per_split = (n_tiles + used - 1) // used
-        t_begin = split * per_split
-        t_end = tl.minimum(t_begin + per_split, n_tiles)
+        n_far = tl.minimum(t_far, n_tiles)
+        cost = n_far + (n_tiles - n_far) * NEAR_COST
+        per_split = (cost + used - 1) // used
+        c0 = tl.minimum(split * per_split, cost)
+        c1 = tl.minimum(c0 + per_split, cost)
+        # cost position -> first tile at or after it (the same map for both ends)
+        t_begin = tl.where(c0 <= n_far, c0, n_far + (c0 - n_far + NEAR_COST - 1) // NEAR_COST)
+        t_end = tl.where(c1 <= n_far, c1, n_far + (c1 - n_far + NEAR_COST - 1) // NEAR_COST)
 
     offs_d = tl.arange(0, DP)
     d_ok = offs_d < HEAD_DIM
@@ -302,12 +317,6 @@ def _rel_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DP], tl.float32)
-    # far tiles: wholly seen by every row and beyond the extent (global layers only);
-    # near tiles: the rest (bias band, diagonal, window, range ends)
-    if HAS_WINDOW:
-        t_far = t_begin * 0
-    else:
-        t_far = tl.maximum((p_first - extent + 1 - k_start) // BLOCK_N, 0)
     m_i, l_i, acc = _key_loop(
         t_begin, tl.minimum(t_end, t_far), k_start, m_i, l_i, acc,
         q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok, k_lo, p_first, p_last, req, extent, window,
@@ -332,15 +341,20 @@ def _rel_attention_kernel(
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     o = tl.where(has[:, None], o, 0.0)
     o_ptrs = out_ptr + rows64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+    o_mask = row_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
-        direct = (used == 1) & (split == 0)
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :] & direct)
+        # the scalars as per-row blocks: Triton 3.9's interpreter turns a bool
+        # scalar `&` a bool block into an int32 mask, which its store refuses
+        used_m = used + rows * 0
+        split_m = split + rows * 0
+        direct = (used_m == 1) & (split_m == 0)
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask & direct[:, None])
         # how many splits the combine merges for these rows (1: none, out is final)
-        tl.store(nsp_ptr + rows64, used + rows * 0, mask=(rows < q_end) & (hg == 0) & (split == 0) & (kvh == 0))
+        tl.store(nsp_ptr + rows64, used_m, mask=(rows < q_end) & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
         # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
-        part = row_ok & (split < used) & (used > 1)
+        part = row_ok & (split_m < used_m) & (used_m > 1)
         slot = (split.to(tl.int64) * num_rows + rows64) * NUM_Q_HEADS + heads
         tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], acc, mask=part[:, None])
         tl.store(wml_ptr + slot * 2, m_i, mask=part)
@@ -360,9 +374,9 @@ def _combine_kernel(
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     offs_s = tl.arange(0, SP)
     offs_d = tl.arange(0, DP)
-    used = tl.load(nsp_ptr + row)
+    used = tl.load(nsp_ptr + row) + heads * 0  # per head (see the main kernel's stores)
     h_ok = (heads < NUM_Q_HEADS) & (used > 1)
-    ok = (offs_s < used)[:, None] & h_ok[None, :]  # [SP, HB]
+    ok = (offs_s[:, None] < used[None, :]) & h_ok[None, :]  # [SP, HB]
     slot = (offs_s.to(tl.int64)[:, None] * num_rows + row) * NUM_Q_HEADS + heads[None, :]
     m_s = tl.load(wml_ptr + slot * 2, mask=ok, other=float("-inf"))
     l_s = tl.load(wml_ptr + slot * 2 + 1, mask=ok, other=0.0)
@@ -379,7 +393,54 @@ def _combine_kernel(
              o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_kcb, stride_kcn, stride_kch, stride_kcd,
+    stride_vcb, stride_vcn, stride_vch, stride_vcd,
+    N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
+):
+    """One (row, KV head): store the row's K and V in its slot; slot < 0 writes nothing."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        blk = slot // N
+        row = slot % N
+        offs = tl.arange(0, DP)
+        m = offs < HEAD_DIM
+        kv = tl.load(k_ptr + t * stride_kt + h * stride_kh + offs * stride_kd, mask=m)
+        tl.store(kc_ptr + blk * stride_kcb + row * stride_kcn + h * stride_kch + offs * stride_kcd, kv, mask=m)
+        vv = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs * stride_vd, mask=m)
+        tl.store(vc_ptr + blk * stride_vcb + row * stride_vcn + h * stride_vch + offs * stride_vcd, vv, mask=m)
+
+
 # --------------------------------------------------------------------------- launcher
+
+
+def write_kv_triton(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """:func:`.paged.write_kv` in one Triton launch: same arguments and result, but
+    pad rows (slot -1) are skipped on the device, so the call never synchronises
+    with the host and can be captured in a CUDA graph."""
+    check_write_kv_args(key, value, key_cache, value_cache, slot_mapping)
+    rows, heads, head_dim = key.shape
+    if rows == 0:
+        return
+    kc, vc = key_cache, value_cache
+    _write_kv_kernel[(rows, heads)](
+        key, value, kc, vc, slot_mapping,
+        key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
+        kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
+        vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
+        N=kc.shape[1], HEAD_DIM=head_dim, DP=_next_pow2(head_dim), num_warps=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -393,7 +454,8 @@ class RelAttentionConfig:
     splits as give each at least ``min_split_tiles`` key tiles (one split: it writes
     its output directly). Tiles that need the bias or a mask (the last ``extent``
     keys before a query block, the diagonal, the window) are processed
-    ``near_block_n`` keys at a time (default ``block_n``)."""
+    ``near_block_n`` keys at a time (default ``block_n``). Key splits divide a query
+    block's work counting a near tile as ``near_cost`` far tiles."""
 
     block_q: int
     block_n: int
@@ -403,6 +465,7 @@ class RelAttentionConfig:
     num_stages: int = 2
     min_split_tiles: int = 4
     near_block_n: int | None = None
+    near_cost: int = 4
 
     def __post_init__(self) -> None:
         nb = self.near_block_n
@@ -410,7 +473,7 @@ class RelAttentionConfig:
                                or nb > self.block_n):
             raise ValueError(
                 f"RelAttentionConfig.near_block_n must be None or a power of two <= block_n, got {nb!r}")
-        for name in ("block_q", "block_n", "num_splits", "num_warps", "min_split_tiles"):
+        for name in ("block_q", "block_n", "num_splits", "num_warps", "min_split_tiles", "near_cost"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RelAttentionConfig.{name} must be an int >= 1, got {value!r}")
@@ -544,9 +607,9 @@ def choose_rel_attention_config(
     t, reqs, hkv = problem.num_rows, max(problem.num_reqs, 1), problem.num_kv_heads
     gp = _next_pow2(problem.num_q_heads // hkv)
     decode = False
-    if device.type == "cpu":  # interpreter: few, small programs
-        block_q, block_n, warps, stages = max(1, 16 // gp), 16, 4, 1
-        target = 8
+    if device.type == "cpu":  # interpreter: its cost is per program and per op, so few, large tiles
+        block_q, block_n, warps, stages = max(1, 64 // gp), 64, 4, 1
+        target = 4
     elif t <= 8 * reqs:  # decode / speculative verification: bound by reading K/V
         # one query block per request when its rows fit in 64 tile rows (K/V read once)
         per_req = _next_pow2(-(-t // reqs))
@@ -690,7 +753,7 @@ def paged_rel_attention_triton(
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
         DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
         LOG_SCALE=prob.log_scaling is not None, BIAS_TABLE=use_table, NUM_SPLITS=splits,
-        MIN_SPLIT_TILES=config.min_split_tiles,
+        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost,
         INTERPRET=_is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
