@@ -196,46 +196,22 @@ def paged_rel_attention(
         return torch.zeros_like(q)
     owner, meta = state
     key_cache, value_cache = owner.kv_views()
+    query_start, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+    extra = {}
     if rel_attention_uses_triton(q.device):
-        return _triton_path(q, k, v, r, rel_proj, positions, owner, meta, key_cache, value_cache)
-    write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-    return paged_rel_attention_op(
-        q,
-        r,
-        rel_proj,
-        key_cache,
-        value_cache,
-        positions,
-        meta.block_table,
-        meta.query_start_loc_cpu,
-        meta.seq_lens_cpu,
-        scale=owner.scale,
-        window=owner.window,
-        log_scaling=owner.log_scaling,
-    )
+        # the GPU path (and the CPU one under the interpreter): a K/V write and an
+        # attention launch (plus a combine when the keys split); with the metadata's
+        # device tensors nothing synchronises with the host
+        from inkling_kernels.rel_attention import paged_rel_attention_triton as attend
+        from inkling_kernels.rel_attention import write_kv_triton as write
 
-
-def _triton_path(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    r: torch.Tensor,
-    rel_proj: torch.Tensor,
-    positions: torch.Tensor,
-    owner: AttentionCacheOwner,
-    meta: RelAttentionMetadata,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-) -> torch.Tensor:
-    """The GPU path (and the CPU one under the Triton interpreter): one launch writes
-    K/V, one attends (plus a combine launch when the keys are split); with the
-    metadata's device tensors nothing synchronises with the host."""
-    from inkling_kernels.rel_attention import paged_rel_attention_triton, write_kv_triton
-
-    write_kv_triton(k, v, key_cache, value_cache, meta.slot_mapping)
-    query_start = meta.query_start_loc if meta.query_start_loc is not None else meta.query_start_loc_cpu
-    seq_lens = meta.seq_lens if meta.seq_lens is not None else meta.seq_lens_cpu
-    return paged_rel_attention_triton(
+        if meta.query_start_loc is not None and meta.seq_lens is not None:
+            query_start, seq_lens = meta.query_start_loc, meta.seq_lens
+        extra["max_seq_len"] = meta.max_seq_len
+    else:
+        attend, write = paged_rel_attention_op, write_kv
+    write(k, v, key_cache, value_cache, meta.slot_mapping)
+    return attend(
         q,
         r,
         rel_proj,
@@ -248,7 +224,7 @@ def _triton_path(
         scale=owner.scale,
         window=owner.window,
         log_scaling=owner.log_scaling,
-        max_seq_len=meta.max_seq_len,
+        **extra,
     )
 
 
