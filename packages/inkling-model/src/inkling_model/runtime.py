@@ -196,7 +196,7 @@ class PagedConvRuntime:
                 between its previous step's start and the positions it has written.
             pad_to: pad the batch to this many rows (pad rows: slot -1, position 0).
 
-        A step that raises changes nothing (no request, block or buffer).
+        A step refused by validation changes nothing (no request, block or buffer).
         """
         plan, num_padded = self._validate(chunks, pad_to)
         layout = self.tables.apply(plan)
