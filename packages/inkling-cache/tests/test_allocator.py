@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Hashable
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -94,6 +94,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 TestAllocatorMachine = AllocatorMachine.TestCase
+TestAllocatorMachine.settings = settings(max_examples=60, stateful_step_count=30)
 
 # ----------------------------------------------------------------------------- block tables
 
