@@ -255,3 +255,15 @@ def test_prefix_hits_share_blocks_even_from_the_same_step() -> None:
 def test_tables_arguments(args: tuple[int, int, int], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         BlockTables(*args)
+
+
+def test_blocks_freed_later_in_the_batch_serve_earlier_requests() -> None:
+    """Every chunk frees before any allocates: the plan counts the blocks that "c"
+    leaves behind as available, so "b" and "d" (listed before "c") get them. (Freeing
+    chunk by chunk ran out of blocks half way through a step the plan had accepted.)"""
+    tables = BlockTables(5, 1, 1)
+    tables.schedule([("a", 0, 1), ("c", 0, 2)])
+    assert tables.num_free_blocks == 1
+    layout = tables.schedule([("a", 1, 1), ("b", 0, 1), ("d", 0, 1), ("c", 2, 1)])
+    assert layout.num_tokens == 4 and tables.num_free_blocks == 0
+    check_tables(tables)
