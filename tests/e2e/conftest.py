@@ -28,7 +28,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def checkpoints(scratch: Path) -> dict[str, Path]:
-    from inkling_vllm.tiny import build_tiny_checkpoint
+    from inkling_vllm.demo.tiny import build_tiny_checkpoint
 
     return {v: build_tiny_checkpoint(scratch / f"tiny-{v}", variant=v) for v in VARIANTS}
 
@@ -37,8 +37,8 @@ def checkpoints(scratch: Path) -> dict[str, Path]:
 def hf(checkpoints: dict[str, Path]) -> dict[str, Any]:
     """transformers' model of each variant (the release layout's from its
     transformers-format copy: the same weights)."""
-    from inkling_vllm.parity import HfReference
-    from inkling_vllm.tiny import reference_checkpoint
+    from inkling_vllm.demo.parity import HfReference
+    from inkling_vllm.demo.tiny import reference_checkpoint
 
     return {v: HfReference(reference_checkpoint(p)) for v, p in checkpoints.items()}
 

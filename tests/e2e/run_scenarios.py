@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from inkling_vllm.diagnostics import exit_without_teardown, shutdown_llm
+from inkling_vllm.demo.diagnostics import exit_without_teardown, shutdown_llm
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model
@@ -186,7 +186,7 @@ def sc_small_mix(llm: Any) -> dict[str, Any]:
 
 
 def sc_inspect(llm: Any) -> dict[str, Any]:
-    from inkling_vllm.diagnostics import describe_conv_state
+    from inkling_vllm.demo.diagnostics import describe_conv_state
 
     return llm.apply_model(describe_conv_state)[0]
 

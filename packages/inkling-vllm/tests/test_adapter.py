@@ -262,7 +262,7 @@ def test_provider_reads_the_forward_context(monkeypatch: pytest.MonkeyPatch) -> 
 # --- model config / weights -------------------------------------------------------
 def tiny_spec(**overrides: Any) -> Any:
     from inkling_cache import text_spec
-    from inkling_vllm.tiny import tiny_config
+    from inkling_vllm.demo.tiny import tiny_config
 
     return text_spec({**tiny_config(), "model_type": "inkling_text", **overrides})
 

@@ -40,11 +40,11 @@ def test_readme_opening_example_prints_its_comments(tmp_path: Path) -> None:
 
 
 def test_serving_section_uses_the_main_jobs_checkpoint_and_loopback() -> None:
-    from inkling_vllm.main import tiny_checkpoint_dir
+    from inkling_vllm.demo.main import tiny_checkpoint_dir
 
     serve = _section(README.read_text(encoding="utf-8"), "Serve a model")
     assert f"~/.cache/inkling-sconv/{tiny_checkpoint_dir().name}" in serve
-    command = re.search(r"python -m inkling_vllm\.serve (.*?)\n(.*?)\n", serve)
+    command = re.search(r"python -m inkling_vllm\.demo\.serve (.*?)\n(.*?)\n", serve)
     assert command is not None
     options = " ".join(command.groups())
     for option in ("--host 127.0.0.1", "--served-model-name tiny-inkling", "--dtype float32"):

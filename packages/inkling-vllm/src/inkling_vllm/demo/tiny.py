@@ -37,7 +37,8 @@ Variants (same weights for a given seed):
   transformers-format copy of the same weights, saved by transformers itself, sits in
   the ``transformers-reference`` subfolder (:func:`reference_checkpoint`).
 
-Used by the tests and the main job; imports transformers/tokenizers lazily.
+Used by the tests, the main job and ``scripts/full_width_check.py``; imports
+transformers/tokenizers lazily.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ __all__ = [
     "TINY_FORMAT_VERSION",
     "VARIANTS",
     "build_tiny_checkpoint",
+    "draw_weights",
     "reference_checkpoint",
     "tiny_config",
 ]
@@ -160,8 +162,17 @@ def _save_tokenizer(path: Path, vocab_size: int) -> None:
     fast.save_pretrained(str(path))
 
 
-def _draw(model: Any, gen: Any, *, unpadded_vocab: int | None = None) -> None:
-    """Overwrite every parameter (and the router's selection bias) of ``model``."""
+def draw_weights(model: Any, gen: Any, *, unpadded_vocab: int | None = None) -> None:
+    """Overwrite every parameter (and the router's selection bias) of ``model`` with
+    the tiny checkpoint's random draw, from the ``torch.Generator`` ``gen``.
+
+    Any transformers Inkling module works (a whole model, a decoder layer, a tower):
+    parameters are recognised by name. Scales keep activations at unit variance
+    (linear weights ``N(0, 1/fan_in)``, conv taps ``0.4 N(0, 1)``, RMSNorm weights near
+    1, a sharp unembedding) so greedy decoding has clear winners; with
+    ``unpadded_vocab`` the unembedding rows past it are three times larger, so a
+    model that keeps the padded logit columns changes its greedy tokens.
+    ``scripts/full_width_check.py`` draws the released layer widths with it."""
     import torch
 
     def randn(shape: Any) -> torch.Tensor:
@@ -200,7 +211,7 @@ def _tiny_model(seed: int) -> Any:
     config = InklingTextConfig(**TINY_CONFIG)
     config.architectures = ["InklingForCausalLM"]
     model = InklingForCausalLM(config).to(torch.float32)
-    _draw(model, torch.Generator().manual_seed(seed), unpadded_vocab=TINY_CONFIG["unpadded_vocab_size"])
+    draw_weights(model, torch.Generator().manual_seed(seed), unpadded_vocab=TINY_CONFIG["unpadded_vocab_size"])
     return model.eval()
 
 
@@ -219,7 +230,7 @@ def _release_extras(seed: int) -> dict[str, Any]:
     vision = InklingVisionModel(InklingVisionConfig(**_VISION, text_hidden_size=hidden))
     audio = InklingAudioModel(InklingAudioConfig(**_AUDIO, text_hidden_size=hidden))
     for prefix, tower in (("model.vision_tower.", vision), ("model.audio_tower.", audio)):
-        _draw(tower, gen)
+        draw_weights(tower, gen)
         towers.update({prefix + k: v for k, v in tower.state_dict().items()})
     out: dict[str, torch.Tensor] = dict(transformers_to_release(towers))
     for depth in range(RELEASE_MTP_LAYERS):

