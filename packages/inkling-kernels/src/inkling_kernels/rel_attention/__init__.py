@@ -55,7 +55,7 @@ def rel_attention_uses_triton(device: "torch.device | str") -> bool:
     """Whether attention on ``device`` should run :func:`paged_rel_attention_triton`:
     always off the CPU; on the CPU only under ``INKLING_KERNELS_CPU_BACKEND=triton``
     (then ``TRITON_INTERPRET=1`` must be set before Triton is imported)."""
-    from ..ops import uses_triton
+    from .._dispatch import uses_triton
 
     return uses_triton(torch.device(device))
 
