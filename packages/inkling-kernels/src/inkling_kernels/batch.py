@@ -8,9 +8,10 @@ check only what the launch adds (``x``, the weight, the cache and its block
 dimension against the batch), once.
 
 A ``torch.library`` custom op cannot take a dataclass: :meth:`SconvBatch.op_args`
-unpacks a batch into the ops' tensor and int arguments (the one place that lists
-them) and :meth:`SconvBatch.from_op_args` packs them again inside the op, unchecked
-(they came from a valid batch).
+unpacks a batch into the ops' tensor and int arguments, :data:`OP_SCHEMA` is their
+part of every op's schema, and :meth:`SconvBatch.split_op_args` packs them again
+inside the op, unchecked (they came from a valid batch): the one place that lists
+them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import torch
 
 from .checks import check_batch, check_tap_map_buffer
 
-__all__ = ["SconvBatch"]
+__all__ = ["OP_SCHEMA", "SconvBatch"]
+
+#: The batch's arguments in every sconv custom op's schema, in :meth:`SconvBatch.op_args` order.
+OP_SCHEMA = (
+    "Tensor positions, Tensor block_table, Tensor seq_idx, Tensor slot_mapping, Tensor query_start, "
+    "Tensor? tap_map, SymInt block_size, SymInt? kernel_size"
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,27 +110,18 @@ class SconvBatch:
         )
 
     @classmethod
-    def from_op_args(
-        cls,
-        positions: torch.Tensor,
-        block_table: torch.Tensor,
-        seq_idx: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        query_start: torch.Tensor,
-        tap_map: Optional[torch.Tensor],
-        block_size: int,
-        kernel_size: Optional[int],
-        *,
-        check: bool = False,
-    ) -> SconvBatch:
-        """Inverse of :meth:`op_args`. Unchecked (the arguments came from a valid
-        batch) unless ``check`` (fake implementations, tracing)."""
+    def split_op_args(cls, args: tuple[Any, ...], *, check: bool = False) -> tuple[SconvBatch, tuple[Any, ...]]:
+        """Inverse of :meth:`op_args` inside an op: ``(batch, the op's remaining
+        arguments)`` from the arguments that follow the op's own tensors. Unchecked
+        (they came from a valid batch) unless ``check`` (fake implementations, tracing)."""
+        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size = args[:8]
         values = dict(
-            positions=positions, block_table=block_table, seq_idx=seq_idx,
-            slot_mapping=slot_mapping, query_start=query_start, block_size=block_size,
-            kernel_size=kernel_size, tap_map=tap_map, num_actual_tokens=None,
+            positions=positions, block_table=block_table, seq_idx=seq_idx, slot_mapping=slot_mapping,
+            query_start=query_start, block_size=block_size, kernel_size=kernel_size, tap_map=tap_map,
+            num_actual_tokens=None,
         )
-        return cls(**values) if check else cls._unchecked(**values)
+        batch = cls(**values) if check else cls._unchecked(**values)
+        return batch, tuple(args[8:])
 
     def __repr__(self) -> str:
         tap = "none" if self.tap_map is None else "yes"

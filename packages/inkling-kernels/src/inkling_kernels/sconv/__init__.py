@@ -11,14 +11,14 @@ Registered as ``torch.ops.inkling.fused_sconv`` (mutating ``cache``) with a fake
 implementation, so it sits inside torch.compile'd, CUDA-graph-captured models.
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema from
-# the real annotation objects.
-from typing import Optional
+from __future__ import annotations
+
+from typing import Any, Optional
 
 import torch
 
 from .._dispatch import uses_triton
-from ..batch import SconvBatch
+from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import SconvProblem, check_conv_call
 from .reference import causal_conv_ref, fused_sconv_ref, reference_fused_sconv
 
@@ -34,63 +34,31 @@ def _interpreter_config(x: torch.Tensor) -> object:
     return SconvConfig(block_t=32, block_c=128, num_warps=4)
 
 
-# The batch travels as SconvBatch.op_args(): positions .. kernel_size.
-@torch.library.custom_op("inkling::fused_sconv", mutates_args=("cache",))
-def _fused_sconv_op(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    tap_map: Optional[torch.Tensor],
-    block_size: int,
-    kernel_size: Optional[int],
-    stream_offset: int,
-    stream_width: int,
-    activation: Optional[str] = None,
-    residual: bool = True,
-) -> torch.Tensor:
-    batch = SconvBatch.from_op_args(
-        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size
-    )
+# The batch travels as SconvBatch.op_args() (OP_SCHEMA); no defaults: every argument
+# is always passed.
+@torch.library.custom_op(
+    "inkling::fused_sconv",
+    mutates_args=("cache",),
+    schema=f"(Tensor x, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
+    "SymInt stream_width, str? activation, bool residual) -> Tensor",
+)
+def _fused_sconv_op(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> torch.Tensor:
+    batch, (stream_offset, stream_width, activation, residual) = SconvBatch.split_op_args(args)
     prob = SconvProblem.of(x, weight, cache)  # checked by fused_sconv
     if not uses_triton(x.device):
         return reference_fused_sconv(x, cache, batch, prob, stream_offset, stream_width, activation, residual)
     from .kernel import launch_fused_sconv  # Triton is only needed off the CPU path
 
-    config = _interpreter_config(x)
     return launch_fused_sconv(
         x, cache, batch, prob, stream_offset, stream_width, activation, residual,
-        config=config,  # type: ignore[arg-type]
+        config=_interpreter_config(x),  # type: ignore[arg-type]
     )
 
 
 @_fused_sconv_op.register_fake
-def _fused_sconv_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    tap_map: Optional[torch.Tensor],
-    block_size: int,
-    kernel_size: Optional[int],
-    stream_offset: int,
-    stream_width: int,
-    activation: Optional[str] = None,
-    residual: bool = True,
-) -> torch.Tensor:
-    batch = SconvBatch.from_op_args(
-        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size,
-        check=True,
-    )
-    check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
+def _fused_sconv_fake(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> torch.Tensor:
+    batch, rest = SconvBatch.split_op_args(args, check=True)
+    check_conv_call(x, weight, cache, batch, *rest)
     return torch.empty_like(x)
 
 

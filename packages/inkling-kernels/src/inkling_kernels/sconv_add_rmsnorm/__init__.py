@@ -21,14 +21,14 @@ The op checks that ``norm_weight`` covers all of ``d``'s channels; the model lay
 checks the layout.
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema from
-# the real annotation objects.
-from typing import Optional
+from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from .._dispatch import uses_triton
-from ..batch import SconvBatch
+from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import SconvProblem, check_conv_call, check_norm_extras
 from .reference import fused_sconv_add_rmsnorm_ref, reference_sconv_add_rmsnorm, rms_norm_ref
 
@@ -59,62 +59,32 @@ def check_sconv_add_rmsnorm_args(
     return prob
 
 
-# The batch travels as SconvBatch.op_args(): positions .. kernel_size.
-@torch.library.custom_op("inkling::fused_sconv_add_rmsnorm", mutates_args=("cache",))
+# The batch travels as SconvBatch.op_args() (OP_SCHEMA).
+@torch.library.custom_op(
+    "inkling::fused_sconv_add_rmsnorm",
+    mutates_args=("cache",),
+    schema=f"(Tensor hidden, Tensor d, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
+    "SymInt stream_width, Tensor norm_weight, float eps) -> (Tensor, Tensor)",
+)
 def _fused_sconv_add_rmsnorm_op(
-    hidden: torch.Tensor,
-    d: torch.Tensor,
-    weight: torch.Tensor,
-    cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    tap_map: Optional[torch.Tensor],
-    block_size: int,
-    kernel_size: Optional[int],
-    stream_offset: int,
-    stream_width: int,
-    norm_weight: torch.Tensor,
-    eps: float,
+    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = SconvBatch.from_op_args(
-        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size
-    )
+    batch, (stream_offset, stream_width, norm_weight, eps) = SconvBatch.split_op_args(args)
     prob = SconvProblem.of(d, weight, cache)  # checked by fused_sconv_add_rmsnorm
-    args = (hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))
+    call = (hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))
     if not uses_triton(d.device):  # the reference resolves taps itself: no map
-        return reference_sconv_add_rmsnorm(*args)
+        return reference_sconv_add_rmsnorm(*call)
     from .kernel import launch_sconv_add_rmsnorm  # Triton only off the CPU path
 
-    return launch_sconv_add_rmsnorm(*args)
+    return launch_sconv_add_rmsnorm(*call)
 
 
 @_fused_sconv_add_rmsnorm_op.register_fake
 def _fused_sconv_add_rmsnorm_fake(
-    hidden: torch.Tensor,
-    d: torch.Tensor,
-    weight: torch.Tensor,
-    cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    tap_map: Optional[torch.Tensor],
-    block_size: int,
-    kernel_size: Optional[int],
-    stream_offset: int,
-    stream_width: int,
-    norm_weight: torch.Tensor,
-    eps: float,
+    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = SconvBatch.from_op_args(
-        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size,
-        check=True,
-    )
-    check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
+    batch, rest = SconvBatch.split_op_args(args, check=True)
+    check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, *rest)
     return torch.empty_like(d), torch.empty_like(d)
 
 

@@ -5,8 +5,10 @@
 - :mod:`.kernel` — the Triton kernel; :mod:`.reference` — the PyTorch reference.
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema from
-# the real annotation objects.
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 
 from .._dispatch import uses_triton
@@ -17,18 +19,13 @@ __all__ = ["sconv_seq_metadata", "sconv_seq_metadata_ref"]
 
 
 @torch.library.custom_op(
-    "inkling::sconv_seq_metadata", mutates_args=("seq_idx_out", "query_start_out")
+    "inkling::sconv_seq_metadata",
+    mutates_args=("seq_idx_out", "query_start_out"),
+    schema="(Tensor query_start_loc, SymInt num_reqs, SymInt num_actual_tokens, Tensor(a!) seq_idx_out, "
+    "Tensor(b!) query_start_out, SymInt num_padded_tokens) -> ()",
 )
-def _sconv_seq_metadata_op(
-    query_start_loc: torch.Tensor,
-    num_reqs: int,
-    num_actual_tokens: int,
-    seq_idx_out: torch.Tensor,
-    query_start_out: torch.Tensor,
-    num_padded_tokens: int,
-) -> None:
-    args = (query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out, num_padded_tokens)
-    if not uses_triton(query_start_loc.device):
+def _sconv_seq_metadata_op(*args: Any) -> None:  # the arguments of sconv_seq_metadata
+    if not uses_triton(args[0].device):
         reference_sconv_seq_metadata(*args)
         return
     from .kernel import launch_sconv_seq_metadata
@@ -37,17 +34,8 @@ def _sconv_seq_metadata_op(
 
 
 @_sconv_seq_metadata_op.register_fake
-def _sconv_seq_metadata_fake(
-    query_start_loc: torch.Tensor,
-    num_reqs: int,
-    num_actual_tokens: int,
-    seq_idx_out: torch.Tensor,
-    query_start_out: torch.Tensor,
-    num_padded_tokens: int,
-) -> None:
-    check_seq_metadata_args(
-        query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out, num_padded_tokens
-    )
+def _sconv_seq_metadata_fake(*args: Any) -> None:
+    check_seq_metadata_args(*args)
 
 
 def sconv_seq_metadata(

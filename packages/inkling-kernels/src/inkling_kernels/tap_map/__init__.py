@@ -8,61 +8,40 @@ block-table walk and no same-step hazard search per launch.
 - :mod:`.kernel` — the two Triton launches; :mod:`.reference` — the exact reference.
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema from
-# the real annotation objects.
-from typing import Optional
+from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from .._dispatch import uses_triton
-from ..batch import SconvBatch
+from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import check_tap_map_call
 from .reference import reference_sconv_tap_map, sconv_tap_map_ref
 
 __all__ = ["sconv_tap_map", "sconv_tap_map_ref"]
 
 
-# The batch travels as SconvBatch.op_args(): positions .. kernel_size.
-@torch.library.custom_op("inkling::sconv_tap_map", mutates_args=("tap_map_out",))
-def _sconv_tap_map_op(
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    tap_map: Optional[torch.Tensor],
-    block_size: int,
-    kernel_size: Optional[int],
-    tap_map_out: torch.Tensor,
-) -> None:
-    batch = SconvBatch.from_op_args(
-        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size
-    )
-    assert kernel_size is not None  # checked by sconv_tap_map
-    if not uses_triton(positions.device):
-        reference_sconv_tap_map(batch, kernel_size, tap_map_out)
+# The batch travels as SconvBatch.op_args() (OP_SCHEMA).
+@torch.library.custom_op(
+    "inkling::sconv_tap_map",
+    mutates_args=("tap_map_out",),
+    schema=f"({OP_SCHEMA}, Tensor(a!) tap_map_out) -> ()",
+)
+def _sconv_tap_map_op(*args: Any) -> None:
+    batch, (tap_map_out,) = SconvBatch.split_op_args(args)
+    assert batch.kernel_size is not None  # checked by sconv_tap_map
+    if not uses_triton(batch.device):
+        reference_sconv_tap_map(batch, batch.kernel_size, tap_map_out)
         return
     from .kernel import launch_sconv_tap_map
 
-    launch_sconv_tap_map(batch, kernel_size, tap_map_out)
+    launch_sconv_tap_map(batch, batch.kernel_size, tap_map_out)
 
 
 @_sconv_tap_map_op.register_fake
-def _sconv_tap_map_fake(
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    tap_map: Optional[torch.Tensor],
-    block_size: int,
-    kernel_size: Optional[int],
-    tap_map_out: torch.Tensor,
-) -> None:
-    batch = SconvBatch.from_op_args(
-        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size,
-        check=True,
-    )
+def _sconv_tap_map_fake(*args: Any) -> None:
+    batch, (tap_map_out,) = SconvBatch.split_op_args(args, check=True)
     check_tap_map_call(batch, tap_map_out)
 
 
