@@ -7,7 +7,7 @@
 #   2. on the device (repository root; carry .scratch and .peer):
 #          bash packages/inkling-kernels/benchmarks/run_before_after.sh [bench_sconv.py args]
 #      runs bench_sconv.py of the old tree, then of this tree (ROUNDS times, alternating;
-#      default 2), each in its own process, and prints compare_runs.py's table of the
+#      default 1), each in its own process, and prints compare_runs.py's table of the
 #      last round (earlier rounds stay in $OUT for the noise). Exit status 1: a case slower.
 set -o pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PEER=(); [ -d .peer ] && PEER=(--peer-dir "$ROOT/.peer")
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
-for round in $(seq 1 "${ROUNDS:-2}"); do
+for round in $(seq 1 "${ROUNDS:-1}"); do
   PYTHONPATH=$ROOT/.scratch/before/packages/inkling-kernels/src \
     python3 .scratch/before/packages/inkling-kernels/benchmarks/bench_sconv.py "${PEER[@]}" \
       --json "$OUT/before_$round.json" "$@" > "$OUT/before_$round.log" 2>&1 || { tail -20 "$OUT/before_$round.log"; exit 3; }
@@ -34,5 +34,5 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       --json "$OUT/after_$round.json" --md "$OUT/after_$round.md" "$@" > "$OUT/after_$round.log" 2>&1 || { tail -20 "$OUT/after_$round.log"; exit 3; }
   echo "round $round done"
 done
-python3 packages/inkling-kernels/benchmarks/compare_runs.py "$OUT/before_${ROUNDS:-2}.json" "$OUT/after_${ROUNDS:-2}.json" \
+python3 packages/inkling-kernels/benchmarks/compare_runs.py "$OUT/before_${ROUNDS:-1}.json" "$OUT/after_${ROUNDS:-1}.json" \
   --md "$OUT/before_after.md"
