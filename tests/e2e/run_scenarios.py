@@ -201,16 +201,17 @@ def _count_triton_launches() -> None:
     """Count the Triton kernel calls of this process (the engine core and its model
     run here when VLLM_ENABLE_V1_MULTIPROCESSING=0), so that a scenario can show it
     took the GPU code path with the step's tap map."""
-    from inkling_kernels import sconv, tap_map
     from inkling_kernels.rel_attention import kernel as attention
+    from inkling_kernels.sconv import kernel as sconv_kernel
+    from inkling_kernels.tap_map import kernel as tap_map_kernel
 
-    real_conv, real_map = sconv.fused_sconv_triton, tap_map.sconv_tap_map_triton
+    real_conv, real_map = sconv_kernel.launch_fused_sconv, tap_map_kernel.launch_sconv_tap_map
     real_attend, real_write = attention.paged_rel_attention_triton, attention.write_kv_triton
 
-    def conv(*args: Any, **kwargs: Any) -> Any:
+    def conv(x: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         LAUNCHES["fused_sconv"] += 1
-        LAUNCHES["fused_sconv_mapped"] += kwargs.get("tap_map") is not None
-        return real_conv(*args, **kwargs)
+        LAUNCHES["fused_sconv_mapped"] += batch.tap_map is not None
+        return real_conv(x, cache, batch, *args, **kwargs)
 
     def build(*args: Any, **kwargs: Any) -> Any:
         LAUNCHES["sconv_tap_map"] += 1
@@ -226,8 +227,8 @@ def _count_triton_launches() -> None:
         LAUNCHES["write_kv"] += 1
         return real_write(*args, **kwargs)
 
-    sconv.fused_sconv_triton = conv
-    tap_map.sconv_tap_map_triton = build
+    sconv_kernel.launch_fused_sconv = conv
+    tap_map_kernel.launch_sconv_tap_map = build
     attention.paged_rel_attention_triton = attend
     attention.write_kv_triton = write
 

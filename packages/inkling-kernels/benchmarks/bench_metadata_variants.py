@@ -18,9 +18,9 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_sconv as bs  # noqa: E402  (the case builders and the timer)
 
-from inkling_kernels import sconv_tap_map_ref  # noqa: E402
-from inkling_kernels import tap_map as tap_map_module  # noqa: E402
-from inkling_kernels.seq_metadata import sconv_seq_metadata_triton  # noqa: E402
+from inkling_kernels import SconvBatch, sconv_tap_map_ref  # noqa: E402
+from inkling_kernels.seq_metadata.kernel import sconv_seq_metadata_triton  # noqa: E402
+from inkling_kernels.tap_map import kernel as tap_map_module  # noqa: E402
 
 
 def seq_variants(peer: Any, reps: int) -> list[dict[str, Any]]:
@@ -56,11 +56,11 @@ def map_variants(reps: int) -> list[dict[str, Any]]:
         _, _, sets = bs.build(case, 4, gen)
         row: dict[str, Any] = dict(case=case.name, T=sets[0].x.shape[0])
         want = torch.empty_like(sets[0].tap_map.cpu())
-        sconv_tap_map_ref(*[m.cpu() for m in sets[0].meta], bs.N, bs.W, want)
+        sconv_tap_map_ref(SconvBatch(*[m.cpu() for m in sets[0].meta], bs.N, bs.W), want)
         for t in [None, *tiles]:
             tap_map_module.hazard_tiles = default if t is None else (lambda n, t=t: t)
             try:
-                us = bs.time_graph([lambda s=s: bs.sconv_tap_map(*s.meta, bs.N, bs.W, s.tap_map) for s in sets], reps)
+                us = bs.time_graph([lambda s=s: bs.sconv_tap_map(s.batch, s.tap_map) for s in sets], reps)
                 ok = torch.equal(sets[0].tap_map.cpu(), want)
                 row["default" if t is None else "x".join(map(str, t))] = us if ok else f"WRONG {us:.1f}"
             finally:

@@ -31,8 +31,8 @@ from typing import Any, Callable
 import torch
 import triton
 
-from inkling_kernels import fused_sconv, sconv_seq_metadata, sconv_tap_map
-from inkling_kernels.sconv import SconvConfig, choose_config, fused_sconv_triton
+from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_vllm, sconv_seq_metadata, sconv_tap_map
+from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton
 
 W = 4
 N = 4
@@ -86,6 +86,16 @@ class Inputs:
     def meta(self) -> tuple[torch.Tensor, ...]:
         return (self.positions, self.table, self.seq, self.slots, self.qs)
 
+    @functools.cached_property
+    def batch(self) -> SconvBatch:
+        """The step's batch without a map."""
+        return SconvBatch(*self.meta, block_size=N, kernel_size=W)
+
+    @functools.cached_property
+    def mapped(self) -> SconvBatch:
+        """The step's batch carrying its tap map (filled by build())."""
+        return self.batch.with_tap_map(self.tap_map)
+
 
 def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, list[Inputs]]:
     heads, head_size, off, width = case.stream
@@ -126,7 +136,7 @@ def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor
             qs=torch.cat(qs).cuda(),
             tap_map=tap_map,
         ))
-        sconv_tap_map(*sets[-1].meta, N, W, tap_map)
+        sconv_tap_map(sets[-1].batch, tap_map)
     weight = (torch.randn(c, W, device="cuda", generator=None) * 0.5).float()
     return cache, weight, sets
 
@@ -225,11 +235,12 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
     t = sets[0].x.shape[0]
 
     def ours(cfg: SconvConfig | None, mapped: bool = False) -> list[Callable[[], Any]]:
-        if cfg is None:  # the public op, heuristic config
-            return [lambda s=s: fused_sconv(s.x, weight, cache, *s.meta, off, width, N,
-                                            tap_map=s.tap_map if mapped else None) for s in sets]
-        return [lambda s=s: fused_sconv_triton(s.x, weight, cache, *s.meta, off, width, N, config=cfg,
-                                               tap_map=s.tap_map if mapped else None) for s in sets]
+        if cfg is None and mapped:  # the public op on the step's batch (the model path)
+            return [lambda s=s: fused_sconv(s.x, weight, cache, s.mapped, off, width) for s in sets]
+        if cfg is None:  # the drop-in with vLLM's signature (no map: built per call when large)
+            return [lambda s=s: fused_sconv_vllm(s.x, weight, cache, *s.meta, off, width, N) for s in sets]
+        return [lambda s=s: fused_sconv_triton(s.x, weight, cache, s.mapped if mapped else s.batch, off, width,
+                                               config=cfg, auto_map=False) for s in sets]
 
     res: dict[str, Any] = dict(case=case.name, T=t, C=heads * width, bytes=nbytes, sets=num_sets,
                                peer_us_brief=case.peer_us)
@@ -239,8 +250,9 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
     res["ours_map_us"] = time_graph(ours(None, mapped=True), reps)
     # The map is built once per step and KV-cache group (two launches), then shared
     # by the 4 streams x layers of the group.
-    res["map_build_us"] = time_graph([lambda s=s: sconv_tap_map(*s.meta, N, W, s.tap_map) for s in sets], reps)
-    res["ours_us"] = time_graph(ours(None), reps)
+    res["map_build_us"] = time_graph([lambda s=s: sconv_tap_map(s.batch, s.tap_map) for s in sets], reps)
+    res["ours_us"] = time_graph(ours(None), reps)  # the drop-in
+    res["ours_mapless_us"] = time_graph(ours(heur), reps)  # the map-less kernel alone
     res["ours_noscan_us"] = time_graph(ours(dataclasses.replace(heur, hazard_scan=False)), reps)
     if peer is not None:
         res["peer_us"] = time_graph(
@@ -261,11 +273,13 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
 
     s = sets[0]
     c2 = cache.clone()
-    ref = fused_sconv_ref(s.x, weight, c2, s.positions, s.table, s.seq, s.slots, s.qs, off, width, N)
-    got = fused_sconv(s.x, weight, cache, s.positions, s.table, s.seq, s.slots, s.qs, off, width, N)
+    ref = fused_sconv_ref(s.x, weight, c2, s.batch, off, width)
+    got = fused_sconv_vllm(s.x, weight, cache, *s.meta, off, width, N)
     res["max_abs_err_vs_ref"] = float((got.float() - ref.float()).abs().max())
-    got = fused_sconv(s.x, weight, cache, *s.meta, off, width, N, tap_map=s.tap_map)
+    got = fused_sconv(s.x, weight, cache, s.mapped, off, width)
     res["max_abs_err_vs_ref_map"] = float((got.float() - ref.float()).abs().max())
+    got = fused_sconv_triton(s.x, weight, cache, s.batch, off, width, auto_map=False)
+    res["max_abs_err_vs_ref_mapless"] = float((got.float() - ref.float()).abs().max())
     if sweep:  # tiles of the mapped kernel
         rows = []
         for cfg in sweep_configs(case):
@@ -317,7 +331,11 @@ def bench_hazard(peer: Any, launches: int) -> list[dict[str, Any]]:
     from test_gpu import _hazard_case  # the GPU test's case builder
 
     out = []
-    impls = [("ours", fused_sconv), ("ours, map", None)] + (
+    def mapless(*args: Any) -> torch.Tensor:
+        return fused_sconv_triton(*args[:3], SconvBatch(*args[3:8], block_size=args[10], kernel_size=W),
+                                  args[8], args[9], auto_map=False)
+
+    impls = [("ours, drop-in", fused_sconv_vllm), ("ours, map-less kernel", mapless), ("ours, map", None)] + (
         [("peer", peer.fused_sconv)] if peer is not None else [])
     for prompt_len, hit in [(1024, 512), (8192, 4096), (1024, 513)]:
         for b_first in (False, True):
@@ -325,12 +343,12 @@ def bench_hazard(peer: Any, launches: int) -> list[dict[str, Any]]:
             d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
             w2 = d["weight"][:, 0, :].contiguous()
             tap_map = torch.empty(d["x"].shape[0], W - 1, dtype=torch.int64, device="cuda")
-            sconv_tap_map(d["positions"], d["table"], d["seq"], d["slots"], d["qs"], d["n"], W, tap_map)
+            mapped = sconv_tap_map(SconvBatch(d["positions"], d["table"], d["seq"], d["slots"], d["qs"], d["n"], W),
+                                   tap_map)
             for name, fn in impls:
-                if hit % d["n"] and name == "ours":
-                    continue  # unaligned hits: outside the unmapped kernel's precondition
                 if fn is None:
-                    fn = functools.partial(fused_sconv, tap_map=tap_map)
+                    def fn(x: torch.Tensor, w: torch.Tensor, cache: torch.Tensor, *rest: Any) -> torch.Tensor:
+                        return fused_sconv(x, w, cache, mapped, rest[5], rest[6])
                 stale = 0
                 for _ in range(launches):
                     ps = d["pre_slots"]
@@ -349,11 +367,12 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Device copy bandwidth (read + write, same run, best of {len(results['copy_all'])}): {bw:.0f} GB/s",
         "",
-        "ours = fused_sconv with the step's tap map (the model/vLLM path on CUDA); map = its build, once per",
-        "step and KV-cache group; no map = fused_sconv alone (in-kernel hazard search).",
+        "ours = fused_sconv on the step's batch with its tap map (the model/vLLM path on CUDA); map = its build,",
+        "once per step and KV-cache group; no map = the drop-in fused_sconv_vllm (vLLM's signature: the",
+        "map-less kernel, or a map built for the call when T*C >= 2**20); map-less = that kernel alone.",
         "",
-        "| case | T | C | ours µs | GB/s | of copy | peer µs | peer of copy | peer/ours | map build µs | no map µs | peer/no map | no map, no hazard scan µs | hot µs: ours / no map / peer | tiles: map; no map |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | T | C | ours µs | GB/s | of copy | peer µs | peer of copy | peer/ours | map build µs | no map µs | peer/no map | map-less µs | map-less, no hazard scan µs | hot µs: ours / no map / peer | tiles: map; map-less |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["cases"]:
         ours = r["ours_map_us"]
@@ -366,7 +385,8 @@ def markdown(results: dict[str, Any]) -> str:
             + (f"{peer:.2f} | {pgbps / bw:.2f} | {peer / ours:.2f}x" if peer else "— | — | —")
             + f" | {r['map_build_us']:.2f} | {r['ours_us']:.2f} | "
             + (f"{peer / r['ours_us']:.2f}x" if peer else "—")
-            + f" | {r['ours_noscan_us']:.2f} | {r['ours_map_hot_us']:.2f} / {r['ours_hot_us']:.2f} / "
+            + f" | {r.get('ours_mapless_us', float('nan')):.2f} | {r['ours_noscan_us']:.2f}"
+            + f" | {r['ours_map_hot_us']:.2f} / {r['ours_hot_us']:.2f} / "
             + f"{r.get('peer_hot_us', float('nan')):.2f}"
             + f" | {cfgm['block_t']}x{cfgm['block_c']}/{cfgm['num_warps']}w; "
             + f"{cfg['block_t']}x{cfg['block_c']}/{cfg['num_warps']}w |"

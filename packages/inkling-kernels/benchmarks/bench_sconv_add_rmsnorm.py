@@ -45,9 +45,8 @@ import torch
 import triton
 
 from inkling_cache import ConvStateLayout, Stream
-from inkling_kernels import fused_sconv
+from inkling_kernels import SconvBatch, fused_sconv
 from inkling_kernels.sconv_add_rmsnorm import (
-    check_sconv_add_rmsnorm_args,
     fused_sconv_add_rmsnorm,
     fused_sconv_add_rmsnorm_ref,
 )
@@ -104,14 +103,16 @@ class Problem:
     norm_weight: torch.Tensor
     pre_taps: int
 
-    def args(self) -> tuple:
-        return (self.hidden, self.d, self.weight, self.cache, self.positions, self.block_table,
-                self.seq_idx, self.slot_mapping, self.query_start, self.offset, self.width,
-                self.block_size, self.norm_weight, EPS)
+    def batch(self, tap_map: torch.Tensor | None = None) -> SconvBatch:
+        return SconvBatch(self.positions, self.block_table, self.seq_idx, self.slot_mapping, self.query_start,
+                          self.block_size, kernel_size=self.weight.shape[-1], tap_map=tap_map)
 
-    def sconv_args(self) -> tuple:
-        return (self.d, self.weight, self.cache, self.positions, self.block_table, self.seq_idx,
-                self.slot_mapping, self.query_start, self.offset, self.width, self.block_size)
+    def args(self, tap_map: torch.Tensor | None = None) -> tuple:
+        return (self.hidden, self.d, self.weight, self.cache, self.batch(tap_map), self.offset, self.width,
+                self.norm_weight, EPS)
+
+    def sconv_args(self, tap_map: torch.Tensor | None = None) -> tuple:
+        return (self.d, self.weight, self.cache, self.batch(tap_map), self.offset, self.width)
 
 
 def build(requests: list[tuple[int, int]], layout: ConvStateLayout, dtype: torch.dtype, seed: int,
@@ -180,8 +181,7 @@ def reference(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     cache = p.cache.clone()
     args = list(p.args())
     args[3] = cache
-    prob = check_sconv_add_rmsnorm_args(*args)
-    out = fused_sconv_add_rmsnorm_ref(p.hidden, p.d, prob, *args[3:])
+    out = fused_sconv_add_rmsnorm_ref(*args)
     return out[0], out[1], cache
 
 
@@ -246,8 +246,7 @@ def tap_map_of(p: "Problem") -> torch.Tensor:
 
     kernel_size = p.weight.shape[-1]
     out = torch.empty(p.d.shape[0], kernel_size - 1, dtype=torch.int64, device=p.d.device)
-    sconv_tap_map(p.positions, p.block_table, p.seq_idx, p.slot_mapping, p.query_start, p.block_size,
-                  kernel_size, out)
+    sconv_tap_map(p.batch(), out)
     return out
 
 
@@ -260,11 +259,10 @@ def check(layout: ConvStateLayout, dtype: torch.dtype, report: dict) -> bool:
         tap_map = tap_map_of(p)
         variants = [(None, False), (NormConfig(8, 2, 256, 8), False), (None, True)] if not DRY else [(None, False), (None, True)]
         for cfg, mapped in variants:
-            args = list(p.args())
+            args = list(p.args(tap_map if mapped else None))
             args[3] = p.cache.clone()
             poison = (torch.full_like(p.d, float("nan")), torch.full_like(p.d, float("nan")))
-            got_h, got_n = sconv_add_rmsnorm_triton(*args, config=cfg, outputs=poison,
-                                                    tap_map=tap_map if mapped else None)
+            got_h, got_n = sconv_add_rmsnorm_triton(*args, config=cfg, outputs=poison)
             eh, uh = ulp_stats(got_h, want_h)
             en, un = ulp_stats(got_n, want_n)
             cache_ok = torch.equal(args[3], want_cache)
@@ -297,9 +295,9 @@ def check(layout: ConvStateLayout, dtype: torch.dtype, report: dict) -> bool:
         stale = 0
         for _ in range(HAZ_LAUNCHES):
             p.cache[shared_blocks] = float("nan")
-            _, normed = fused_sconv_add_rmsnorm(*p.args(), tap_map=tap_map)
+            _, normed = fused_sconv_add_rmsnorm(*p.args(tap_map))
             stale += int(torch.isnan(normed).any().item())
-        _, normed = fused_sconv_add_rmsnorm(*p.args(), tap_map=tap_map)
+        _, normed = fused_sconv_add_rmsnorm(*p.args(tap_map))
         same = torch.equal(normed[b_rows], normed[a_rows][HAZ_HIT:])
         key = ("B first" if b_first else "A first") + (", map" if mapped else "")
         hazard[key] = dict(launches=HAZ_LAUNCHES, stale=stale, b_equals_a=same)
@@ -442,9 +440,9 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
         row["sconv_only_us"] = graph_time_us(lambda: fused_sconv(*p.sconv_args()), args.iters, args.replays)
         tap_map = tap_map_of(p)
         row["fused_map_us"] = graph_time_us(
-            lambda: fused_sconv_add_rmsnorm(*p.args(), tap_map=tap_map), args.iters, args.replays)
+            lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)), args.iters, args.replays)
         row["sconv_only_map_us"] = graph_time_us(
-            lambda: fused_sconv(*p.sconv_args(), tap_map=tap_map), args.iters, args.replays)
+            lambda: fused_sconv(*p.sconv_args(tap_map)), args.iters, args.replays)
         row["unfused_eager_us"] = graph_time_us(lambda: unfused_eager(p), args.iters, args.replays)
         row["unfused_frms_us"] = graph_time_us(lambda: unfused_frms(p), args.iters, args.replays)
         if compiled is not None:

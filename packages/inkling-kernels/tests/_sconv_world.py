@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inkling_kernels import causal_conv_ref, fused_sconv, fused_sconv_ref, sconv_tap_map_ref
+from inkling_kernels import SconvBatch, causal_conv_ref, fused_sconv, fused_sconv_ref, sconv_tap_map_ref
 
 TOL = {
     torch.float32: dict(rtol=1e-5, atol=1e-5),
@@ -49,6 +49,16 @@ class Batch:
     seq_idx: torch.Tensor
     slot_mapping: torch.Tensor
     query_start: torch.Tensor
+    block_size: int = 4
+    kernel_size: int = 4
+
+    def sconv(self, *, tap_map: torch.Tensor | None = None) -> SconvBatch:
+        """The step's :class:`SconvBatch` (validated), optionally with a tap map."""
+        return SconvBatch(
+            positions=self.positions, block_table=self.block_table, seq_idx=self.seq_idx,
+            slot_mapping=self.slot_mapping, query_start=self.query_start,
+            block_size=self.block_size, kernel_size=self.kernel_size, tap_map=tap_map,
+        )
 
 
 class PagedWorld:
@@ -194,6 +204,8 @@ class PagedWorld:
             seq_idx=torch.tensor(seq_idx, dtype=torch.int32),
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
             query_start=torch.tensor(qstart, dtype=torch.int32),
+            block_size=self.N,
+            kernel_size=self.W,
         )
 
     def expected(self, batch: Batch, s: int, activation: str | None, residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,14 +230,13 @@ class PagedWorld:
     def tap_map(self, batch: Batch) -> torch.Tensor:
         """The step's tap map from the Triton kernels (interpreted), checked entry by
         entry against the reference map; the buffer has a spare poisoned row."""
-        from inkling_kernels.tap_map import sconv_tap_map_triton
+        from inkling_kernels.tap_map.kernel import sconv_tap_map_triton
 
-        meta = (batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start)
         rows = batch.positions.shape[0]
         got = torch.full((rows + 1, self.W - 1), 12345, dtype=torch.int64)
         want = got.clone()
-        sconv_tap_map_triton(*meta, self.N, self.W, got)
-        sconv_tap_map_ref(*meta, self.N, self.W, want)
+        sconv_tap_map_triton(batch.sconv(), got)
+        sconv_tap_map_ref(batch.sconv(), want)
         assert torch.equal(got, want), "tap map differs from the reference map"
         assert bool((got[rows:] == 12345).all()), "tap map wrote beyond its rows"
         return got
@@ -243,35 +254,32 @@ class PagedWorld:
         """One fused_sconv call for stream s, with every check of the suite."""
         off, width = self.streams[s]
         x = batch.x[s]
-        args = (
-            batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping,
-            batch.query_start, off, width, self.N,
-        )
+        sb = batch.sconv()
         before = self.storage.clone()
         # The reference op on a private copy of the cache.
         ref_storage = self.storage.clone()
         ref_cache = ref_storage[:, : self.cache[0].numel()].view(self.cache.shape)
-        ref_out = fused_sconv_ref(x, self.weights[s], ref_cache, *args, activation=activation, residual=residual)
+        ref_out = fused_sconv_ref(x, self.weights[s], ref_cache, sb, off, width, activation=activation, residual=residual)
 
         if impl == "reference":
-            out = fused_sconv(x, self.weights[s], self.cache, *args, activation=activation, residual=residual)
+            out = fused_sconv(x, self.weights[s], self.cache, sb, off, width, activation=activation, residual=residual)
         elif impl == "triton":
-            from inkling_kernels.sconv import fused_sconv_triton
+            from inkling_kernels.sconv.kernel import fused_sconv_triton
 
             out = torch.full_like(x, float("nan"))  # poisoned: every row must be written
             ret = fused_sconv_triton(
-                x, self.weights[s], self.cache, *args,
-                activation=activation, residual=residual, config=config, out=out,
+                x, self.weights[s], self.cache, sb, off, width,
+                activation=activation, residual=residual, config=config, out=out, auto_map=False,
             )
             assert ret is out
         elif impl == "triton_map":
-            from inkling_kernels.sconv import fused_sconv_triton
+            from inkling_kernels.sconv.kernel import fused_sconv_triton
 
-            tap_map = self.tap_map(batch)
+            mapped = batch.sconv(tap_map=self.tap_map(batch))
             out = torch.full_like(x, float("nan"))
             fused_sconv_triton(
-                x, self.weights[s], self.cache, *args,
-                activation=activation, residual=residual, config=config, out=out, tap_map=tap_map,
+                x, self.weights[s], self.cache, mapped, off, width,
+                activation=activation, residual=residual, config=config, out=out,
             )
         else:
             raise AssertionError(impl)

@@ -113,7 +113,7 @@ def test_weights_and_epilogue(impl: str, weight_dtype: str, weight_3d: bool,
 def test_tile_configs() -> None:
     """Explicit tiles: several requests per tile, channel tiles straddling the stream
     width (masked lanes), and a scan chunk smaller than T."""
-    from inkling_kernels.sconv import SconvConfig
+    from inkling_kernels.sconv.kernel import SconvConfig
 
     for i, cfg in enumerate([
         SconvConfig(block_t=16, block_c=8, num_warps=1, scan=4),
@@ -170,25 +170,27 @@ def test_multi_step(impl: str) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("hit", [12, 13], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
-def test_same_step_prefix_hit(impl: str, hit_first: bool) -> None:
+def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool) -> None:
     """docs/design.md §3.2: request A computes a prompt; request B, the same prompt, hits
     A's first blocks (registered as cached when allocated) and computes the rest in
     the same call. B's pre-forward taps name slots that A writes in this call; they
     are NaN before it. B placed first reproduces the stale read on the interpreter
-    (programs run in order); the result must be right in both orders."""
-    from inkling_kernels.sconv import SconvConfig
+    (programs run in order); the result must be right in both orders, and at any
+    alignment of the hit on every path (an unaligned hit shares A's partial block)."""
+    from inkling_kernels.sconv.kernel import SconvConfig
 
     dtype = torch.bfloat16
     world = PagedWorld(dtype=dtype, block_size=4, num_blocks=40, seed=99)
-    prompt_len, hit = 22, 12
+    prompt_len = 22
     prompt = {s: world.randn(prompt_len, world.channels(s)).to(dtype) for s in range(len(world.streams))}
     world.add_request(0, 0)  # A
     a = world.reqs[0]
     world._ensure_blocks(a, prompt_len - 1)
     world.add_request(1, 0)  # B: prefix hit on A's first hit // N blocks
     b = world.reqs[1]
-    b.table = list(a.table[: hit // world.N])
+    b.table = list(a.table[: -(-hit // world.N)])
     b.values = {s: prompt[s][:hit].clone() for s in prompt}
     values = {0: prompt, 1: {s: prompt[s][hit:] for s in prompt}}
     items = [(1, prompt_len - hit), (0, prompt_len)] if hit_first else [(0, prompt_len), (1, prompt_len - hit)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from inkling_kernels import (
+    SconvBatch,
     causal_conv_ref,
     fused_sconv,
     fused_sconv_ref,
@@ -61,21 +62,42 @@ CASES = [(shape, torch.bfloat16, n) for shape in SHAPES for n in (4, 16)] + [
 ]
 
 
-def _gpu_map(meta: list[torch.Tensor], block_size: int, kernel_size: int = 4) -> torch.Tensor:
-    """The step's tap map built on the GPU, checked against the reference map."""
+def _batch(meta: list[torch.Tensor], block_size: int, kernel_size: int = 4, device: str = "cuda") -> SconvBatch:
+    return SconvBatch(*[m.to(device) for m in meta], block_size, kernel_size)
+
+
+def _gpu_map(meta: list[torch.Tensor], block_size: int, kernel_size: int = 4) -> SconvBatch:
+    """The step's batch with its tap map built on the GPU, checked against the
+    reference map."""
     rows = meta[0].shape[0]
     got = torch.full((rows, kernel_size - 1), 99, dtype=torch.int64, device="cuda")
-    sconv_tap_map(*[m.cuda() for m in meta], block_size, kernel_size, got)
+    batch = sconv_tap_map(_batch(meta, block_size, kernel_size), got)
     want = torch.empty(rows, kernel_size - 1, dtype=torch.int64)
-    sconv_tap_map_ref(*[m.cpu() for m in meta], block_size, kernel_size, want)
+    sconv_tap_map_ref(_batch(meta, block_size, kernel_size, "cpu"), want)
     assert torch.equal(got.cpu(), want), "GPU tap map differs from the reference map"
-    return got
+    return batch
 
 
-@pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
+# How a conv launch gets its taps: the map-less kernel (forced), the public op on a
+# batch without a map (map-less below MAP_MIN_WORK, a map built for the call above),
+# the public op on a batch carrying the step's map.
+PATHS = ["no-map", "auto", "map"]
+
+
+def _conv(path: str, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor,
+          meta: list[torch.Tensor], off: int, width: int, n: int) -> torch.Tensor:
+    from inkling_kernels.sconv.kernel import fused_sconv_triton
+
+    if path == "no-map":
+        return fused_sconv_triton(x, weight, cache, _batch(meta, n), off, width, auto_map=False)
+    batch = _gpu_map(meta, n) if path == "map" else _batch(meta, n)
+    return fused_sconv(x, weight, cache, batch, off, width)
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shape,dtype,block_size", CASES, ids=[f"{c[0][0]}-{c[1]}-N{c[2]}" for c in CASES])
 def test_inkling_shapes_vs_reference(
-    shape: tuple, dtype: torch.dtype, block_size: int, mapped: bool, case_seed: Callable[..., int]
+    shape: tuple, dtype: torch.dtype, block_size: int, path: str, case_seed: Callable[..., int]
 ) -> None:
     name, heads, head_size, off, width = shape
     rng = random.Random(case_seed(name, str(dtype), block_size) % 10_000)
@@ -84,9 +106,7 @@ def test_inkling_shapes_vs_reference(
     batch = world.make_batch(_mixed(world, rng), num_pad=5)
     storage, cache = _gpu_copy(world)
     args = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
-    tap_map = _gpu_map(args, block_size) if mapped else None
-    out = fused_sconv(batch.x[0].cuda(), world.weights[0].cuda(), cache, *[a.cuda() for a in args],
-                      off, width, block_size, tap_map=tap_map)
+    out = _conv(path, batch.x[0].cuda(), world.weights[0].cuda(), cache, args, off, width, block_size)
     torch.cuda.synchronize()
     ref = world.run(batch, 0, "reference")  # CPU reference + oracle, updates the world's cache
     torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
@@ -116,10 +136,10 @@ def test_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
     tap_map = torch.zeros(T, 3, dtype=torch.int64, device="cuda")
 
     def launch() -> torch.Tensor:
-        meta = (st["positions"], st["table"], st["seq"], st["slots"], st["qs"])
+        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
         if mapped:
-            sconv_tap_map(*meta, 4, 4, tap_map)
-        return fused_sconv(st["x"], weight, cache, *meta, off, width, 4, tap_map=tap_map if mapped else None)
+            batch = sconv_tap_map(batch, tap_map)
+        return fused_sconv(st["x"], weight, cache, batch, off, width)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -192,25 +212,22 @@ def _hazard_case(prompt_len: int, hit: int, b_first: bool, seed: int = 0, device
                 off=off, width=width, n=n, expected=expected, pre_slots=pre_slots)
 
 
-@pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
 @pytest.mark.parametrize("prompt_len,hit,launches", [(1024, 512, 200), (8192, 4096, 100), (1024, 513, 200)])
 def test_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit: int, launches: int,
-                                        mapped: bool) -> None:
+                                        path: str) -> None:
     """Hits of 512/4096 tokens are block-aligned (what engines produce); 513 is not:
-    only the mapped call promises it (the map has no alignment precondition)."""
-    if hit % 4 and not mapped:
-        pytest.skip("an unaligned same-step hit is outside the unmapped kernel's precondition")
+    every path is exact at any alignment (one hazard rule)."""
     case = _hazard_case(prompt_len, hit, b_first)
     d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
     expected = d["expected"]
     meta = [d["positions"], d["table"], d["seq"], d["slots"], d["qs"]]
-    tap_map = _gpu_map(meta, d["n"]) if mapped else None
     stale = 0
     for _ in range(launches):
         ps = d["pre_slots"]
         d["cache"][ps // d["n"], :, ps % d["n"], d["off"]: d["off"] + d["width"]] = float("nan")
-        out = fused_sconv(d["x"], d["weight"], d["cache"], *meta, d["off"], d["width"], d["n"], tap_map=tap_map)
+        out = _conv(path, d["x"], d["weight"], d["cache"], meta, d["off"], d["width"], d["n"])
         bad = ~torch.isclose(out.float(), expected.float(), rtol=1.6e-2, atol=1.6e-2)
         stale += int(bad.any(dim=1).any())
     assert stale == 0, f"{stale} of {launches} launches had a stale tap"
@@ -234,6 +251,6 @@ def test_fused_sconv_ref_on_cuda_matches() -> None:
     """The reference itself runs on CUDA tensors too (used by benchmarks)."""
     case = _hazard_case(256, 128, True, seed=1)
     d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
-    out = fused_sconv_ref(d["x"], d["weight"], d["cache"], d["positions"], d["table"], d["seq"], d["slots"],
-                          d["qs"], d["off"], d["width"], d["n"])
+    batch = _batch([d["positions"], d["table"], d["seq"], d["slots"], d["qs"]], d["n"])
+    out = fused_sconv_ref(d["x"], d["weight"], d["cache"], batch, d["off"], d["width"])
     torch.testing.assert_close(out.float(), d["expected"].float(), rtol=1.6e-2, atol=1.6e-2)

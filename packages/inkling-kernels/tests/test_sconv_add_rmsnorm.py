@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from inkling_kernels.reference import fused_sconv_ref, sconv_tap_map_ref
+from inkling_kernels import SconvBatch, fused_sconv_ref, sconv_tap_map_ref
 from inkling_kernels.sconv_add_rmsnorm import (
-    check_sconv_add_rmsnorm_args,
     fused_sconv_add_rmsnorm,
     fused_sconv_add_rmsnorm_ref,
     rms_norm_ref,
@@ -49,11 +48,24 @@ class Trace:
     block_size: int
     norm_weight: torch.Tensor
 
-    def args(self, cache: torch.Tensor) -> tuple:
+    def batch(self, tap_map: torch.Tensor | None = None) -> SconvBatch:
+        return SconvBatch(
+            self.positions, self.block_table, self.seq_idx, self.slot_mapping, self.query_start,
+            self.block_size, kernel_size=self.weight.shape[-1], tap_map=tap_map,
+        )
+
+    def args(self, cache: torch.Tensor, tap_map: torch.Tensor | None = None) -> tuple:
+        """The public function's arguments."""
         return (
-            self.hidden, self.d, self.weight, cache, self.positions, self.block_table,
-            self.seq_idx, self.slot_mapping, self.query_start, self.stream_offset,
-            self.stream_width, self.block_size, self.norm_weight, EPS,
+            self.hidden, self.d, self.weight, cache, self.batch(tap_map), self.stream_offset,
+            self.stream_width, self.norm_weight, EPS,
+        )
+
+    def op_args(self, cache: torch.Tensor, tap_map: torch.Tensor | None = None) -> tuple:
+        """The custom op's arguments (the batch unpacked)."""
+        return (
+            self.hidden, self.d, self.weight, cache, *self.batch(tap_map).op_args(),
+            self.stream_offset, self.stream_width, self.norm_weight, EPS,
         )
 
 
@@ -153,15 +165,11 @@ def clone_cache(cache: torch.Tensor) -> torch.Tensor:
 
 
 def run_reference(tr: Trace, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    prob = check_sconv_add_rmsnorm_args(*tr.args(cache))
-    return fused_sconv_add_rmsnorm_ref(tr.hidden, tr.d, prob, *tr.args(cache)[3:])
+    return fused_sconv_add_rmsnorm_ref(*tr.args(cache))
 
 
 def run_unfused(tr: Trace, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s = fused_sconv_ref(
-        tr.d, tr.weight, cache, tr.positions, tr.block_table, tr.seq_idx, tr.slot_mapping,
-        tr.query_start, tr.stream_offset, tr.stream_width, tr.block_size,
-    )
+    s = fused_sconv_ref(tr.d, tr.weight, cache, tr.batch(), tr.stream_offset, tr.stream_width)
     new_hidden = tr.hidden + s  # dtype arithmetic, as the decoder layer does it
     return new_hidden, rms_norm_ref(new_hidden, tr.norm_weight, EPS)
 
@@ -173,8 +181,7 @@ def trace_tap_map(tr: Trace) -> torch.Tensor:
     """The step's tap map of the trace's metadata (the reference builder)."""
     kernel_size = tr.weight.shape[-1]
     out = torch.empty(tr.positions.shape[0], kernel_size - 1, dtype=torch.int64)
-    sconv_tap_map_ref(tr.positions, tr.block_table, tr.seq_idx, tr.slot_mapping, tr.query_start,
-                      tr.block_size, kernel_size, out)
+    sconv_tap_map_ref(tr.batch(), out)
     return out
 
 
@@ -182,13 +189,20 @@ def run_kernel(tr: Trace, cache: torch.Tensor, config: NormConfig | None, mapped
     """The Triton kernel on KERNEL_DEVICE, NaN-poisoned outputs; ``cache`` is updated.
     ``mapped``: with the step's tap map instead of the in-kernel tap resolution."""
     dev = KERNEL_DEVICE
-    args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in tr.args(cache)]
+    tap_map = trace_tap_map(tr) if mapped else None
+    args = list(tr.args(cache, tap_map))
     if dev.type != "cpu":
+        args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args]
+        b = args[4]
+        args[4] = SconvBatch(
+            b.positions.to(dev), b.block_table.to(dev), b.seq_idx.to(dev), b.slot_mapping.to(dev),
+            b.query_start.to(dev), b.block_size, b.kernel_size,
+            None if b.tap_map is None else b.tap_map.to(dev),
+        )
         args[3] = torch.empty_strided(cache.shape, cache.stride(), dtype=cache.dtype, device=dev)
         args[3].copy_(cache)
     poison = (torch.full_like(args[1], float("nan")), torch.full_like(args[1], float("nan")))
-    tap_map = trace_tap_map(tr).to(dev) if mapped else None
-    out = sconv_add_rmsnorm_triton(*args, config=config, outputs=poison, tap_map=tap_map)
+    out = sconv_add_rmsnorm_triton(*args, config=config, outputs=poison)
     if dev.type != "cpu":
         cache.copy_(args[3])
     return tuple(o.cpu() for o in out)
@@ -309,9 +323,7 @@ def test_public_op_on_cpu_is_the_reference(dtype: torch.dtype) -> None:
         assert torch.equal(got, want)
     assert torch.equal(cache, ref_cache)
     # Rounded where transformers rounds: new_hidden is hidden + dt(d + conv(d)).
-    s = fused_sconv_ref(tr.d, tr.weight, clone_cache(tr.cache), tr.positions, tr.block_table,
-                        tr.seq_idx, tr.slot_mapping, tr.query_start, tr.stream_offset,
-                        tr.stream_width, tr.block_size)
+    s = fused_sconv_ref(tr.d, tr.weight, clone_cache(tr.cache), tr.batch(), tr.stream_offset, tr.stream_width)
     torch.testing.assert_close(out[0].float(), (tr.hidden + s).float(), **TOL[dtype])
 
 
@@ -333,7 +345,7 @@ def test_custom_op_registration_and_fake_impl() -> None:
     tr = make_trace(rng, torch.float32, [(5, 2), (0, 3)])
     torch.library.opcheck(
         torch.ops.inkling.fused_sconv_add_rmsnorm.default,
-        tr.args(clone_cache(tr.cache)),
+        tr.op_args(clone_cache(tr.cache)),
         test_utils=("test_schema", "test_faketensor"),
     )
 
@@ -357,8 +369,13 @@ def test_compiles_with_the_op() -> None:
 
 
 def _bad(tr: Trace, **changes: object) -> tuple:
-    names = ["hidden", "d", "weight", "cache", "positions", "block_table", "seq_idx",
-             "slot_mapping", "query_start", "stream_offset", "stream_width", "block_size",
+    """The public arguments with ``changes``; a batch field changes the batch (built
+    here: a bad field raises when the batch is built, before any launch)."""
+    batch_fields = ("block_size",)
+    for name in batch_fields:
+        if name in changes:
+            setattr(tr, name, changes.pop(name))
+    names = ["hidden", "d", "weight", "cache", "batch", "stream_offset", "stream_width",
              "norm_weight", "eps"]
     args = dict(zip(names, tr.args(tr.cache)))
     args.update(changes)
@@ -379,6 +396,8 @@ def _bad(tr: Trace, **changes: object) -> tuple:
         (lambda tr: {"eps": float("nan")}, ValueError, "eps must be a finite"),
         (lambda tr: {"eps": "1e-6"}, TypeError, "eps must be a float"),
         (lambda tr: {"block_size": tr.block_size * 2}, ValueError, "block_size"),
+        (lambda tr: {"batch": tr.positions}, TypeError, "SconvBatch"),
+        (lambda tr: {"weight": tr.weight[..., :3]}, ValueError, "kernel_size"),
         (lambda tr: {"d": tr.d[:, :-1].contiguous()}, ValueError, "channels"),
         (lambda tr: {"stream_offset": 70}, ValueError, "outside"),
     ],
@@ -415,18 +434,18 @@ def test_odd_head_count_and_width(config: NormConfig) -> None:
 
 
 def test_tap_map_argument() -> None:
-    """The public op takes the step's tap map (checked against the call before any
-    launch; the CPU reference ignores it) and the op passes opcheck with it."""
+    """The public op takes a batch carrying the step's tap map (checked when the batch
+    is built; the CPU reference ignores it) and the op passes opcheck with it."""
     rng = random.Random(21)
     tr = make_trace(rng, torch.float32, random_requests(rng), pad_rows=1)
     tap_map = trace_tap_map(tr)
     ref = run_reference(tr, clone_cache(tr.cache))
-    out = fused_sconv_add_rmsnorm(*tr.args(clone_cache(tr.cache)), tap_map=tap_map)
+    out = fused_sconv_add_rmsnorm(*tr.args(clone_cache(tr.cache), tap_map))
     for got, want in zip(out, ref):
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="tap_map"):
-        fused_sconv_add_rmsnorm(*tr.args(clone_cache(tr.cache)), tap_map=tap_map[:, :2].contiguous())
+        tr.args(clone_cache(tr.cache), tap_map[:, :2].contiguous())
     with pytest.raises(ValueError, match="tap_map"):
-        fused_sconv_add_rmsnorm(*tr.args(clone_cache(tr.cache)), tap_map=tap_map[:-1])
+        tr.args(clone_cache(tr.cache), tap_map[:-1])
     torch.library.opcheck(torch.ops.inkling.fused_sconv_add_rmsnorm.default,
-                          (*tr.args(clone_cache(tr.cache)), tap_map))
+                          tr.op_args(clone_cache(tr.cache), tap_map))

@@ -23,7 +23,7 @@ def _run(impl: str, qsl: torch.Tensor, num_reqs: int, num_actual: int, num_padde
     elif impl == "reference":
         sconv_seq_metadata_ref(qsl, num_reqs, num_actual, seq, start, num_padded)
     else:
-        from inkling_kernels import seq_metadata
+        from inkling_kernels.seq_metadata import kernel as seq_metadata
 
         # "triton": the heuristic tiles; "triton-small-block": 16-row programs.
         block = 16 if impl == "triton-small-block" else None

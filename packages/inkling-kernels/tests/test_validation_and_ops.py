@@ -1,4 +1,5 @@
-"""Input validation (before any launch) and the torch custom-op registration."""
+"""Input validation (before any launch), how often it runs, and the torch custom-op
+registration."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from inkling_kernels import fused_sconv, fused_sconv_ref
+from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_ref, fused_sconv_vllm
 
 from _sconv_world import PagedWorld
 
@@ -26,12 +27,21 @@ def _base() -> dict[str, Any]:
     )
 
 
+BATCH_FIELDS = ("positions", "block_table", "seq_idx", "slot_mapping", "query_start", "block_size")
+LOOSE = ["x", "weight", "cache", *BATCH_FIELDS[:-1], "stream_offset", "stream_width", "block_size"]
+
+
+def _batch(kw: dict[str, Any], **extra: Any) -> SconvBatch:
+    return SconvBatch(**{n: kw[n] for n in BATCH_FIELDS}, **extra)
+
+
 def _call(fn: Callable[..., torch.Tensor], kw: dict[str, Any]) -> torch.Tensor:
-    kw = dict(kw)
-    act, res = kw.pop("activation"), kw.pop("residual")
-    names = ["x", "weight", "cache", "positions", "block_table", "seq_idx", "slot_mapping",
-             "query_start", "stream_offset", "stream_width", "block_size"]
-    return fn(*[kw[n] for n in names], activation=act, residual=res)
+    """Call a conv entry point: the drop-in with loose metadata, the others on a batch
+    (built here, so that the batch's own checks count as the call's)."""
+    if fn is fused_sconv_vllm:
+        return fn(*[kw[n] for n in LOOSE], kw["activation"], kw["residual"])
+    return fn(kw["x"], kw["weight"], kw["cache"], _batch(kw), kw["stream_offset"], kw["stream_width"],
+              activation=kw["activation"], residual=kw["residual"])
 
 
 def _transposed_d(c: torch.Tensor) -> torch.Tensor:
@@ -51,13 +61,17 @@ BAD: list[tuple[str, str, Callable[[dict[str, Any]], Any], type[Exception], str]
     ("weight (C,2,W)", "weight", lambda k: k["weight"].expand(-1, 2, -1), ValueError, r"\(dim, 1, W\)"),
     ("weight fp16", "weight", lambda k: k["weight"].half(), TypeError, "float32 or x's dtype"),
     ("weight 4-D", "weight", lambda k: k["weight"][None], ValueError, "weight must be"),
-    ("positions length", "positions", lambda k: k["positions"][:-1], ValueError, "one entry per row"),
-    ("positions int16", "positions", lambda k: k["positions"].short(), TypeError, "int32 or int64"),
-    ("slots float", "slot_mapping", lambda k: k["slot_mapping"].float(), TypeError, "int32 or int64"),
+    ("positions length", "positions", lambda k: k["positions"][:-1], ValueError, "one entry per token"),
+    ("positions int32", "positions", lambda k: k["positions"].int(), TypeError, "int64"),
+    ("slots float", "slot_mapping", lambda k: k["slot_mapping"].float(), TypeError, "int64"),
+    ("slots int32", "slot_mapping", lambda k: k["slot_mapping"].int(), TypeError, "int64"),
+    ("seq_idx int64", "seq_idx", lambda k: k["seq_idx"].long(), TypeError, "int32"),
     ("seq_idx device", "seq_idx", lambda k: k["seq_idx"].to("meta"), ValueError, "is on meta"),
     ("query_start strided", "query_start", lambda k: torch.stack([k["query_start"]] * 2, 1)[:, 0], ValueError, "contiguous"),
     ("block_table 1-D", "block_table", lambda k: k["block_table"][0], ValueError, "2-D"),
-    ("block_table float", "block_table", lambda k: k["block_table"].float(), TypeError, "int32 or int64"),
+    ("block_table float", "block_table", lambda k: k["block_table"].float(), TypeError, "int32"),
+    ("block_table int64", "block_table", lambda k: k["block_table"].long(), TypeError, "int32"),
+    ("x rows vs batch", "x", lambda k: k["x"][:-1], ValueError, "rows but the batch"),
 ]
 
 KW_BAD: list[tuple[str, str, Any, type[Exception], str]] = [
@@ -72,9 +86,9 @@ KW_BAD: list[tuple[str, str, Any, type[Exception], str]] = [
 
 
 def _impls() -> list[Callable[..., torch.Tensor]]:
-    from inkling_kernels.sconv import fused_sconv_triton
+    from inkling_kernels.sconv.kernel import fused_sconv_triton
 
-    return [fused_sconv, fused_sconv_ref, fused_sconv_triton]
+    return [fused_sconv, fused_sconv_ref, fused_sconv_triton, fused_sconv_vllm]
 
 
 @pytest.mark.parametrize("name,key,mutate,exc,msg", BAD, ids=[b[0] for b in BAD])
@@ -103,7 +117,7 @@ def test_custom_ops_registered() -> None:
     assert hasattr(torch.ops.inkling, "fused_sconv")
     assert hasattr(torch.ops.inkling, "sconv_seq_metadata")
     schema = str(torch.ops.inkling.fused_sconv.default._schema)
-    assert "Tensor(a2!) cache" in schema  # declared as mutated
+    assert "Tensor(a!) cache" in schema  # declared as mutated
 
 
 def test_fake_impl() -> None:
@@ -133,9 +147,8 @@ def test_torch_compile_and_opcheck() -> None:
     torch.testing.assert_close(out, eager * 2)
     assert torch.equal(cache_c, cache_eager)  # the mutation survives compilation
 
-    args = tuple(kw[n] for n in ["x", "weight", "cache", "positions", "block_table", "seq_idx",
-                                 "slot_mapping", "query_start", "stream_offset", "stream_width",
-                                 "block_size", "activation", "residual"])
+    args = (kw["x"], kw["weight"], kw["cache"], *_batch(kw).op_args(), kw["stream_offset"],
+            kw["stream_width"], kw["activation"], kw["residual"])
     torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
     qsl = torch.tensor([0, 2, 5], dtype=torch.int32)
     bufs = (torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
@@ -143,21 +156,20 @@ def test_torch_compile_and_opcheck() -> None:
 
 
 def test_tap_map_ops_compile_and_opcheck() -> None:
-    """sconv_tap_map is a mutating custom op with a fake impl; fused_sconv's optional
-    tap_map argument survives torch.compile (map build + conv in one graph)."""
+    """sconv_tap_map is a mutating custom op with a fake impl; a batch carrying the
+    map survives torch.compile (map build + conv in one graph)."""
     from inkling_kernels import sconv_tap_map
 
-    assert "Tensor(a7!) tap_map_out" in str(torch.ops.inkling.sconv_tap_map.default._schema)
+    assert "Tensor(a!) tap_map_out" in str(torch.ops.inkling.sconv_tap_map.default._schema)
     kw = _base()
-    meta = [kw[n] for n in ("positions", "block_table", "seq_idx", "slot_mapping", "query_start")]
+    batch = _batch(kw, kernel_size=4)
     rows = kw["x"].shape[0]
     tap_map = torch.zeros(rows, 3, dtype=torch.int64)
-    torch.library.opcheck(torch.ops.inkling.sconv_tap_map.default, (*meta, kw["block_size"], 4, tap_map))
+    torch.library.opcheck(torch.ops.inkling.sconv_tap_map.default, (*batch.op_args(), tap_map))
 
     def fn(cache: torch.Tensor, tm: torch.Tensor) -> torch.Tensor:
-        sconv_tap_map(*meta, kw["block_size"], 4, tm)
-        return fused_sconv(kw["x"], kw["weight"], cache, *meta, kw["stream_offset"], kw["stream_width"],
-                           kw["block_size"], tap_map=tm)
+        mapped = sconv_tap_map(batch, tm)
+        return fused_sconv(kw["x"], kw["weight"], cache, mapped, kw["stream_offset"], kw["stream_width"])
 
     cache_eager, cache_c = kw["cache"].clone(), kw["cache"].clone()
     eager_map, compiled_map = torch.zeros_like(tap_map), torch.zeros_like(tap_map)
@@ -165,39 +177,92 @@ def test_tap_map_ops_compile_and_opcheck() -> None:
     out = torch.compile(fn, backend="aot_eager", fullgraph=True)(cache_c, compiled_map)
     torch.testing.assert_close(out, eager)
     assert torch.equal(compiled_map, eager_map) and torch.equal(cache_c, cache_eager)
-    args = tuple(kw[n] for n in ["x", "weight", "cache", "positions", "block_table", "seq_idx",
-                                 "slot_mapping", "query_start", "stream_offset", "stream_width",
-                                 "block_size", "activation", "residual"])
-    torch.library.opcheck(torch.ops.inkling.fused_sconv.default, (*args, eager_map))
+    args = (kw["x"], kw["weight"], kw["cache"], *batch.with_tap_map(eager_map).op_args(),
+            kw["stream_offset"], kw["stream_width"], kw["activation"], kw["residual"])
+    torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
 
 
 def test_cpu_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """INKLING_KERNELS_CPU_BACKEND=triton routes CPU tensors to the Triton kernels
     (interpreted here), with the same results; other values are refused."""
-    from inkling_kernels import sconv, sconv_tap_map, uses_triton
+    from inkling_kernels import sconv_tap_map, uses_triton
+    from inkling_kernels.sconv import kernel
 
     calls = []
-    real = sconv.fused_sconv_triton
+    real = kernel.launch_fused_sconv
 
-    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(kwargs.get("tap_map") is not None)
-        return real(*args, **kwargs)
+    def counting(x: torch.Tensor, cache: torch.Tensor, batch: SconvBatch, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(batch.tap_map is not None)
+        return real(x, cache, batch, *args, **kwargs)
 
-    monkeypatch.setattr(sconv, "fused_sconv_triton", counting)
+    monkeypatch.setattr(kernel, "launch_fused_sconv", counting)
     kw = _base()
-    meta = [kw[n] for n in ("positions", "block_table", "seq_idx", "slot_mapping", "query_start")]
     ref = _call(fused_sconv_ref, {**kw, "cache": kw["cache"].clone()})
     assert not uses_triton(torch.device("cpu"))
     _call(fused_sconv, {**kw, "cache": kw["cache"].clone()})
     assert calls == []
     monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "triton")
     assert uses_triton(torch.device("cpu"))
-    tap_map = torch.zeros(kw["x"].shape[0], 3, dtype=torch.int64)
-    sconv_tap_map(*meta, kw["block_size"], 4, tap_map)
-    out = fused_sconv(kw["x"], kw["weight"], kw["cache"].clone(), *meta, kw["stream_offset"],
-                      kw["stream_width"], kw["block_size"], tap_map=tap_map)
+    mapped = sconv_tap_map(_batch(kw, kernel_size=4), torch.zeros(kw["x"].shape[0], 3, dtype=torch.int64))
+    out = fused_sconv(kw["x"], kw["weight"], kw["cache"].clone(), mapped, kw["stream_offset"], kw["stream_width"])
     assert calls == [True]
     torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1.6e-2)
     monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "cuda")
     with pytest.raises(ValueError, match="INKLING_KERNELS_CPU_BACKEND"):
         uses_triton(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_checks_run_once_per_launch(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The validation budget: a batch is checked once when built (per step and
+    KV-cache group); each eager conv launch on it then runs exactly one check of its
+    own (check_conv_call), on the reference and on the Triton path alike, with or
+    without a tap map, for fused_sconv and fused_sconv_add_rmsnorm."""
+    from inkling_kernels import checks, fused_sconv_add_rmsnorm, sconv_tap_map
+
+    counts: dict[str, int] = {}
+
+    def counted(name: str) -> Callable[..., Any]:
+        real = getattr(checks, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] = counts.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    public = [n for n in dir(checks) if n.startswith("check_")]
+    assert {"check_batch", "check_conv_call", "check_norm_extras", "check_tap_map_call"} <= set(public)
+    # Every module that imported a check by name sees the counting wrapper.
+    import sys
+
+    originals = {name: getattr(checks, name) for name in public}
+    wrappers = {name: counted(name) for name in public}
+    for mod in [m for name, m in list(sys.modules.items()) if name.startswith("inkling_kernels")]:
+        for name in public:
+            if getattr(mod, name, None) is originals[name]:
+                monkeypatch.setattr(mod, name, wrappers[name])
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", backend)
+
+    kw = _base()
+    batch = _batch(kw, kernel_size=4)
+    assert counts == {"check_batch": 1}
+    mapped = sconv_tap_map(batch, torch.zeros(kw["x"].shape[0], 3, dtype=torch.int64))
+    counts.clear()
+    launches = 0
+    for b in (batch, mapped):
+        for _ in range(3):  # e.g. three layers of the group
+            fused_sconv(kw["x"], kw["weight"], kw["cache"], b, kw["stream_offset"], kw["stream_width"])
+            launches += 1
+    assert counts == {"check_conv_call": launches}
+
+    # The fused conv + norm: one conv check plus its own extras, once each.
+    world = PagedWorld(dtype=torch.float32, seed=1, streams=((0, 8), (8, 8)), head_size=16)
+    world.add_request(0, 5)
+    b2 = world.make_batch([(0, 3)], num_pad=1)
+    nb = b2.sconv()
+    hidden = torch.randn_like(b2.x[1])
+    counts.clear()
+    fused_sconv_add_rmsnorm(hidden, b2.x[1], world.weights[1], world.cache, nb, 8, 8,
+                            torch.ones(world.channels(1)), 1e-6)
+    assert counts == {"check_conv_call": 1, "check_norm_extras": 1}

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from inkling_cache import ConvStateLayout, Stream  # noqa: E402
-from inkling_kernels import causal_conv_ref, sconv_tap_map_ref  # noqa: E402
+from inkling_kernels import SconvBatch, causal_conv_ref, sconv_tap_map_ref  # noqa: E402
 from inkling_model import (  # noqa: E402
     ConvStateOwner,
     InklingShortConv,
@@ -197,8 +197,11 @@ def check_tap_map() -> None:
                             raise AssertionError("no tap map on CUDA in auto mode")
                         want = torch.empty(meta.num_tokens, 3, dtype=torch.int64)
                         sconv_tap_map_ref(
-                            out.positions.cpu(), meta.block_table.cpu(), meta.seq_idx.cpu(),
-                            meta.slot_mapping.cpu(), meta.query_start.cpu(), block_size, 4, want,
+                            SconvBatch(
+                                out.positions.cpu(), meta.block_table.cpu(), meta.seq_idx.cpu(),
+                                meta.slot_mapping.cpu(), meta.query_start.cpu(), block_size, 4,
+                            ),
+                            want,
                         )
                         if not torch.equal(meta.tap_map.cpu(), want):
                             raise AssertionError("the CUDA tap map differs from sconv_tap_map_ref")

@@ -105,10 +105,7 @@ class NaiveConv(nn.Module):
         if meta is None or not owner.is_bound:
             return h.clone()
         offset, width = owner.stream_range(self.conv.stream)
-        return fused_sconv(
-            h, self.conv.weight, owner.cache, positions, meta.block_table, meta.seq_idx,
-            meta.slot_mapping, meta.query_start, offset, width, owner.block_size,
-        )
+        return fused_sconv(h, self.conv.weight, owner.cache, meta, offset, width)
 
 
 def test_guard_free_trace_of_profiling_pass(unique_name):

@@ -192,14 +192,14 @@ def test_forward_checks_match_the_plain_layer(unique_name):
     runtime.allocate_caches([owner], torch.float32)
     step = runtime.step([("a", 0, 6)])
     with torch.no_grad(), forward_metadata(step.metadata):
-        with pytest.raises(ValueError, match="metadata describes 6 tokens"):
+        with pytest.raises(ValueError, match="batch describes 6 tokens"):
             fused(torch.randn(5, 32), torch.randn(5, 32), torch.arange(5))
-        with pytest.raises(TypeError, match="bind a cache of the activation dtype"):
+        with pytest.raises(TypeError, match="differs from x dtype"):
             fused(torch.randn(6, 32).bfloat16(), torch.randn(6, 32).bfloat16(), step.positions)
     # Slots computed for N = 4 must not be used with a cache of 8-row blocks.
     owner.bind_cache(torch.zeros(8, 2, 8, layout.head_size))
     with torch.no_grad(), forward_metadata(step.metadata):
-        with pytest.raises(ValueError, match="built for block size 4 but the bound cache has 8"):
+        with pytest.raises(ValueError, match=r"cache.shape\[2\] = 8 differs from the batch's block_size 4"):
             fused(torch.randn(6, 32), torch.randn(6, 32), step.positions)
 
 
@@ -291,7 +291,7 @@ def test_fused_layer_passes_the_step_map(unique_name, monkeypatch):
     real = fused_norm_module.fused_sconv_add_rmsnorm
 
     def spy(*args, **kwargs):
-        seen.append(kwargs.get("tap_map"))
+        seen.append(args[4].tap_map)  # (hidden, d, weight, cache, batch, ...)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fused_norm_module, "fused_sconv_add_rmsnorm", spy)

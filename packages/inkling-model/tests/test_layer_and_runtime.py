@@ -112,18 +112,19 @@ def test_forward_input_checks(unique_name):
     step = runtime.step([("a", 0, 6)])
     with pytest.raises(ValueError, match="x must be"):
         conv(torch.randn(6, 16), step.positions)
-    with pytest.raises(ValueError, match="positions must be"):
-        conv(torch.randn(6, 32), step.positions[:5])
+    # The positions travel in the step's batch (checked when it is built); the
+    # layer's argument is not read.
+    assert torch.equal(step.metadata.positions, step.positions)
     with forward_metadata(step.metadata):
-        with pytest.raises(ValueError, match="metadata describes 6 tokens"):
+        with pytest.raises(ValueError, match="batch describes 6 tokens"):
             conv(torch.randn(5, 32), torch.arange(5))
-        with pytest.raises(TypeError, match="bind a cache of the activation dtype"):
+        with pytest.raises(TypeError, match="differs from x dtype"):
             conv(torch.randn(6, 32), step.positions)
     # Slots computed for N = 4 must not be used with a cache of 8-row blocks.
     assert step.metadata.block_size == 4
     owner.bind_cache(torch.zeros(8, 4, 8, owner.layout.head_size))
     with forward_metadata(step.metadata):
-        with pytest.raises(ValueError, match="built for block size 4 but the bound cache has 8"):
+        with pytest.raises(ValueError, match=r"cache.shape\[2\] = 8 differs from the batch's block_size 4"):
             conv(torch.randn(6, 32), step.positions)
 
 
@@ -300,3 +301,41 @@ def test_prefix_hit_errors():
         runtime.step([("A", 16, 1), ScheduledChunk("B", 8, 1, prefix_from="A")])
     runtime.step([ScheduledChunk("B", 16, 2, prefix_from="A")])
     assert runtime.block_table_row("B")[3] == runtime.block_table_row("A")[3]
+
+
+@pytest.mark.parametrize("tap_map", [False, True])
+def test_one_check_per_layer_launch(tap_map, unique_name, monkeypatch):
+    """The step's batch is checked once when the runtime builds it; each layer launch
+    on it then runs exactly one check (the kernels' check_conv_call): the layer and
+    the metadata lookup add none (they used to add a pass of their own)."""
+    import sys
+
+    from inkling_kernels import checks
+
+    counts: dict[str, int] = {}
+    public = [n for n in dir(checks) if n.startswith("check_")]
+    originals = {n: getattr(checks, n) for n in public}
+
+    def counted(name):
+        def wrapper(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return originals[name](*args, **kwargs)
+
+        return wrapper
+
+    wrappers = {n: counted(n) for n in public}
+    for mod in [m for k, m in list(sys.modules.items()) if k.startswith(("inkling_kernels", "inkling_model"))]:
+        for n in public:
+            if getattr(mod, n, None) is originals[n]:
+                monkeypatch.setattr(mod, n, wrappers[n])
+    owner = ConvStateOwner(make_layout(), unique_name())
+    convs = [InklingShortConv(owner.stream_dim(s), 4, owner, s) for s in Stream]
+    runtime = PagedConvRuntime(16, 4, 4, max_num_tokens=16, tap_map=tap_map)
+    runtime.allocate_caches([owner], torch.float32)
+    step = runtime.step([("a", 0, 5), ("b", 0, 2)], pad_to=8)
+    assert counts.get("check_batch") == 1  # once per step and group
+    counts.clear()
+    with forward_metadata(step.metadata):
+        for conv in convs:
+            conv(torch.randn(8, conv.dim), step.positions)
+    assert counts == {"check_conv_call": len(convs)}

@@ -53,12 +53,14 @@ def test_builder_fills_per_token_metadata_in_persistent_buffers(seed):
         # Stale contents from a previous, bigger step must not leak into pad rows.
         builder.seq_idx_buffer.fill_(77)
         builder.query_start_buffer.fill_(77)
-        meta = builder.build(qsl, slots, table, len(lens), actual, padded)
+        positions = torch.arange(padded, dtype=torch.int64)
+        meta = builder.build(qsl, slots, table, len(lens), actual, padded, block_size=4, positions=positions)
         want_seq, want_start = expected_seq_metadata(lens, padded)
         assert meta.seq_idx.tolist() == want_seq
         assert meta.query_start.tolist() == want_start
         assert meta.slot_mapping.tolist() == slots.tolist()
-        assert meta.block_table is table and meta.num_tokens == padded
+        assert meta.block_table is table and meta.num_tokens == padded and meta.num_actual_tokens == actual
+        assert meta.positions.data_ptr() == positions.data_ptr() and meta.block_size == 4
         assert meta.seq_idx.data_ptr() == seq_ptr and meta.query_start.data_ptr() == start_ptr
         assert meta.seq_idx.dtype == torch.int32 and meta.query_start.dtype == torch.int32
 
@@ -67,17 +69,19 @@ def test_builder_pads_a_short_slot_mapping_with_minus_one():
     builder = SconvMetadataBuilder(16)
     qsl = torch.tensor([0, 2, 5], dtype=torch.int32)
     slots = torch.tensor([8, 9, 20, 21, 22], dtype=torch.int64)
-    meta = builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8)
+    table = torch.zeros(2, 3, dtype=torch.int32)
+    pos = dict(block_size=4, positions=torch.zeros(8, dtype=torch.int64))
+    meta = builder.build(qsl, slots, table, 2, 5, 8, **pos)
     assert meta.slot_mapping.tolist() == [8, 9, 20, 21, 22, -1, -1, -1]
     assert meta.slot_mapping.data_ptr() == builder.slot_mapping_buffer.data_ptr()
-    assert meta.block_size is None
+    assert meta.block_size == 4 and meta.kernel_size is None and meta.tap_map is None
     # Between the real and the padded count: copied, the rest -1.
     six = torch.tensor([8, 9, 20, 21, 22, -1], dtype=torch.int64)
-    meta = builder.build(qsl, six, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8)
+    meta = builder.build(qsl, six, table, 2, 5, 8, **pos)
     assert meta.slot_mapping.tolist() == [8, 9, 20, 21, 22, -1, -1, -1]
-    assert builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8, block_size=16).block_size == 16
+    assert builder.build(qsl, slots, table, 2, 5, 8, **{**pos, "block_size": 16}).block_size == 16
     with pytest.raises(ValueError, match="block_size"):
-        builder.build(qsl, slots, torch.zeros(2, 3, dtype=torch.int32), 2, 5, 8, block_size=0)
+        builder.build(qsl, slots, table, 2, 5, 8, **{**pos, "block_size": 0})
 
 
 @pytest.mark.parametrize(
@@ -88,8 +92,10 @@ def test_builder_pads_a_short_slot_mapping_with_minus_one():
         (dict(block_table=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "int32"),
         (dict(block_table=torch.zeros(1, 3, dtype=torch.int32)), ValueError, "fewer than num_reqs"),
         (dict(slot_mapping=torch.zeros(6, dtype=torch.int32)), TypeError, "int64"),
-        (dict(slot_mapping=torch.zeros(4, dtype=torch.int64)), ValueError, "fewer than num_actual_tokens"),
-        (dict(query_start_loc=torch.tensor([0, 2], dtype=torch.int32)), ValueError, "num_reqs \\+ 1"),
+        (dict(slot_mapping=torch.zeros(4, dtype=torch.int64)), ValueError, "at least num_actual_tokens"),
+        (dict(positions=torch.zeros(8, dtype=torch.int32)), TypeError, "int64"),
+        (dict(positions=torch.zeros(7, dtype=torch.int64)), ValueError, "num_padded_tokens"),
+        (dict(query_start_loc=torch.tensor([0, 2], dtype=torch.int32)), ValueError, "num_reqs 2 needs"),
         (dict(num_reqs=-1), ValueError, "num_reqs"),
     ],
 )
@@ -102,6 +108,8 @@ def test_builder_rejects_bad_input(kwargs, error, match):
         num_reqs=2,
         num_actual_tokens=5,
         num_padded_tokens=8,
+        block_size=4,
+        positions=torch.zeros(8, dtype=torch.int64),
     )
     args.update(kwargs)
     with pytest.raises(error, match=match):
@@ -168,7 +176,7 @@ def test_owner_for_layer_picks_global_or_sliding_layout(unique_name):
 
 def meta_stub(tag: int) -> SconvMetadata:
     t = torch.full((1,), tag, dtype=torch.int64)
-    return SconvMetadata(torch.zeros(1, 1, dtype=torch.int32), t, t.int(), t.int())
+    return SconvMetadata(t, torch.zeros(1, 1, dtype=torch.int32), t.int(), t, t.int(), block_size=4)
 
 
 def test_forward_metadata_single_dict_none_and_nesting():
@@ -200,7 +208,7 @@ def test_engine_provider():
     assert current_metadata("draft.conv") is None
     assert seen == ["model.layers.0.conv", "draft.conv"]
     set_metadata_provider(lambda name: "not metadata")
-    with pytest.raises(TypeError, match="SconvMetadata or None"):
+    with pytest.raises(TypeError, match="SconvBatch or None"):
         current_metadata("model.layers.0.conv")
     with pytest.raises(TypeError, match="callable"):
         set_metadata_provider(42)  # type: ignore[arg-type]

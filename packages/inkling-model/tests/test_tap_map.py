@@ -36,12 +36,9 @@ def make_layout(kernel_size: int = 4) -> ConvStateLayout:
 
 def reference_map(meta: SconvMetadata, positions: torch.Tensor, kernel_size: int) -> torch.Tensor:
     """sconv_tap_map_ref of exactly ``meta`` (pad rows included)."""
-    assert meta.block_size is not None
+    assert torch.equal(meta.positions, positions[: meta.num_tokens])
     out = torch.full((meta.num_tokens, kernel_size - 1), -99, dtype=torch.int64)
-    sconv_tap_map_ref(
-        positions[: meta.num_tokens], meta.block_table, meta.seq_idx, meta.slot_mapping,
-        meta.query_start, meta.block_size, kernel_size, out,
-    )
+    sconv_tap_map_ref(meta._replace_unchecked(tap_map=None), out)
     return out
 
 
@@ -89,8 +86,6 @@ def test_builder_map_equals_the_reference_in_a_persistent_buffer(kernel_size, bl
         qsl, slots, table, num_reqs, actual, padded, positions = random_batch(rng, block_size)
         # Stale contents of a previous step must not survive in the rows of this one.
         builder.tap_map_buffer.fill_(77)
-        if i % 2:
-            positions = positions.to(torch.int32)
         meta = builder.build(qsl, slots, table, num_reqs, actual, padded, block_size=block_size, positions=positions)
         assert meta.tap_map is not None
         assert meta.tap_map.shape == (padded, kernel_size - 1) and meta.tap_map.dtype == torch.int64
@@ -157,13 +152,17 @@ def _args(**overrides):
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        (dict(block_size=None), ValueError, "pass block_size"),
-        (dict(positions=torch.zeros(7, dtype=torch.int64)), ValueError, "positions has 7 entries, fewer than num_padded_tokens"),
+        (dict(block_size=None), TypeError, "block_size must be an int"),
+        (dict(block_size=0), ValueError, "block_size must be >= 1"),
+        (dict(positions=torch.zeros(7, dtype=torch.int64)), ValueError, "at least num_padded_tokens"),
         (dict(positions=torch.zeros(2, 8, dtype=torch.int64)), ValueError, "positions must be 1-D"),
-        (dict(positions=torch.zeros(8)), TypeError, "positions must be int64 or int32"),
+        (dict(positions=torch.zeros(8)), TypeError, "positions must be int64"),
+        (dict(positions=torch.zeros(8, dtype=torch.int32)), TypeError, "positions must be int64"),
         (dict(positions=torch.zeros(16, dtype=torch.int64)[::2]), ValueError, "positions must be contiguous"),
-        (dict(positions=torch.zeros(8, dtype=torch.int64, device="meta")), ValueError, "positions is on meta"),
-        (dict(positions=[0] * 8), TypeError, "positions must be a torch.Tensor"),
+        (dict(positions=torch.zeros(8, dtype=torch.int64, device="meta")), ValueError, "the batch is on meta"),
+        (dict(positions=[0] * 8), TypeError, "must be torch.Tensors"),
+        (dict(positions=None), TypeError, "must be torch.Tensors"),
+        (dict(block_table=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "block_table must be int32"),
     ],
 )
 def test_builder_build_errors_come_before_any_launch(overrides, error, match):
@@ -179,7 +178,7 @@ def test_builder_build_errors_come_before_any_launch(overrides, error, match):
 
 def test_positions_are_checked_even_when_no_map_is_built():
     builder = SconvMetadataBuilder(16)
-    with pytest.raises(ValueError, match="fewer than num_padded_tokens"):
+    with pytest.raises(ValueError, match="at least num_padded_tokens"):
         builder.build(**_args(positions=torch.zeros(3, dtype=torch.int64)))
 
 
@@ -192,10 +191,9 @@ def test_no_map_without_positions_or_when_disabled():
     assert SconvMetadataBuilder(16).build(**_args()).tap_map is None
     off = SconvMetadataBuilder(16, kernel_size=4, tap_map=False)
     assert off.tap_map_buffer is None and off.build(**_args()).tap_map is None
-    # enabled but no positions given: no map (and block_size is then optional)
+    # positions and the block size are part of every batch: required (checked above)
     on = SconvMetadataBuilder(16, kernel_size=4, tap_map=True)
-    assert on.build(**_args(positions=None)).tap_map is None
-    assert on.build(**_args(positions=None, block_size=None)).tap_map is None
+    assert on.build(**_args()).tap_map is not None
     # the runtime: auto on CPU builds none, tap_map=True always
     assert PagedConvRuntime(8, 4, 4, max_num_tokens=16).step([("a", 0, 3)]).metadata.tap_map is None
     forced = PagedConvRuntime(8, 4, 4, max_num_tokens=16, tap_map=True).step([("a", 0, 3)])
@@ -204,24 +202,26 @@ def test_no_map_without_positions_or_when_disabled():
 
 def test_dataclass_default_is_no_map():
     meta = SconvMetadata(
+        positions=torch.zeros(1, dtype=torch.int64),
         block_table=torch.zeros(1, 1, dtype=torch.int32),
         slot_mapping=torch.zeros(1, dtype=torch.int64),
         seq_idx=torch.zeros(1, dtype=torch.int32),
         query_start=torch.zeros(1, dtype=torch.int32),
+        block_size=4,
     )
-    assert meta.tap_map is None
+    assert meta.tap_map is None and meta.kernel_size is None
 
 
 # --- the layers ----------------------------------------------------------------------
 class FusedSconvSpy:
-    """Wraps inkling_model.sconv.fused_sconv and records the tap_map of each call."""
+    """Wraps inkling_model.sconv.fused_sconv and records the tap map of each call's batch."""
 
     def __init__(self, real):
         self.real = real
         self.maps: list[torch.Tensor | None] = []
 
     def __call__(self, *args, **kwargs):
-        self.maps.append(kwargs.get("tap_map"))
+        self.maps.append(args[3].tap_map)  # (x, weight, cache, batch, ...)
         return self.real(*args, **kwargs)
 
 
@@ -269,7 +269,9 @@ def test_layers_pass_the_map_and_match_the_run_without_it(block_size, spy, uniqu
             assert torch.equal(a, b)
 
 
-def test_layer_skips_a_map_of_another_kernel_size(spy, unique_name):
+def test_layer_refuses_a_batch_of_another_kernel_size(spy, unique_name):
+    """The batch names its group's kernel size: a layer of another W is refused before
+    any launch (it used to skip the map silently); a matching batch hands its map on."""
     owner = ConvStateOwner(make_layout(), unique_name())
     conv = InklingShortConv(32, 4, owner, Stream.V)
     torch.nn.init.normal_(conv.weight)
@@ -278,11 +280,13 @@ def test_layer_skips_a_map_of_another_kernel_size(spy, unique_name):
     step = runtime.step([("a", 0, 6)])
     x = torch.randn(6, 32)
     assert step.metadata.tap_map is not None
-    other = dataclasses.replace(step.metadata, tap_map=torch.full((6, 4), -1, dtype=torch.int64))
+    other = dataclasses.replace(step.metadata, kernel_size=5, tap_map=torch.full((6, 4), -1, dtype=torch.int64))
+    before = owner.cache.clone()
     with forward_metadata(other):
-        y = conv(x, step.positions)
-    assert spy.maps == [None]  # a [T, 4] map belongs to W = 5 layers: not passed
-    torch.testing.assert_close(y, causal_conv_ref(x, conv.weight))
+        with pytest.raises(ValueError, match="kernel_size 5"):
+            conv(x, step.positions)
+    assert torch.equal(owner.cache, before)  # refused before any launch
     with forward_metadata(step.metadata):
-        conv(x, step.positions)
+        y = conv(x, step.positions)
     assert spy.maps[-1] is step.metadata.tap_map
+    torch.testing.assert_close(y, causal_conv_ref(x, conv.weight))

@@ -133,9 +133,11 @@ def test_builder_maps_common_metadata(lens: list[int], pad: int) -> None:
         query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
         slot_mapping=slots,
         block_table_tensor=table,
+        positions=torch.arange(padded + 2),
     )
     first = builder.build(0, cm)
     assert isinstance(first, SconvMetadata)
+    assert first.positions.data_ptr() == cm.positions.data_ptr() and first.num_tokens == padded
     seq, start = _expected_rows(qsl, padded)
     assert first.seq_idx.tolist() == seq
     assert first.query_start.tolist() == start
@@ -161,6 +163,7 @@ def _common_metadata(block_size: int, positions: bool = True) -> tuple[Any, torc
         query_start_loc_cpu=torch.tensor([0, 4, 7], dtype=torch.int32),
         slot_mapping=torch.tensor(slots, dtype=torch.int64),
         block_table_tensor=table,
+        seq_lens=torch.tensor([9, 3], dtype=torch.int32),
     )
     positions_t = torch.tensor(pos, dtype=torch.int64)
     if positions:
@@ -210,20 +213,24 @@ def test_builder_passes_positions_to_the_tap_map(block_size: int, monkeypatch: p
     meta = builder.build(0, cm)
     assert meta.tap_map is not None and meta.tap_map.shape == (9, 3)
     want = torch.full((9, 3), -7, dtype=torch.int64)
-    sconv_tap_map_ref(positions, meta.block_table, meta.seq_idx, meta.slot_mapping, meta.query_start, block_size, 4, want)
-    assert torch.equal(meta.tap_map, want)
+    sconv_tap_map_ref(meta, want)
+    assert torch.equal(meta.tap_map, want) and torch.equal(meta.positions, positions)
     # Row 0 (position 5) reads positions 4, 3, 2 from the cache of request 0.
     table = cm.block_table_tensor
     assert meta.tap_map[0].tolist() == [int(table[0, p // block_size]) * block_size + p % block_size for p in (4, 3, 2)]
     # Persistent: the second step's map lives in the same buffer.
     again = builder.build(0, cm)
     assert again.tap_map is not None and again.tap_map.data_ptr() == meta.tap_map.data_ptr()
-    # A CommonAttentionMetadata without positions (older runners): no map.
+    # A CommonAttentionMetadata without positions (older runners): the positions are
+    # derived from the sequence lengths (pad rows 0), and so is the same map.
+    mapped = meta.tap_map.clone()
     cm_old, _ = _common_metadata(block_size, positions=False)
-    assert builder.build(0, cm_old).tap_map is None
+    old = builder.build(0, cm_old)
+    assert old.positions.tolist() == positions[:7].tolist() + [0, 0]
+    assert torch.equal(old.tap_map[:7], mapped[:7])
     # Positions that do not cover the padded batch are refused, not misread.
     cm.positions = positions[:5]
-    with pytest.raises(ValueError, match="positions has 5 entries"):
+    with pytest.raises(ValueError, match="at least num_padded_tokens"):
         builder.build(0, cm)
 
 
@@ -236,10 +243,12 @@ def test_builder_refuses_other_specs() -> None:
 # --- metadata provider ------------------------------------------------------------
 def test_provider_reads_the_forward_context(monkeypatch: pytest.MonkeyPatch) -> None:
     meta = SconvMetadata(
+        positions=torch.zeros(1, dtype=torch.int64),
         block_table=torch.zeros(1, 1, dtype=torch.int32),
         slot_mapping=torch.zeros(1, dtype=torch.int64),
         seq_idx=torch.zeros(1, dtype=torch.int32),
         query_start=torch.zeros(1, dtype=torch.int32),
+        block_size=4,
     )
     ctx = SimpleNamespace(attn_metadata=None)
     available = {"v": False}

@@ -1,23 +1,45 @@
-"""inkling_kernels: the fused paged short-conv and sequence-metadata ops.
+"""inkling_kernels: the paged short-conv ops, their PyTorch references and the step's
+metadata type.
 
-Public API: :func:`fused_sconv`, :func:`sconv_seq_metadata`, :func:`sconv_tap_map`,
-:func:`fused_sconv_add_rmsnorm` (torch custom ops ``torch.ops.inkling.*``; CPU
-tensors run the PyTorch references, CUDA tensors the Triton kernels) and the
-references in :mod:`inkling_kernels.reference`.
+Public API:
+
+- :data:`SUPPORTED_DTYPES` — the activation / cache dtypes of every sconv op;
+- :class:`SconvBatch` — the step's per-token metadata, built and validated once per
+  step and KV-cache group, handed to every conv launch;
+- :func:`fused_sconv`, :func:`fused_sconv_add_rmsnorm` — the conv ops, on a batch;
+  :func:`fused_sconv_vllm` — the drop-in with vLLM's in-tree signature;
+- :func:`sconv_seq_metadata`, :func:`sconv_tap_map` — the per-step metadata ops;
+- the references (``*_ref``, :func:`causal_conv_ref`) and the relative-logit
+  attention ops (:mod:`inkling_kernels.rel_attention`).
+
+Every op is a ``torch.ops.inkling.*`` custom op; CPU tensors run the reference, CUDA
+tensors the Triton kernel (:func:`uses_triton`). One folder per op (``sconv/``,
+``sconv_add_rmsnorm/``, ``tap_map/``, ``seq_metadata/``, ``rel_attention/``: the
+public function in ``__init__.py``, ``kernel.py``, ``reference.py``); host checks in
+:mod:`inkling_kernels.checks`; shared Triton helpers in ``_triton_common.py`` and their
+PyTorch twins in ``_reference_common.py``.
 """
 
-from .ops import fused_sconv, sconv_seq_metadata, sconv_tap_map, uses_triton
+from ._dispatch import uses_triton
+from .batch import SconvBatch
+from .checks import ACTIVATION_DTYPES as SUPPORTED_DTYPES
 from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
-from .reference import causal_conv_ref, fused_sconv_ref, sconv_seq_metadata_ref, sconv_tap_map_ref
-from .sconv_add_rmsnorm import fused_sconv_add_rmsnorm
+from .sconv import causal_conv_ref, fused_sconv, fused_sconv_ref, fused_sconv_vllm
+from .sconv_add_rmsnorm import fused_sconv_add_rmsnorm, fused_sconv_add_rmsnorm_ref
+from .seq_metadata import sconv_seq_metadata, sconv_seq_metadata_ref
+from .tap_map import sconv_tap_map, sconv_tap_map_ref
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "SUPPORTED_DTYPES",
+    "SconvBatch",
     "causal_conv_ref",
     "fused_sconv",
     "fused_sconv_add_rmsnorm",
+    "fused_sconv_add_rmsnorm_ref",
     "fused_sconv_ref",
+    "fused_sconv_vllm",
     "paged_rel_attention",
     "rel_attention_ref",
     "sconv_seq_metadata",

@@ -26,7 +26,7 @@ all-gather, then the norm.
 # No ``from __future__ import annotations``: torch.library infers the op schema
 # from the real annotation objects.
 import math
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -46,40 +46,25 @@ def paged_short_conv_add_rmsnorm(
     d: torch.Tensor,
     weight: torch.Tensor,
     norm_weight: torch.Tensor,
-    positions: torch.Tensor,
     owner_name: str,
     stream: int,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(hidden + d + conv(d), rmsnorm(that))`` for owner ``owner_name``'s ``stream``.
+    """``(hidden + d + conv(d), rmsnorm(that))`` for owner ``owner_name``'s ``stream``,
+    on the step's batch from the metadata provider.
 
-    Writes ``d`` into the owner's cache. With no metadata for this owner or no bound
+    Writes ``d`` into the owner's cache. With no batch for this owner or no bound
     cache the conv is the identity: ``(hidden + d, rmsnorm(hidden + d))`` (new
     tensors; a custom op may not return its inputs).
     """
-    state = live_state(owner_name, d)
+    state = live_state(owner_name)
     if state is None:
         new_hidden = hidden + d
         return new_hidden, rms_norm_ref(new_hidden, norm_weight, eps)
-    owner, meta = state
-    cache = owner.cache
+    owner, batch = state
     offset, width = owner.stream_range(stream)
     return fused_sconv_add_rmsnorm(
-        hidden.contiguous(),
-        d.contiguous(),
-        weight,
-        cache,
-        positions,
-        meta.block_table,
-        meta.seq_idx,
-        meta.slot_mapping,
-        meta.query_start,
-        offset,
-        width,
-        owner.block_size,
-        norm_weight,
-        eps,
-        tap_map=meta.tap_map_for(weight.shape[-1]),
+        hidden.contiguous(), d.contiguous(), weight, owner.cache, batch, offset, width, norm_weight, eps
     )
 
 
@@ -89,7 +74,6 @@ def _paged_short_conv_add_rmsnorm_fake(
     d: torch.Tensor,
     weight: torch.Tensor,
     norm_weight: torch.Tensor,
-    positions: torch.Tensor,
     owner_name: str,
     stream: int,
     eps: float,
@@ -197,25 +181,19 @@ class InklingShortConvAddRMSNorm(nn.Module):
         self.norm_weight.copy_(weight)
 
     def forward(
-        self, hidden: torch.Tensor, d: torch.Tensor, positions: torch.Tensor
+        self, hidden: torch.Tensor, d: torch.Tensor, positions: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``hidden``, ``d``: ``[T, dim]`` (flat tokens, pad rows included, one dtype);
-        ``positions [T]`` -> ``(new_hidden, normed)``, both ``[T, dim]`` in d's dtype."""
+        """``hidden``, ``d``: ``[T, dim]`` (flat tokens, pad rows included, one dtype)
+        -> ``(new_hidden, normed)``, both ``[T, dim]`` in d's dtype. The positions come
+        with the step's batch; ``positions`` is accepted and not read."""
         if d.dim() != 2 or d.shape[1] != self.dim:
             raise ValueError(f"d must be [num_tokens, {self.dim}], got {tuple(d.shape)}")
         if hidden.shape != d.shape:
             raise ValueError(f"hidden must have d's shape {tuple(d.shape)}, got {tuple(hidden.shape)}")
         if hidden.dtype != d.dtype:
             raise TypeError(f"hidden is {hidden.dtype} but d is {d.dtype}: pass one activation dtype")
-        if positions.dim() != 1 or positions.shape[0] != d.shape[0]:
-            raise ValueError(
-                f"positions must be [num_tokens] = [{d.shape[0]}], got {tuple(positions.shape)}"
-            )
-        if positions.dtype != torch.int64:
-            positions = positions.to(torch.int64)
         return paged_short_conv_add_rmsnorm(
-            hidden, d, self.conv.weight, self.norm_weight, positions,
-            self.owner.name, int(self.stream), self.eps,
+            hidden, d, self.conv.weight, self.norm_weight, self.owner.name, int(self.stream), self.eps,
         )
 
     def extra_repr(self) -> str:

@@ -13,7 +13,7 @@ pass (no metadata, no cache) gets a graph that still convolves on later passes.
 
 # No ``from __future__ import annotations``: torch.library infers the op schema
 # from the real annotation objects.
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -30,46 +30,28 @@ __all__ = ["InklingShortConv", "paged_short_conv"]
 def paged_short_conv(
     x: torch.Tensor,
     weight: torch.Tensor,
-    positions: torch.Tensor,
     owner_name: str,
     stream: int,
 ) -> torch.Tensor:
     """Paged short conv of ``x [T, C]`` for owner ``owner_name``'s ``stream``.
 
-    Writes ``x`` into the owner's cache and returns ``x + conv(x)`` (through the
-    metadata's tap map when it has one of this kernel size); with no
-    metadata for this owner or no bound cache it returns a copy of ``x`` (a custom
-    op may not return its input).
+    Writes ``x`` into the owner's cache and returns ``x + conv(x)``, on the step's
+    batch (``inkling_kernels.SconvBatch``: positions, block table, tap map, ...) from
+    the metadata provider; with no batch for this owner or no bound cache it returns
+    a copy of ``x`` (a custom op may not return its input).
     """
-    state = live_state(owner_name, x)
+    state = live_state(owner_name)
     if state is None:
         return x.clone()
-    owner, meta = state
-    cache = owner.cache
+    owner, batch = state
     offset, width = owner.stream_range(stream)
-    return fused_sconv(
-        x.contiguous(),
-        weight,
-        cache,
-        positions,
-        meta.block_table,
-        meta.seq_idx,
-        meta.slot_mapping,
-        meta.query_start,
-        offset,
-        width,
-        owner.block_size,
-        # the step's tap map (built once, shared by every stream and layer of the
-        # group), when it was built for this layer's kernel size
-        tap_map=meta.tap_map_for(weight.shape[-1]),
-    )
+    return fused_sconv(x.contiguous(), weight, owner.cache, batch, offset, width)
 
 
 @paged_short_conv.register_fake
 def _paged_short_conv_fake(
     x: torch.Tensor,
     weight: torch.Tensor,
-    positions: torch.Tensor,
     owner_name: str,
     stream: int,
 ) -> torch.Tensor:
@@ -174,18 +156,14 @@ class InklingShortConv(nn.Module):
             )
         self.weight[:, 0, :].copy_(shard)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``x [T, dim]`` (flat tokens of the batch, pad rows included),
-        ``positions [T]`` absolute positions -> ``[T, dim]`` in ``x.dtype``."""
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x [T, dim]`` (flat tokens of the batch, pad rows included) -> ``[T, dim]``
+        in ``x.dtype``. The tokens' positions come with the step's batch (the
+        metadata); ``positions`` is accepted for the decoder layers' calling
+        convention and not read."""
         if x.dim() != 2 or x.shape[1] != self.dim:
             raise ValueError(f"x must be [num_tokens, {self.dim}], got {tuple(x.shape)}")
-        if positions.dim() != 1 or positions.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"positions must be [num_tokens] = [{x.shape[0]}], got {tuple(positions.shape)}"
-            )
-        if positions.dtype != torch.int64:
-            positions = positions.to(torch.int64)
-        return paged_short_conv(x, self.weight, positions, self.owner.name, int(self.stream))
+        return paged_short_conv(x, self.weight, self.owner.name, int(self.stream))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kernel_size={self.kernel_size}, stream={self.stream.name}, owner={self.owner.name!r}"

@@ -234,36 +234,16 @@ def current_metadata(owner_name: str) -> SconvMetadata | None:
     return current_metadata_of(owner_name, SconvMetadata)
 
 
-def live_state(owner_name: str, x: torch.Tensor) -> tuple[ConvStateOwner, SconvMetadata] | None:
-    """The owner and metadata a paged op on ``x [T, C]`` runs with, checked.
-
-    ``None`` when the conv is the identity this forward (no metadata for the owner,
-    or no bound cache: an engine's profiling pass). Otherwise checks that ``x``
-    matches the metadata's token count and the cache's dtype and device, and that the
-    metadata was built for the bound cache's block size; raises saying what to change.
-    """
+def live_state(owner_name: str) -> tuple[ConvStateOwner, SconvMetadata] | None:
+    """The owner and the step's batch a paged op runs with, or ``None`` when the conv
+    is the identity this forward (no metadata for the owner, or no bound cache: an
+    engine's profiling pass). The op itself checks the launch against the batch once
+    (``inkling_kernels.checks.check_conv_call``: token count, the cache's block size,
+    dtype, device)."""
     owner = get_owner(owner_name)
     meta = current_metadata(owner_name)
     if meta is None or not owner.is_bound:
         return None
-    cache = owner.cache
-    if meta.num_tokens != x.shape[0]:
-        raise ValueError(
-            f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but the "
-            f"input has {x.shape[0]} rows; pad the batch to the metadata's padded token count"
-        )
-    if meta.block_size is not None and meta.block_size != owner.block_size:
-        raise ValueError(
-            f"layer {owner_name!r}: the metadata was built for block size {meta.block_size} "
-            f"but the bound cache has {owner.block_size} rows per block"
-        )
-    if cache.dtype != x.dtype:
-        raise TypeError(
-            f"layer {owner_name!r}: the input is {x.dtype} but the bound cache is {cache.dtype}; "
-            "bind a cache of the activation dtype"
-        )
-    if cache.device != x.device:
-        raise ValueError(f"layer {owner_name!r}: the input is on {x.device}, the cache on {cache.device}")
     return owner, meta
 
 

@@ -35,6 +35,7 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from inkling_cache import ConvStateLayout
+from inkling_kernels import SUPPORTED_DTYPES
 from inkling_model import (
     ConvStateOwner,
     RelAttentionMetadata,
@@ -60,19 +61,18 @@ __all__ = [
 ]
 
 BACKEND_NAME = "INKLING_SCONV_SWA"
-#: Activation / cache dtypes the conv state supports (the kernels' dtypes).
-SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # type: ignore[misc]
     """Per-step metadata of one conv-state KV-cache group.
 
-    The seq_idx/query_start buffers are allocated once (for the most tokens one
-    forward may hold) so their addresses survive across steps (CUDA-graph replay).
-    On CUDA, when the model config names the conv kernel size and vLLM hands the
-    step's ``positions`` in ``CommonAttentionMetadata``, the metadata also carries
-    the step's tap map (``inkling_kernels.sconv_tap_map``, one persistent buffer),
-    built once per step for the group and read by every conv launch of its layers.
+    Maps vLLM's ``CommonAttentionMetadata`` onto the step's
+    ``inkling_kernels.SconvBatch`` (through ``inkling_model.SconvMetadataBuilder``),
+    once per step for the group; every conv launch of its layers reads it. The
+    seq_idx/query_start buffers are allocated once (for the most tokens one forward may
+    hold) so their addresses survive across steps (CUDA-graph replay). On CUDA, when
+    the model config names the conv kernel size, the batch also carries the step's tap
+    map (``inkling_kernels.sconv_tap_map``, one persistent buffer).
     """
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
@@ -117,10 +117,25 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             num_actual,
             num_padded,
             block_size=self._block_size,
-            # Set by vLLM's GPU runner (the padded batch's positions); older
-            # runners may not have the field: then no tap map this step.
-            positions=getattr(cm, "positions", None),
+            positions=_positions(cm, num_reqs, num_actual, num_padded),
         )
+
+
+def _positions(cm: CommonAttentionMetadata, num_reqs: int, num_actual: int, num_padded: int) -> torch.Tensor:
+    """The padded batch's positions: vLLM's runner hands them in ``cm.positions``
+    (a persistent buffer); a runner without the field gets them derived from the
+    sequence lengths (request r's rows are its last ``qlen_r`` positions; pad rows 0)."""
+    positions = getattr(cm, "positions", None)
+    if positions is not None:
+        return positions  # the batch checks it (int64, covering the padded rows)
+    qsl = cm.query_start_loc[: num_reqs + 1].long()
+    seq_lens = cm.seq_lens[:num_reqs].long()
+    req = torch.repeat_interleave(
+        torch.arange(num_reqs, device=qsl.device), qsl[1:] - qsl[:-1], output_size=num_actual
+    )
+    out = torch.zeros(num_padded, dtype=torch.int64, device=qsl.device)
+    out[:num_actual] = seq_lens[req] - qsl[req + 1] + torch.arange(num_actual, device=qsl.device)
+    return out
 
 
 def padded_token_count(cm: CommonAttentionMetadata, num_actual: int) -> int:

@@ -64,7 +64,7 @@ def rel_attention_uses_triton(device: "torch.device | str") -> bool:
     ``INKLING_KERNELS_CPU_ATTENTION=reference`` keeps the attention alone on the
     PyTorch path (the interpreter runs it at about a second per layer and step: an
     engine that interprets the conv kernels over many steps may want that)."""
-    from ..ops import uses_triton
+    from .._dispatch import uses_triton
 
     device = torch.device(device)
     if device.type == "cpu":

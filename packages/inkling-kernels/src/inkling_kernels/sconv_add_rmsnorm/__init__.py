@@ -21,16 +21,16 @@ The op checks that ``norm_weight`` covers all of ``d``'s channels; the model lay
 checks the layout.
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema from
-# the real annotation objects.
-import math
-from typing import Optional, cast
+from __future__ import annotations
+
+from typing import Any
 
 import torch
 
-from .._validation import SconvProblem, check_fused_sconv_args, check_tap_map_for_call
-from ..ops import uses_triton
-from .reference import fused_sconv_add_rmsnorm_ref, rms_norm_ref
+from .._dispatch import uses_triton
+from ..batch import OP_SCHEMA, SconvBatch
+from ..checks import SconvProblem, check_conv_call, check_norm_extras
+from .reference import fused_sconv_add_rmsnorm_ref, reference_sconv_add_rmsnorm, rms_norm_ref
 
 __all__ = [
     "check_sconv_add_rmsnorm_args",
@@ -45,122 +45,46 @@ def check_sconv_add_rmsnorm_args(
     d: object,
     weight: object,
     cache: object,
-    positions: object,
-    block_table: object,
-    seq_idx: object,
-    slot_mapping: object,
-    query_start: object,
+    batch: object,
     stream_offset: object,
     stream_width: object,
-    block_size: object,
     norm_weight: object,
     eps: object,
 ) -> SconvProblem:
-    """Validate a call; raise TypeError/ValueError saying what to change.
-
-    The conv arguments are checked exactly as for ``fused_sconv`` (``d`` in the
-    role of ``x``); then ``hidden``, ``norm_weight`` and ``eps``. Reads only shapes,
-    dtypes, strides and devices (safe under CUDA-graph capture).
-    """
-    prob = check_fused_sconv_args(
-        d, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
-        stream_offset, stream_width, block_size, None, True,
-    )
-    d = cast(torch.Tensor, d)  # checked above
-    if not isinstance(hidden, torch.Tensor):
-        raise TypeError(f"hidden must be a torch.Tensor, got {type(hidden).__name__}")
-    if hidden.shape != d.shape:
-        raise ValueError(
-            f"hidden has shape {tuple(hidden.shape)} but d has {tuple(d.shape)}: both are "
-            "[T, C] rows of the residual stream and the sublayer output"
-        )
-    if hidden.dtype != d.dtype:
-        raise TypeError(f"hidden dtype {hidden.dtype} differs from d dtype {d.dtype}")
-    if hidden.device != d.device:
-        raise ValueError(f"hidden is on {hidden.device} but d is on {d.device}")
-    if not hidden.is_contiguous():
-        raise ValueError("hidden must be contiguous: pass hidden.contiguous()")
-    if not isinstance(norm_weight, torch.Tensor):
-        raise TypeError(f"norm_weight must be a torch.Tensor, got {type(norm_weight).__name__}")
-    if norm_weight.dim() != 1 or norm_weight.shape[0] != prob.channels:
-        raise ValueError(
-            f"norm_weight must have shape [C] = [{prob.channels}] (the full row the norm "
-            f"reads), got {tuple(norm_weight.shape)}; the fused op needs the conv to see "
-            "the whole hidden row (tp == 1 for the ATTN/MLP streams)"
-        )
-    if norm_weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"norm_weight must be a float tensor, got {norm_weight.dtype}")
-    if norm_weight.device != d.device:
-        raise ValueError(f"norm_weight is on {norm_weight.device} but d is on {d.device}")
-    if prob.channels > 1 and norm_weight.stride(0) != 1:
-        raise ValueError("norm_weight must be contiguous: pass norm_weight.contiguous()")
-    if isinstance(eps, bool) or not isinstance(eps, (float, int)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite float >= 0, got {eps}")
+    """Validate one launch; raise TypeError/ValueError saying what to change: the conv
+    arguments exactly as for ``fused_sconv`` (``d`` in the role of ``x``), then
+    ``hidden``, ``norm_weight`` and ``eps`` (:mod:`inkling_kernels.checks`)."""
+    prob = check_conv_call(d, weight, cache, batch, stream_offset, stream_width)
+    check_norm_extras(hidden, d, prob, norm_weight, eps)  # type: ignore[arg-type]
     return prob
 
 
-@torch.library.custom_op("inkling::fused_sconv_add_rmsnorm", mutates_args=("cache",))
+# The batch travels as SconvBatch.op_args() (OP_SCHEMA).
+@torch.library.custom_op(
+    "inkling::fused_sconv_add_rmsnorm",
+    mutates_args=("cache",),
+    schema=f"(Tensor hidden, Tensor d, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
+    "SymInt stream_width, Tensor norm_weight, float eps) -> (Tensor, Tensor)",
+)
 def _fused_sconv_add_rmsnorm_op(
-    hidden: torch.Tensor,
-    d: torch.Tensor,
-    weight: torch.Tensor,
-    cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    stream_offset: int,
-    stream_width: int,
-    block_size: int,
-    norm_weight: torch.Tensor,
-    eps: float,
-    tap_map: Optional[torch.Tensor] = None,
+    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    prob = check_sconv_add_rmsnorm_args(
-        hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
-        query_start, stream_offset, stream_width, block_size, norm_weight, eps,
-    )
+    batch, (stream_offset, stream_width, norm_weight, eps) = SconvBatch.split_op_args(args)
+    prob = SconvProblem.of(d, weight, cache)  # checked by fused_sconv_add_rmsnorm
+    call = (hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))
     if not uses_triton(d.device):  # the reference resolves taps itself: no map
-        return fused_sconv_add_rmsnorm_ref(
-            hidden, d, prob, cache, positions, block_table, seq_idx, slot_mapping,
-            query_start, stream_offset, stream_width, block_size, norm_weight, float(eps),
-        )
+        return reference_sconv_add_rmsnorm(*call)
     from .kernel import launch_sconv_add_rmsnorm  # Triton only off the CPU path
 
-    return launch_sconv_add_rmsnorm(
-        hidden, d, prob, cache, positions, block_table, seq_idx, slot_mapping,
-        query_start, stream_offset, stream_width, block_size, norm_weight, float(eps),
-        tap_map=tap_map,
-    )
+    return launch_sconv_add_rmsnorm(*call)
 
 
 @_fused_sconv_add_rmsnorm_op.register_fake
 def _fused_sconv_add_rmsnorm_fake(
-    hidden: torch.Tensor,
-    d: torch.Tensor,
-    weight: torch.Tensor,
-    cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    stream_offset: int,
-    stream_width: int,
-    block_size: int,
-    norm_weight: torch.Tensor,
-    eps: float,
-    tap_map: Optional[torch.Tensor] = None,
+    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    prob = check_sconv_add_rmsnorm_args(
-        hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
-        query_start, stream_offset, stream_width, block_size, norm_weight, eps,
-    )
-    if tap_map is not None:
-        check_tap_map_for_call(tap_map, prob, d.device)
+    batch, rest = SconvBatch.split_op_args(args, check=True)
+    check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, *rest)
     return torch.empty_like(d), torch.empty_like(d)
 
 
@@ -169,18 +93,11 @@ def fused_sconv_add_rmsnorm(
     d: torch.Tensor,
     weight: torch.Tensor,
     cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
+    batch: SconvBatch,
     stream_offset: int,
     stream_width: int,
-    block_size: int,
     norm_weight: torch.Tensor,
     eps: float,
-    *,
-    tap_map: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hidden + d + conv(d), rmsnorm(that) * norm_weight)`` in one pass.
 
@@ -190,29 +107,19 @@ def fused_sconv_add_rmsnorm(
             contiguous; ``C = H * stream_width`` must be the full hidden row.
         weight: (C, W) or (C, 1, W) conv weight, fp32 or d.dtype; ``weight[:, W-1]``
             multiplies the current token.
-        cache, positions, block_table, seq_idx, slot_mapping, query_start,
-        stream_offset, stream_width, block_size: exactly as for
+        cache, batch, stream_offset, stream_width: exactly as for
             :func:`inkling_kernels.fused_sconv`; ``cache`` is mutated (each valid
-            slot's stream range receives its row of ``d``).
+            slot's stream range receives its row of ``d``); the batch's tap map, when
+            it has one, serves the CUDA kernel as it serves ``fused_sconv``.
         norm_weight: [C] the following RMSNorm's weight (any float dtype), applied
             as transformers' ``InklingRMSNorm`` does: ``w * dt(x * rsqrt(mean(x^2) + eps))``.
         eps: the norm's epsilon (``rms_norm_eps``).
-        tap_map: optional, the step's tap map (:func:`inkling_kernels.sconv_tap_map`
-            on the same metadata), exactly as for ``fused_sconv``: the CUDA kernel
-            then reads each tap's source from it instead of resolving it.
 
     Returns:
         ``(new_hidden, normed)``, two new [T, C] tensors in d.dtype, rounded at the
         points where transformers rounds (see :mod:`.reference`).
     """
-    # Checked here too so that bad input raises the errors above, not the dispatcher's.
-    prob = check_sconv_add_rmsnorm_args(
-        hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
-        query_start, stream_offset, stream_width, block_size, norm_weight, eps,
-    )
-    if tap_map is not None:
-        check_tap_map_for_call(tap_map, prob, d.device)
-    return torch.ops.inkling.fused_sconv_add_rmsnorm(
-        hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
-        stream_offset, stream_width, block_size, norm_weight, float(eps), tap_map,
+    check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
+    return torch.ops.inkling.fused_sconv_add_rmsnorm(  # type: ignore[no-any-return]
+        hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width, norm_weight, float(eps)
     )

@@ -13,7 +13,8 @@ Per program:
 
 0. resolve the ``W-1`` earlier taps of each row once, before the channel loop: an
    in-forward tap names a row of ``d``; a pre-forward tap a cache slot through the
-   block table. Same-step hazard, handled as ``fused_sconv`` handles it: a
+   block table (the batch's tap map says so directly when it has one). Same-step
+   hazard, by the rule every kernel shares (:mod:`inkling_kernels._triton_common`): a
    pre-forward slot that a row of this very launch writes (a same-step prefix hit) is
    looked up in ``slot_mapping`` and read from that writer's row of ``d`` instead of
    the cache, so the result equals "insert the whole batch, then convolve" in any
@@ -39,33 +40,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .._validation import SconvProblem, check_tap_map_for_call
-from ..tap_map import decode_tap_codes
+from .._triton_common import decode_tap_codes, last_writers, pow2_ceil, resolve_taps
+from ..batch import SconvBatch
+from ..checks import SconvProblem
 
 __all__ = [
     "NormConfig",
     "choose_norm_config",
     "launch_sconv_add_rmsnorm",
     "sconv_add_rmsnorm_triton",
-    "writer_rows",
 ]
-
-
-@triton.jit
-def writer_rows(keys, slot_ptr, num_tokens, SCAN: tl.constexpr):
-    """For each slot in ``keys`` (any 1-D int64 tensor; use -2 for "no slot"), the
-    row ``t`` of this launch with ``slot_mapping[t] == key`` (the largest one), or -1."""
-    hit = tl.full(keys.shape, -1, tl.int64)
-    # A while loop: under TRITON_INTERPRET=1 a runtime scalar is a 1-element array,
-    # which range() rejects with NumPy 2.
-    s0 = 0
-    while s0 < num_tokens:
-        srows = s0 + tl.arange(0, SCAN)
-        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
-        cand = tl.where(keys[:, None] == sval[None, :], srows.to(tl.int64)[None, :], -1)
-        hit = tl.maximum(hit, tl.max(cand, axis=1))
-        s0 += SCAN
-    return hit
 
 
 @triton.jit
@@ -138,25 +122,21 @@ def _sconv_add_rmsnorm_kernel(
         ok = pslot >= 0
         pslot = tl.where(ok, pslot, 0)
     else:
+        # The shared tap resolution and hazard rule (inkling_kernels._triton_common).
         pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
         qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
         seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        dist = (W - 1 - kidx).to(tl.int64)
-        src = pos[:, None] - dist[None, :]
-        trow = rows64[:, None] - dist[None, :]
-        has_tap = rmask[:, None] & (kidx[None, :] < W) & (src >= 0)
-        in_fwd = has_tap & (trow >= qs[:, None]) & (trow >= 0)
-        pre = has_tap & ~in_fwd
-        bidx = tl.where(pre, src, 0) // N
-        ok = pre & (seq[:, None] >= 0) & (seq[:, None] < num_reqs) & (bidx < max_blocks)
-        entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
-        pslot = entry * N + tl.where(pre, src, 0) % N
-        ok = ok & (pslot >= 0) & (pslot < num_slots)
+        live = rmask[:, None] & (kidx < W - 1)[None, :]
+        trow, in_fwd, pslot = resolve_taps(
+            pos, rows64, qs, seq, live, (W - 1 - kidx).to(tl.int64),
+            table_ptr, num_reqs, max_blocks, stride_table, num_slots, N,
+        )
+        ok = pslot >= 0
         # Row of d each tap reads (-1: none); pre-forward taps first look for a writer.
         drow = tl.where(in_fwd, trow, -1)
         if tl.max(tl.max(ok.to(tl.int32), axis=1), axis=0) > 0:
             keys = tl.reshape(tl.where(ok, pslot, -2), [BLOCK_T * KW])
-            hit = tl.reshape(writer_rows(keys, slot_ptr, num_tokens, SCAN), [BLOCK_T, KW])
+            hit = tl.reshape(last_writers(keys, slot_ptr, num_tokens, SCAN), [BLOCK_T, KW])
             drow = tl.where(ok & (hit >= 0), hit, drow)
             ok = ok & (hit < 0)
         pslot = tl.where(ok, pslot, 0)
@@ -243,10 +223,6 @@ class NormConfig:
     scan: int = 256
 
 
-def _pow2_ceil(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
 def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
     """Tile choice (no autotuning: the grid must depend on T alone).
 
@@ -259,8 +235,8 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
     shape-dependent choices; none was better in the measurements.
     """
     del num_tokens
-    block_j = min(_pow2_ceil(stream_width), 1024)
-    block_h = max(1, min(_pow2_ceil(num_heads), 4096 // block_j))
+    block_j = min(pow2_ceil(stream_width), 1024)
+    block_h = max(1, min(pow2_ceil(num_heads), 4096 // block_j))
     elems = block_h * block_j
     num_warps = 4 if elems >= 2048 else 2 if elems >= 512 else 1
     return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=num_warps)
@@ -271,26 +247,19 @@ def launch_sconv_add_rmsnorm(
     d: torch.Tensor,
     prob: SconvProblem,
     cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
+    batch: SconvBatch,
     stream_offset: int,
     stream_width: int,
-    block_size: int,
     norm_weight: torch.Tensor,
     eps: float,
     config: NormConfig | None = None,
     outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
-    tap_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate the outputs and launch (CUDA, or CPU tensors under TRITON_INTERPRET=1).
 
-    Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``)
-    and, when given, ``tap_map`` ``check_tap_map_for_call``; ``config`` overrides the
-    heuristic tile choice (benchmarks, tests); ``outputs`` are preallocated
-    ``(new_hidden, normed)`` tensors (tests poison them).
+    Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``);
+    ``config`` overrides the heuristic tile choice (benchmarks, tests); ``outputs`` are
+    preallocated ``(new_hidden, normed)`` tensors (tests poison them).
     """
     if outputs is None:
         new_hidden, normed = torch.empty_like(d), torch.empty_like(d)
@@ -306,21 +275,23 @@ def launch_sconv_add_rmsnorm(
         if size < 1 or size & (size - 1):
             raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
     w2 = prob.weight2d
+    table = batch.block_table
+    tap_map = batch.tap_map
     grid = (triton.cdiv(prob.num_tokens, cfg.block_t),)
     _sconv_add_rmsnorm_kernel[grid](
         hidden, d, w2, cache,
-        positions, block_table, seq_idx, slot_mapping, query_start,
-        slot_mapping if tap_map is None else tap_map,  # (unused without a map)
+        batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
+        batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
         norm_weight, new_hidden, normed,
         prob.num_tokens, prob.num_slots,
-        block_table.shape[0], block_table.shape[1],
+        table.shape[0], table.shape[1],
         w2.stride(0), w2.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
-        block_table.stride(0),
+        table.stride(0),
         stream_offset,
         eps,
-        NH=prob.num_heads, WS=stream_width, N=block_size, W=prob.kernel_size,
-        KW=_pow2_ceil(prob.kernel_size),
+        NH=prob.num_heads, WS=stream_width, N=batch.block_size, W=prob.kernel_size,
+        KW=pow2_ceil(prob.kernel_size),
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_J=cfg.block_j, SCAN=cfg.scan,
         USE_MAP=tap_map is not None,
         num_warps=cfg.num_warps,
@@ -333,35 +304,23 @@ def sconv_add_rmsnorm_triton(
     d: torch.Tensor,
     weight: torch.Tensor,
     cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
+    batch: SconvBatch,
     stream_offset: int,
     stream_width: int,
-    block_size: int,
     norm_weight: torch.Tensor,
     eps: float,
     *,
     config: NormConfig | None = None,
     outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
-    tap_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate and launch the Triton kernel directly (any device Triton runs on).
+    """Check and launch the Triton kernel directly (any device Triton runs on).
 
     Same contract as :func:`inkling_kernels.fused_sconv_add_rmsnorm`; used by tests
     (CPU tensors under ``TRITON_INTERPRET=1``) and benchmarks (``config``)."""
     from . import check_sconv_add_rmsnorm_args
 
-    prob = check_sconv_add_rmsnorm_args(
-        hidden, d, weight, cache, positions, block_table, seq_idx, slot_mapping,
-        query_start, stream_offset, stream_width, block_size, norm_weight, eps,
-    )
-    if tap_map is not None:
-        tap_map = check_tap_map_for_call(tap_map, prob, d.device)
+    prob = check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
     return launch_sconv_add_rmsnorm(
-        hidden, d, prob, cache, positions, block_table, seq_idx, slot_mapping,
-        query_start, stream_offset, stream_width, block_size, norm_weight, float(eps),
-        config=config, outputs=outputs, tap_map=tap_map,
+        hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps),
+        config=config, outputs=outputs,
     )

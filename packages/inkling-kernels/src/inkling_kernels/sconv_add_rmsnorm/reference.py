@@ -1,9 +1,10 @@
 """fp32 PyTorch reference of the fused short conv + residual add + RMSNorm.
 
 It is the CPU path of :func:`inkling_kernels.fused_sconv_add_rmsnorm` and the oracle
-of its tests. It is written independently of :func:`inkling_kernels.reference.
-fused_sconv_ref` (it reads each token's whole window of ``W`` inputs in one gather
-from a post-write view of the cache) so that the two can check each other.
+of its tests. It shares the tap resolution of every reference
+(:mod:`inkling_kernels._reference_common`) but gathers differently from
+:func:`inkling_kernels.fused_sconv_ref` (each token's whole window of ``W`` inputs in
+one gather from a post-write view of the cache), so that the two check each other.
 
 Rounding follows transformers' Inkling exactly (``InklingShortConvolution``, the
 decoder layer's ``residual + ...`` and ``InklingRMSNorm``), ``dt`` being the
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import SconvProblem
+from .._reference_common import pre_forward_slots, tap_sources
+from ..batch import SconvBatch
+from ..checks import SconvProblem
 
-__all__ = ["fused_sconv_add_rmsnorm_ref", "rms_norm_ref"]
+__all__ = ["fused_sconv_add_rmsnorm_ref", "reference_sconv_add_rmsnorm", "rms_norm_ref"]
 
 
 def rms_norm_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -39,23 +42,18 @@ def rms_norm_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torc
     return (norm_weight.float() * y.float()).to(x.dtype)
 
 
-def fused_sconv_add_rmsnorm_ref(
+def reference_sconv_add_rmsnorm(
     hidden: torch.Tensor,
     d: torch.Tensor,
     prob: SconvProblem,
     cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
+    batch: SconvBatch,
     stream_offset: int,
     stream_width: int,
-    block_size: int,
     norm_weight: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference on validated arguments (``prob`` from the argument checks).
+    """Reference on checked arguments (``prob`` from the launch's checks).
 
     Stores ``d``'s rows in their slots (negative or out-of-range slots are skipped),
     then convolves each row over its window: taps of rows in this forward
@@ -67,32 +65,26 @@ def fused_sconv_add_rmsnorm_ref(
     num_tokens, channels = prob.num_tokens, prob.channels
     if num_tokens == 0:
         return torch.empty_like(d), torch.empty_like(d)
-    n, width, heads, kernel = block_size, stream_width, prob.num_heads, prob.kernel_size
+    n, width, heads, kernel = batch.block_size, stream_width, prob.num_heads, prob.kernel_size
     lo, hi = stream_offset, stream_offset + width
     num_slots = prob.num_slots
 
     # Write first: every later read sees this call's inputs.
-    slots = slot_mapping.long()
+    slots = batch.slot_mapping
     keep = (slots >= 0) & (slots < num_slots)
     if bool(keep.any()):
         kept = slots[keep]
         cache[kept // n, :, kept % n, lo:hi] = d[keep].reshape(-1, heads, width)
 
-    # Window of every row: [T, W] source positions and rows, oldest first.
-    lags = torch.arange(kernel - 1, -1, -1, device=d.device)  # W-1 .. 0
-    pos = positions.long()[:, None] - lags[None, :]
-    row = torch.arange(num_tokens, device=d.device)[:, None] - lags[None, :]
-    live = pos >= 0
-    from_d = live & (row >= query_start.long()[:, None]) & (row >= 0)
-
-    # Pre-forward taps through the block table.
-    num_reqs, max_blocks = block_table.shape
-    req = seq_idx.long()[:, None].expand(-1, kernel)
-    col = pos.clamp(min=0) // n
-    table_ok = (req >= 0) & (req < num_reqs) & (col < max_blocks)
-    entry = block_table[req.clamp(0, max(num_reqs - 1, 0)), col.clamp(0, max(max_blocks - 1, 0))]
-    slot = entry.long() * n + pos.clamp(min=0) % n
-    from_cache = live & ~from_d & table_ok & (slot >= 0) & (slot < num_slots)
+    # Window of every row: [T, W] taps, oldest first (distance W-1 .. 0).
+    lags = torch.arange(kernel - 1, -1, -1, device=d.device)
+    rows = torch.arange(num_tokens, device=d.device)
+    src, row, from_d, pre = tap_sources(
+        batch.positions[:, None], rows[:, None], batch.query_start.long()[:, None], lags[None, :]
+    )
+    req = batch.seq_idx.long()[:, None].expand(-1, kernel)
+    slot, usable = pre_forward_slots(src, req, batch.block_table, n, num_slots)
+    from_cache = pre & usable
     slot = torch.where(from_cache, slot, torch.zeros_like(slot))
     cached = cache[slot // n, :, slot % n, lo:hi].reshape(num_tokens, kernel, channels).float()
 
@@ -107,3 +99,22 @@ def fused_sconv_add_rmsnorm_ref(
     s = (d.float() + conv).to(d.dtype)
     new_hidden = (hidden.float() + s.float()).to(d.dtype)
     return new_hidden, rms_norm_ref(new_hidden, norm_weight, eps)
+
+
+def fused_sconv_add_rmsnorm_ref(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for :func:`inkling_kernels.fused_sconv_add_rmsnorm` (checked; same
+    signature)."""
+    from . import check_sconv_add_rmsnorm_args
+
+    prob = check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
+    return reference_sconv_add_rmsnorm(hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))

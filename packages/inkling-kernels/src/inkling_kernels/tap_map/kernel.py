@@ -17,11 +17,12 @@ Codes (int64), entry ``[t, k]`` = the tap at distance ``k + 1`` of row ``t``:
 Two launches, both with grids that depend only on T: the first writes every row's
 codes (pre-forward taps with ``u = -1``); the second, over (map-entry tiles x slot
 spans), compares the pre-forward slots of its entries with its span of
-``slot_mapping`` (int32 compares) and raises the matching entries with ``atomic_max`` (the writer code is larger than the
-plain one; the largest writer row wins when several rows name one slot). Tiles with
-no pre-forward tap (the inside of a prefill) leave after one load. Unlike the
-in-kernel search of ``fused_sconv`` without a map, this is exact for any same-step
-hit, block-aligned or not.
+``slot_mapping`` (int32 compares) and raises the matching entries with ``atomic_max``
+(the writer code is larger than the plain one; the largest writer row wins when
+several rows name one slot: the hazard rule of :mod:`inkling_kernels._triton_common`,
+whose tap resolution the first launch shares). Tiles with no pre-forward tap (the
+inside of a prefill) leave after one load. Exact for any same-step hit, block-aligned
+or not.
 """
 
 from __future__ import annotations
@@ -30,21 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import check_tap_map_args
+from .._triton_common import match_rows, pow2_ceil, resolve_taps
+from ..batch import SconvBatch
+from ..checks import check_tap_map_call
 
-__all__ = ["decode_tap_codes", "sconv_tap_map_triton"]
-
-
-@triton.jit
-def decode_tap_codes(code, num_slots):
-    """Tap-map codes (int64, any shape) -> ``(x row, cache slot)``, each -1 where the
-    tap does not come from there (both -1: no tap). A slot at or beyond ``num_slots``
-    reads as no tap, and so does its same-step writer (that write is skipped)."""
-    writer = (code >> 32) - 1  # same-step writer row, -1 if none
-    cslot = code - ((writer + 1) << 32)
-    usable = (code >= 0) & (cslot < num_slots)
-    xrow = tl.where(code <= -2, -code - 2, tl.where(usable & (writer >= 0), writer, -1))
-    return xrow, tl.where(usable & (writer < 0), cslot, -1)
+__all__ = ["hazard_tiles", "launch_sconv_tap_map", "sconv_tap_map_triton"]
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
@@ -70,18 +61,12 @@ def _tap_map_base_kernel(
     qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
     seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
     kk = tl.arange(0, WP)
-    dist = (kk + 1).to(tl.int64)[None, :]
     live = rmask[:, None] & (kk < TAPS)[None, :]
-    src = pos[:, None] - dist
-    trow = rows64[:, None] - dist
-    has_tap = src >= 0
-    in_fwd = has_tap & (trow >= qs[:, None]) & (trow >= 0)
-    bidx = src // N
-    ok = live & has_tap & ~in_fwd & (seq >= 0)[:, None] & (seq < num_reqs)[:, None] & (bidx < max_blocks)
-    entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
-    slot = entry * N + src % N
-    ok = ok & (slot >= 0) & (slot <= 2147483647)
-    code = tl.where(in_fwd, -(trow + 2), tl.where(ok, slot, -1))
+    trow, in_fwd, pslot = resolve_taps(
+        pos, rows64, qs, seq, live, (kk + 1).to(tl.int64),
+        table_ptr, num_reqs, max_blocks, stride_table, 2147483648, N,
+    )
+    code = tl.where(in_fwd, -(trow + 2), pslot)
     tl.store(map_ptr + rows64[:, None] * TAPS + kk[None, :], code, mask=live)
 
 
@@ -111,14 +96,10 @@ def _tap_map_hazard_kernel(
             srows = span0 + c * CHUNK + tl.arange(0, CHUNK)
             sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1).to(tl.int64)
             sval = tl.where((sval >= 0) & (sval <= 2147483647), sval, -1).to(tl.int32)
-            best = tl.maximum(best, tl.where(key[:, None] == sval[None, :], srows[None, :], -1))
+            best = tl.maximum(best, match_rows(key, sval, srows))
         hit = tl.max(best, axis=1)
         found = pre & (hit >= 0)
         tl.atomic_max(map_ptr + idx, code + ((hit.to(tl.int64) + 1) << 32), mask=live & found)
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
 
 
 def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
@@ -133,38 +114,33 @@ def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
         keys, chunk, span = 32, 128, 512
     else:
         keys, chunk, span = 128, 64, 1024
-    return keys, chunk, max(chunk, min(span, _pow2_ceil(num_tokens)))
+    return keys, chunk, max(chunk, min(span, pow2_ceil(num_tokens)))
 
 
-def sconv_tap_map_triton(
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    block_size: int,
-    kernel_size: int,
-    tap_map_out: torch.Tensor,
-) -> None:
-    """Validate and launch (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``).
-    Same contract as :func:`inkling_kernels.sconv_tap_map`."""
-    num_tokens = check_tap_map_args(
-        positions, block_table, seq_idx, slot_mapping, query_start, block_size,
-        kernel_size, tap_map_out,
-    )
+def launch_sconv_tap_map(batch: SconvBatch, kernel_size: int, tap_map_out: torch.Tensor) -> None:
+    """Fill ``tap_map_out[:T]`` for ``batch`` (checked) and kernel size ``kernel_size``
+    (two launches; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``)."""
+    num_tokens = batch.num_tokens
     if num_tokens == 0:
         return
     taps = kernel_size - 1
-    wp = _pow2_ceil(taps)
-    block_r = 64
-    _tap_map_base_kernel[(triton.cdiv(num_tokens, block_r),)](
-        positions, block_table, seq_idx, query_start, tap_map_out,
-        num_tokens, block_table.shape[0], block_table.shape[1], block_table.stride(0),
-        N=block_size, TAPS=taps, WP=wp, BLOCK_R=block_r, num_warps=4,
+    table = batch.block_table
+    _tap_map_base_kernel[(triton.cdiv(num_tokens, 64),)](
+        batch.positions, table, batch.seq_idx, batch.query_start, tap_map_out,
+        num_tokens, table.shape[0], table.shape[1], table.stride(0),
+        N=batch.block_size, TAPS=taps, WP=pow2_ceil(taps), BLOCK_R=64, num_warps=4,
     )
     keys, chunk, span = hazard_tiles(num_tokens)
     grid = (triton.cdiv(num_tokens * taps, keys), triton.cdiv(num_tokens, span))
     _tap_map_hazard_kernel[grid](
-        slot_mapping, tap_map_out, num_tokens,
+        batch.slot_mapping, tap_map_out, num_tokens,
         TAPS=taps, KEYS=keys, CHUNK=chunk, SPAN=span, num_warps=4,
     )
+
+
+def sconv_tap_map_triton(batch: SconvBatch, tap_map_out: torch.Tensor) -> SconvBatch:
+    """Check and launch the Triton kernels directly, whatever the device. Same
+    contract as :func:`inkling_kernels.sconv_tap_map`."""
+    kernel_size = check_tap_map_call(batch, tap_map_out)
+    launch_sconv_tap_map(batch, kernel_size, tap_map_out)
+    return batch._replace_unchecked(tap_map=tap_map_out[: batch.num_tokens])  # checked above

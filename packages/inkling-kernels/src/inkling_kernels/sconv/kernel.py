@@ -12,16 +12,23 @@ it depends only on T, nothing is allocated besides ``out`` and nothing syncs wit
 the host, so the launch replays under CUDA graphs.
 
 Same-step hazard (docs/design.md §3.2): a request that prefix-hit blocks which another
-request writes in this very launch reads those slots as pre-forward taps, and
-program order on the GPU is undefined. Prefix hits are whole blocks, so only a
-request whose first row in the call starts a block (``p0 % N == 0``) can be such a
-reader. For those rows' pre-forward taps the kernel looks the slot up among this
-launch's writes (``slot_mapping``, scanned one row at a time; the first two chunks
-of the scan are loaded once per program, so a decode batch costs no extra loads)
-and, on a hit, reads the writer's row of ``x`` instead of the cache. The result
-equals "insert the whole batch, then convolve" (the reference's semantics) whenever
-a pre-forward slot written in the same call belongs to a block-aligned hit — the
-only way a serving engine produces one (partial blocks are never shared).
+request writes in this very launch reads those slots as pre-forward taps, and program
+order on the GPU is undefined. With the step's tap map (``batch.tap_map``) the map says
+which row of x to read instead. Without one the kernel applies the same rule itself
+(:mod:`inkling_kernels._triton_common`): every usable pre-forward slot is looked up
+among this launch's writes (``slot_mapping``, scanned one row at a time; the first two
+chunks of the scan are loaded once per program, so a decode batch costs no extra
+loads) and, on a hit, the writer's row of ``x`` is read instead of the cache. The
+result equals "insert the whole batch, then convolve" (the reference's semantics) at
+any alignment of the hit.
+
+Which path runs (measured on an H200, benchmarks/RESULTS.md): without a map, the
+in-kernel prologue (block table + hazard search) costs more than building a map once
+for the call (two small launches) as soon as a launch moves about a million elements
+(``T * C >= MAP_MIN_WORK``: decode 256 x 6144 16.7 µs map-less vs 8.1 + 4.5 with a
+map; prefill 8192 x 6144 140.7 vs 110.4 + 8.6), and less below (decode 64 x 6144 6.9
+vs 4.3 + 3.9; decode 1 3.6 vs 2.1 + 3.6). So a batch without a map takes the map-less
+kernel for small launches and builds a map for the call for large ones.
 """
 
 from __future__ import annotations
@@ -32,24 +39,26 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import check_fused_sconv_args, check_tap_map_for_call
-from .tap_map import decode_tap_codes
+from .._triton_common import decode_tap_codes, match_last_writer, pow2_ceil, resolve_taps
+from ..batch import SconvBatch
+from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 
-__all__ = ["SconvConfig", "choose_config", "fused_sconv_triton"]
+__all__ = ["MAP_MIN_WORK", "SconvConfig", "choose_config", "fused_sconv_triton", "launch_fused_sconv"]
 
 
 @triton.jit
-def _resolve_taps(
+def _mapless_taps(
     rows, rows64, rmask, pos, qs, table_ptr, seq_ptr, slot_ptr,
     num_tokens, num_slots, num_reqs, max_blocks, stride_table,
     N: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, BLOCK_T: tl.constexpr,
     SCAN: tl.constexpr, HAZARD_SCAN: tl.constexpr, SLOT32: tl.constexpr,
     EARLY_SCAN_LOADS: tl.constexpr,
 ):
-    """Without a tap map: where each pre-forward tap comes from (block table ->
-    slot, and the same-step hazard scan). Returns the rows' own slots, the
-    [BLOCK_T, WP] pre-forward slots (-1: none), the writer rows (-1: read the
-    cache) and whether the tile has any pre-forward tap."""
+    """Without a tap map: where each pre-forward tap comes from (the shared tap
+    resolution, then the hazard rule: every usable pre-forward slot is looked up among
+    this call's writes). Returns the rows' own slots, the [BLOCK_T, WP] pre-forward
+    slots (-1: none), the writer rows (-1: read the cache) and whether the tile has
+    any pre-forward tap."""
     if HAZARD_SCAN:
         srows = tl.arange(0, SCAN)
         if EARLY_SCAN_LOADS:
@@ -59,72 +68,57 @@ def _resolve_taps(
             sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
     seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
-
-    # -- Prologue, before the big tiles are live: where each pre-forward tap comes
-    # from. Column k of the [BLOCK_T, WP] tensors is the tap at distance k+1.
+    # Column k of the [BLOCK_T, WP] tensors is the tap at distance k+1.
     kk = tl.arange(0, WP)
-    dist2 = (kk + 1).to(tl.int64)[None, :]
-    src2 = pos[:, None] - dist2
-    trow2 = rows64[:, None] - dist2
-    pre2 = (kk < W - 1)[None, :] & rmask[:, None] & (src2 >= 0) & ((trow2 < qs[:, None]) | (trow2 < 0))
-    any_pre = tl.sum(tl.sum(pre2.to(tl.int32), axis=1), axis=0) > 0
-    pslot2 = tl.full([BLOCK_T, WP], -1, tl.int64)
+    live = rmask[:, None] & (kk < W - 1)[None, :]
+    _, _, pslot2 = resolve_taps(
+        pos, rows64, qs, seq, live, (kk + 1).to(tl.int64),
+        table_ptr, num_reqs, max_blocks, stride_table, num_slots, N,
+    )
+    any_pre = tl.max(tl.max(pslot2, axis=1), axis=0) >= 0  # a usable pre-forward tap
     hit2 = tl.full([BLOCK_T, WP], -1, tl.int32)
-    if any_pre:
-        bidx = src2 // N
-        ok = pre2 & (seq >= 0)[:, None] & (seq < num_reqs)[:, None] & (bidx < max_blocks)
-        entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
-        ps = entry * N + src2 % N
-        ok = ok & (ps >= 0) & (ps < num_slots)
-        pslot2 = tl.where(ok, ps, -1)
-        # Same-step hazard (a request that prefix-hit blocks another request
-        # writes in this call). Prefix hits are whole blocks, so only a request
-        # whose first row in this call starts a block (p0 % N == 0) can read such
-        # a slot; its pre-forward taps look their slot up among this call's writes.
-        p0 = pos - (rows64 - qs)  # rows of a request are contiguous, positions consecutive
-        ok_scan = ok & ((p0 % N) == 0)[:, None]
-        need_scan = tl.sum(tl.sum(ok_scan.to(tl.int32), axis=1), axis=0) > 0
-        if HAZARD_SCAN:
-            if need_scan:
-                # Slots compare as int32 when every slot fits (half the work); -2 never
-                # equals a (masked) written slot.
-                if SLOT32:
-                    key2 = tl.where(ok_scan, ps, -2).to(tl.int32)
-                else:
-                    key2 = tl.where(ok_scan, ps, -2)
-                if not EARLY_SCAN_LOADS:
-                    sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
-                    sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
-                sval = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
-                sval_next = tl.where((sval_next >= 0) & (sval_next < num_slots), sval_next, -1)
-                rid = tl.arange(0, BLOCK_T)
-                # One row at a time, and only rows that need it (in a mixed batch most
-                # tiles hold a few such rows); the first two chunks stay in registers
-                # for every row, so a decode batch (T <= 2*SCAN) loads nothing more.
-                for j in range(BLOCK_T):
-                    key = tl.max(tl.where((rid == j)[:, None], key2, -2), axis=0)  # [WP]
-                    if tl.max(key, axis=0) >= 0:
-                        hit = tl.full([WP], -1, tl.int32)
-                        cur = sval
-                        nxt = sval_next
-                        crows = srows
-                        # (a while loop: the interpreter cannot range() over a
-                        # runtime int with NumPy >= 2.4)
-                        s0 = 0
-                        while s0 < num_tokens:
-                            if SLOT32:
-                                cmp = cur.to(tl.int32)
-                            else:
-                                cmp = cur.to(tl.int64)
-                            match = key[:, None] == cmp[None, :]
-                            hit = tl.maximum(hit, tl.max(tl.where(match, crows[None, :], -1), axis=1))
-                            s0 += SCAN
-                            crows = s0 + tl.arange(0, SCAN)
-                            cur = nxt
-                            # two chunks in flight: load the one after next
-                            nxt = tl.load(slot_ptr + SCAN + crows, mask=SCAN + crows < num_tokens, other=-1)
-                            nxt = tl.where((nxt >= 0) & (nxt < num_slots), nxt, -1)
-                        hit2 = tl.where((rid == j)[:, None], hit[None, :], hit2)
+    if HAZARD_SCAN:
+        ok_scan = pslot2 >= 0
+        if tl.sum(tl.sum(ok_scan.to(tl.int32), axis=1), axis=0) > 0:
+            # Slots compare as int32 when every slot fits (half the work); -2 never
+            # equals a (masked) written slot.
+            if SLOT32:
+                key2 = pslot2.to(tl.int32)
+            else:
+                key2 = pslot2
+            key2 = tl.where(ok_scan, key2, -2)
+            if not EARLY_SCAN_LOADS:
+                sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+                sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
+            sval = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
+            sval_next = tl.where((sval_next >= 0) & (sval_next < num_slots), sval_next, -1)
+            rid = tl.arange(0, BLOCK_T)
+            # One row at a time, and only rows that need it; the first two chunks
+            # stay in registers for every row, so a decode batch (T <= 2*SCAN) loads
+            # nothing more.
+            for j in range(BLOCK_T):
+                key = tl.max(tl.where((rid == j)[:, None], key2, -2), axis=0)  # [WP]
+                if tl.max(key, axis=0) >= 0:
+                    hit = tl.full([WP], -1, tl.int32)
+                    cur = sval
+                    nxt = sval_next
+                    crows = srows
+                    # (a while loop: the interpreter cannot range() over a
+                    # runtime int with NumPy >= 2.4)
+                    s0 = 0
+                    while s0 < num_tokens:
+                        if SLOT32:
+                            cmp = cur.to(tl.int32)
+                        else:
+                            cmp = cur.to(tl.int64)
+                        hit = tl.maximum(hit, match_last_writer(key, cmp, crows))
+                        s0 += SCAN
+                        crows = s0 + tl.arange(0, SCAN)
+                        cur = nxt
+                        # two chunks in flight: load the one after next
+                        nxt = tl.load(slot_ptr + SCAN + crows, mask=SCAN + crows < num_tokens, other=-1)
+                        nxt = tl.where((nxt >= 0) & (nxt < num_slots), nxt, -1)
+                    hit2 = tl.where((rid == j)[:, None], hit[None, :], hit2)
 
     return slot, pslot2, hit2, any_pre
 
@@ -194,7 +188,7 @@ def _fused_sconv_kernel(
     else:
         pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
         qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        slot, pslot2, hit2, any_pre = _resolve_taps(
+        slot, pslot2, hit2, any_pre = _mapless_taps(
             rows, rows64, rmask, pos, qs, table_ptr, seq_ptr, slot_ptr,
             num_tokens, num_slots, num_reqs, max_blocks, stride_table,
             N, W, WP, BLOCK_T, SCAN, HAZARD_SCAN, SLOT32, EARLY_SCAN_LOADS,
@@ -285,10 +279,6 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _pow2_ceil(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
 def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False) -> SconvConfig:
     """Heuristic tile choice per shape class (one config each: no autotuning),
     from sweeps on an H200 (benchmarks/RESULTS.md).
@@ -309,7 +299,7 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     if stream_width % 32 == 0:
         block_c = min(256, stream_width & -stream_width)
     else:
-        block_c = min(256, _pow2_ceil(stream_width))
+        block_c = min(256, pow2_ceil(stream_width))
     work = num_tokens * num_heads * stream_width
     if mapped:
         block_c = min(block_c, 128)
@@ -335,45 +325,42 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
     return max(16, min(512, _pow2_floor(per_thread * 32 * cfg.num_warps // taps_p2)))
 
 
-def fused_sconv_triton(
+#: Launches moving at least this many elements (T * C) without a tap map build one
+#: for the call (see the module docstring for the measurements).
+MAP_MIN_WORK = 2**20
+
+
+def launch_fused_sconv(
     x: torch.Tensor,
-    weight: torch.Tensor,
     cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
+    batch: SconvBatch,
+    prob: SconvProblem,
     stream_offset: int,
     stream_width: int,
-    block_size: int,
+    activation: str | None,
+    residual: bool,
     *,
-    activation: str | None = None,
-    residual: bool = True,
     config: SconvConfig | None = None,
     out: torch.Tensor | None = None,
-    tap_map: torch.Tensor | None = None,
+    auto_map: bool = True,
 ) -> torch.Tensor:
-    """Validate, allocate ``out`` and launch the Triton kernel (CUDA, or CPU tensors
-    under ``TRITON_INTERPRET=1``). Same contract as :func:`inkling_kernels.fused_sconv`;
-    ``config`` overrides the heuristic tile choice (benchmarks); ``out`` (contiguous,
-    like x) receives the result instead of a new tensor (tests poison it first);
-    ``tap_map`` (from :func:`sconv_tap_map` on the same metadata) replaces the
-    block-table lookups and the hazard search."""
-    prob = check_fused_sconv_args(
-        x, weight, cache, positions, block_table, seq_idx, slot_mapping, query_start,
-        stream_offset, stream_width, block_size, activation, residual,
-    )
-    if tap_map is not None:
-        tap_map = check_tap_map_for_call(tap_map, prob, x.device)
+    """Allocate ``out`` and launch (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``)
+    on arguments that passed :func:`inkling_kernels.checks.check_conv_call` (which
+    made ``prob``). ``config`` overrides the heuristic tile choice; ``out`` receives
+    the result; ``auto_map=False`` keeps a large launch without a tap map map-less
+    (benchmarks measure that path)."""
     if out is None:
         out = torch.empty_like(x)
-    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
-        raise ValueError("out must be a contiguous tensor with x's shape, dtype and device")
     if prob.num_tokens == 0:
         return out
+    tap_map = batch.tap_map
+    if tap_map is None and auto_map and prob.num_tokens * prob.channels >= MAP_MIN_WORK and prob.num_slots <= TAP_MAP_MAX_SLOTS:
+        from ..tap_map.kernel import launch_sconv_tap_map
+
+        tap_map = torch.empty(prob.num_tokens, prob.kernel_size - 1, dtype=torch.int64, device=x.device)
+        launch_sconv_tap_map(batch, prob.kernel_size, tap_map)
     cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None)
-    taps_p2 = _pow2_ceil(prob.kernel_size - 1)
+    taps_p2 = pow2_ceil(prob.kernel_size - 1)
     scan = cfg.scan or _scan_chunk(cfg, taps_p2)
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
         raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
@@ -383,17 +370,18 @@ def fused_sconv_triton(
         block_t *= 2
     grid = (prob.num_heads * chunks, triton.cdiv(prob.num_tokens, block_t))
     w2 = prob.weight2d
+    table = batch.block_table
     _fused_sconv_kernel[grid](
         x, w2, cache, out,
-        positions, block_table, seq_idx, slot_mapping, query_start,
-        slot_mapping if tap_map is None else tap_map,  # (unused without a map)
+        batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
+        batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
         prob.num_tokens, prob.channels, prob.num_slots,
-        block_table.shape[0], block_table.shape[1],
+        table.shape[0], table.shape[1],
         w2.stride(0), w2.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
-        block_table.stride(0),
+        table.stride(0),
         stream_offset,
-        WS=stream_width, N=block_size, W=prob.kernel_size, WP=taps_p2,
+        WS=stream_width, N=batch.block_size, W=prob.kernel_size, WP=taps_p2,
         BLOCK_T=block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
         SILU=activation == "silu", RESIDUAL=residual,
         HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
@@ -402,3 +390,30 @@ def fused_sconv_triton(
         num_warps=cfg.num_warps,
     )
     return out
+
+
+def fused_sconv_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    *,
+    activation: str | None = None,
+    residual: bool = True,
+    config: SconvConfig | None = None,
+    out: torch.Tensor | None = None,
+    auto_map: bool = True,
+) -> torch.Tensor:
+    """Check and launch the Triton kernel directly, whatever the device (tests run
+    CPU tensors under ``TRITON_INTERPRET=1``; benchmarks pass ``config``). Same
+    contract as :func:`inkling_kernels.fused_sconv`; ``out`` (contiguous, like x)
+    receives the result (tests poison it first)."""
+    prob = check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous()):
+        raise ValueError("out must be a contiguous tensor with x's shape, dtype and device")
+    return launch_fused_sconv(
+        x, cache, batch, prob, stream_offset, stream_width, activation, residual,
+        config=config, out=out, auto_map=auto_map,
+    )

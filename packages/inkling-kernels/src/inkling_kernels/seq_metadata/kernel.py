@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import check_seq_metadata_args
+from ..checks import check_seq_metadata_args
 
-__all__ = ["sconv_seq_metadata_triton"]
+__all__ = ["launch_sconv_seq_metadata", "sconv_seq_metadata_triton"]
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_actual_tokens", "num_padded_tokens", "top_step"])
@@ -54,7 +54,7 @@ def _seq_metadata_kernel(
     tl.store(qs_out_ptr + rows, tl.where(active, start, 0).to(tl.int32), mask=keep)
 
 
-def sconv_seq_metadata_triton(
+def launch_sconv_seq_metadata(
     query_start_loc: torch.Tensor,
     num_reqs: int,
     num_actual_tokens: int,
@@ -64,13 +64,8 @@ def sconv_seq_metadata_triton(
     *,
     block: int | None = None,
 ) -> None:
-    """Validate and launch (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``).
-    Same contract as :func:`inkling_kernels.sconv_seq_metadata`; ``block`` (rows per
-    program, a power of two) overrides the heuristic (benchmarks, tests)."""
-    check_seq_metadata_args(
-        query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
-        num_padded_tokens,
-    )
+    """Launch on checked arguments (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``);
+    ``block`` (rows per program, a power of two) overrides the heuristic."""
     if num_padded_tokens == 0:
         return
     top_step = 1 << ((num_reqs - 1).bit_length() - 1) if num_reqs > 1 else 0
@@ -82,4 +77,26 @@ def sconv_seq_metadata_triton(
         query_start_loc, seq_idx_out, query_start_out,
         num_reqs, num_actual_tokens, num_padded_tokens, top_step,
         BLOCK=block, num_warps=4,
+    )
+
+
+def sconv_seq_metadata_triton(
+    query_start_loc: torch.Tensor,
+    num_reqs: int,
+    num_actual_tokens: int,
+    seq_idx_out: torch.Tensor,
+    query_start_out: torch.Tensor,
+    num_padded_tokens: int,
+    *,
+    block: int | None = None,
+) -> None:
+    """Check and launch directly, whatever the device (tests, benchmarks). Same
+    contract as :func:`inkling_kernels.sconv_seq_metadata`."""
+    check_seq_metadata_args(
+        query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
+        num_padded_tokens,
+    )
+    launch_sconv_seq_metadata(
+        query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
+        num_padded_tokens, block=block,
     )

@@ -1,0 +1,30 @@
+"""Which implementation an op runs for a device (shared by every op folder).
+
+CPU tensors run the PyTorch references (no Triton needed); CUDA tensors the Triton
+kernels. Testing aid: with ``INKLING_KERNELS_CPU_BACKEND=triton`` (and
+``TRITON_INTERPRET=1`` set before Triton is imported) CPU tensors run the Triton
+kernels under Triton's interpreter instead, so a whole engine on CPU exercises the GPU
+code path (slowly; large tiles keep the interpreter's per-program cost down).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["CPU_BACKEND_ENV", "uses_triton"]
+
+CPU_BACKEND_ENV = "INKLING_KERNELS_CPU_BACKEND"
+
+
+def uses_triton(device: torch.device) -> bool:
+    """Whether the ops run the Triton kernels for tensors on ``device``: always off
+    the CPU; on the CPU only with ``INKLING_KERNELS_CPU_BACKEND=triton`` (read at
+    each call). Builders use it to decide whether a tap map is worth building."""
+    if torch.device(device).type != "cpu":
+        return True
+    value = os.environ.get(CPU_BACKEND_ENV, "reference")
+    if value not in ("reference", "triton"):
+        raise ValueError(f"{CPU_BACKEND_ENV} must be 'reference' or 'triton', got {value!r}")
+    return value == "triton"

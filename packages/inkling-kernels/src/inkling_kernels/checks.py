@@ -1,0 +1,350 @@
+"""Every host-side check of the sconv ops, in one place.
+
+Two kinds, run at two rates:
+
+- :func:`check_batch` validates a :class:`~inkling_kernels.batch.SconvBatch` (the
+  step's per-token metadata) when it is built: once per step and KV-cache group;
+- :func:`check_conv_call` validates what one launch adds to the batch (``x``, the
+  weight, the cache, the stream range) and checks the cache against the batch (its
+  block dimension, the token count, the device): once per launch. The fused
+  conv + norm op adds :func:`check_norm_extras`.
+
+Nothing here reads tensor values or synchronises with the device, so every check is
+safe inside CUDA-graph capture. Values (slots, positions) are not inspected; the
+kernels mask out-of-range slots instead (a slot outside the cache is never written).
+
+Dtypes are exact, as the kernel contract states them (docs/design.md §3): positions
+and slot mapping int64, block table, seq_idx and query start int32, tap map int64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .batch import SconvBatch
+
+#: Activation (and cache) dtypes of every sconv op.
+ACTIVATION_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+ACTIVATIONS = (None, "silu")
+#: Tap-map codes keep a pre-forward slot in their low 32 bits (inkling_kernels.tap_map).
+TAP_MAP_MAX_SLOTS = 2**31
+
+
+@dataclass(frozen=True)
+class SconvProblem:
+    """Shapes of one conv launch, derived from its tensors (no checks)."""
+
+    weight2d: torch.Tensor  # [C, W] view of the weight (any strides)
+    num_tokens: int  # T
+    channels: int  # C = H * stream_width
+    num_heads: int  # H
+    kernel_size: int  # W
+    num_slots: int  # num_blocks * N
+
+    @classmethod
+    def of(cls, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor) -> SconvProblem:
+        weight2d = weight[:, 0, :] if weight.dim() == 3 else weight
+        num_blocks, num_heads, block, _ = cache.shape
+        return cls(
+            weight2d=weight2d,
+            num_tokens=int(x.shape[0]),
+            channels=int(x.shape[1]),
+            num_heads=int(num_heads),
+            kernel_size=int(weight2d.shape[1]),
+            num_slots=int(num_blocks * block),
+        )
+
+
+def need_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def need_int(name: str, value: object, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def need_index(
+    name: str, t: object, dtype: torch.dtype, device: torch.device | None, length: int | None = None
+) -> torch.Tensor:
+    """A contiguous 1-D index tensor of exactly ``dtype`` (``length`` rows if given)."""
+    t = need_tensor(name, t)
+    if t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = "[T]" if length is None else f"[T] = [{length}] (one entry per token)"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {_dtype_name(dtype)}, got {t.dtype}: convert it once per step")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the batch is on {device}: move it")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (stride 1), got stride {t.stride(0)}")
+    return t
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_tap_map_buffer(name: str, tap_map: object, num_tokens: int, kernel_size: int, device: torch.device) -> torch.Tensor:
+    """``[>= T, W-1]`` int64, contiguous rows, on ``device``."""
+    tap_map = need_tensor(name, tap_map)
+    taps = kernel_size - 1
+    if tap_map.dim() != 2 or tap_map.shape[1] != taps or tap_map.shape[0] < num_tokens:
+        raise ValueError(
+            f"{name} must be [>= T, W-1] = [>= {num_tokens}, {taps}] (one row per token, "
+            f"one column per earlier tap), got shape {tuple(tap_map.shape)}"
+        )
+    if tap_map.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64, got {tap_map.dtype}")
+    if tap_map.device != device:
+        raise ValueError(f"{name} is on {tap_map.device} but the metadata is on {device}")
+    if tap_map.shape[0] > 0 and (tap_map.stride(1) != 1 or (tap_map.shape[0] > 1 and tap_map.stride(0) != taps)):
+        raise ValueError(f"{name} must be contiguous (rows of W-1 = {taps} entries)")
+    return tap_map
+
+
+def check_batch(batch: SconvBatch) -> None:
+    """Validate a batch's fields (run by ``SconvBatch`` itself, once per build)."""
+    positions = need_tensor("positions", batch.positions)
+    if positions.dim() != 1:
+        raise ValueError(f"positions must be 1-D [T], got shape {tuple(positions.shape)}")
+    device = positions.device
+    num_tokens = int(positions.shape[0])
+    need_index("positions", positions, torch.int64, device)
+    need_index("seq_idx", batch.seq_idx, torch.int32, device, num_tokens)
+    need_index("slot_mapping", batch.slot_mapping, torch.int64, device, num_tokens)
+    need_index("query_start", batch.query_start, torch.int32, device, num_tokens)
+    table = need_tensor("block_table", batch.block_table)
+    if table.dim() != 2:
+        raise ValueError(f"block_table must be 2-D [num_reqs, max_blocks], got shape {tuple(table.shape)}")
+    if table.dtype != torch.int32:
+        raise TypeError(f"block_table must be int32, got {table.dtype}: convert it once per step")
+    if table.device != device:
+        raise ValueError(f"block_table is on {table.device} but the batch is on {device}: move it")
+    if table.shape[1] > 1 and table.stride(1) != 1:
+        raise ValueError("block_table rows must be contiguous (stride(1) == 1)")
+    need_int("block_size", batch.block_size, 1)
+    if batch.kernel_size is not None:
+        need_int("kernel_size", batch.kernel_size, 2)
+    if batch.tap_map is not None:
+        if batch.kernel_size is None:
+            raise ValueError("a batch with a tap_map needs its kernel_size (the map has W - 1 columns)")
+        check_tap_map_buffer("tap_map", batch.tap_map, num_tokens, batch.kernel_size, device)
+    if batch.num_actual_tokens is not None:
+        need_int("num_actual_tokens", batch.num_actual_tokens, 0)
+        if batch.num_actual_tokens > num_tokens:
+            raise ValueError(
+                f"num_actual_tokens {batch.num_actual_tokens} exceeds the batch's {num_tokens} rows "
+                "(its padded token count, num_padded_tokens)"
+            )
+
+
+def check_tap_map_call(batch: object, tap_map_out: object) -> int:
+    """Validate a `sconv_tap_map` call (a batch naming its kernel size, and the
+    buffer to fill); return the kernel size W."""
+    from .batch import SconvBatch
+
+    if not isinstance(batch, SconvBatch):
+        raise TypeError(f"batch must be an inkling_kernels.SconvBatch, got {type(batch).__name__}")
+    if batch.kernel_size is None:
+        raise ValueError(
+            "the batch has no kernel_size: build it with the layers' conv kernel size W "
+            "(the tap map has W - 1 columns)"
+        )
+    check_tap_map_buffer("tap_map_out", tap_map_out, batch.num_tokens, batch.kernel_size, batch.device)
+    return batch.kernel_size
+
+
+def check_conv_call(
+    x: object,
+    weight: object,
+    cache: object,
+    batch: object,
+    stream_offset: object,
+    stream_width: object,
+    activation: object = None,
+    residual: object = True,
+) -> SconvProblem:
+    """Validate one conv launch on a (valid) batch; raise TypeError/ValueError saying
+    what to change. The cache's block dimension is N: it must be the batch's."""
+    from .batch import SconvBatch
+
+    if not isinstance(batch, SconvBatch):
+        raise TypeError(f"batch must be an inkling_kernels.SconvBatch, got {type(batch).__name__}")
+    x = need_tensor("x", x)
+    weight = need_tensor("weight", weight)
+    cache = need_tensor("cache", cache)
+    stream_offset = need_int("stream_offset", stream_offset)
+    stream_width = need_int("stream_width", stream_width, 1)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+    if not isinstance(residual, bool):
+        raise TypeError(f"residual must be a bool, got {type(residual).__name__}")
+
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [T, H*stream_width], got shape {tuple(x.shape)}")
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous: pass x.contiguous()")
+    if x.shape[0] != batch.num_tokens:
+        raise ValueError(
+            f"x has {x.shape[0]} rows but the batch describes {batch.num_tokens} tokens: "
+            "pad x to the batch's (padded) token count"
+        )
+    if x.device != batch.device:
+        raise ValueError(f"x is on {x.device} but the batch is on {batch.device}")
+
+    if cache.dim() != 4:
+        raise ValueError(f"cache must be 4-D [num_blocks, H, N, D], got shape {tuple(cache.shape)}")
+    if cache.dtype != x.dtype:
+        raise TypeError(
+            f"cache dtype {cache.dtype} differs from x dtype {x.dtype}: the cache stores "
+            "the conv inputs, so both must have the same dtype"
+        )
+    if cache.device != x.device:
+        raise ValueError(f"cache is on {cache.device} but x is on {x.device}")
+    num_blocks, num_heads, cache_block, head_size = cache.shape
+    if head_size > 1 and cache.stride(3) != 1:
+        raise ValueError(
+            f"cache's last (D) dimension must have stride 1, got {cache.stride(3)}; "
+            "page-strided views are fine, a transposed D is not"
+        )
+    if cache_block != batch.block_size:
+        raise ValueError(
+            f"the cache's block dimension cache.shape[2] = {cache_block} differs from the "
+            f"batch's block_size {batch.block_size}: build the batch with the runtime block "
+            "size of the bound cache (engines may enlarge it beyond the kernel size)"
+        )
+    if stream_offset < 0 or stream_offset + stream_width > head_size:
+        raise ValueError(
+            f"stream range [{stream_offset}, {stream_offset + stream_width}) lies outside "
+            f"the cache's head size D = {head_size}"
+        )
+    channels = x.shape[1]
+    if channels != num_heads * stream_width:
+        raise ValueError(
+            f"x has {channels} channels but the cache has H = {num_heads} heads of stream "
+            f"width {stream_width} (H*stream_width = {num_heads * stream_width})"
+        )
+
+    if weight.dim() == 3 and weight.shape[1] != 1:
+        raise ValueError(f"a 3-D weight must be (dim, 1, W), got shape {tuple(weight.shape)}")
+    if weight.dim() not in (2, 3):
+        raise ValueError(f"weight must be (dim, W) or (dim, 1, W), got shape {tuple(weight.shape)}")
+    if weight.shape[0] != channels:
+        raise ValueError(
+            f"weight has {weight.shape[0]} channels but x has {channels}: pass this "
+            "rank's shard of the weight"
+        )
+    kernel_size = int(weight.shape[-1])
+    if kernel_size < 2:
+        raise ValueError(f"kernel size W (weight.shape[-1]) must be >= 2, got {kernel_size}")
+    if batch.kernel_size is not None and kernel_size != batch.kernel_size:
+        raise ValueError(
+            f"the weight's kernel size {kernel_size} differs from the batch's kernel_size "
+            f"{batch.kernel_size}: build the batch for this layer group's W"
+        )
+    if weight.dtype not in (torch.float32, x.dtype):
+        raise TypeError(f"weight must be float32 or x's dtype {x.dtype}, got {weight.dtype}")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+    if batch.tap_map is not None and num_blocks * cache_block > TAP_MAP_MAX_SLOTS:
+        raise ValueError(
+            f"the cache has {num_blocks * cache_block} slots; a tap_map addresses at most "
+            "2**31: build the batch without a tap map"
+        )
+    return SconvProblem.of(x, weight, cache)
+
+
+def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_weight: object, eps: object) -> None:
+    """What the fused conv + residual + RMSNorm adds to a conv launch (``d`` checked
+    as ``x`` by :func:`check_conv_call`)."""
+    hidden = need_tensor("hidden", hidden)
+    if hidden.shape != d.shape:
+        raise ValueError(
+            f"hidden has shape {tuple(hidden.shape)} but d has {tuple(d.shape)}: both are "
+            "[T, C] rows of the residual stream and the sublayer output"
+        )
+    if hidden.dtype != d.dtype:
+        raise TypeError(f"hidden dtype {hidden.dtype} differs from d dtype {d.dtype}")
+    if hidden.device != d.device:
+        raise ValueError(f"hidden is on {hidden.device} but d is on {d.device}")
+    if not hidden.is_contiguous():
+        raise ValueError("hidden must be contiguous: pass hidden.contiguous()")
+    norm_weight = need_tensor("norm_weight", norm_weight)
+    if norm_weight.dim() != 1 or norm_weight.shape[0] != prob.channels:
+        raise ValueError(
+            f"norm_weight must have shape [C] = [{prob.channels}] (the full row the norm "
+            f"reads), got {tuple(norm_weight.shape)}; the fused op needs the conv to see "
+            "the whole hidden row (tp == 1 for the ATTN/MLP streams)"
+        )
+    if norm_weight.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"norm_weight must be a float tensor, got {norm_weight.dtype}")
+    if norm_weight.device != d.device:
+        raise ValueError(f"norm_weight is on {norm_weight.device} but d is on {d.device}")
+    if prob.channels > 1 and norm_weight.stride(0) != 1:
+        raise ValueError("norm_weight must be contiguous: pass norm_weight.contiguous()")
+    if isinstance(eps, bool) or not isinstance(eps, (float, int)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite float >= 0, got {eps}")
+
+
+def check_seq_metadata_args(
+    query_start_loc: object,
+    num_reqs: object,
+    num_actual_tokens: object,
+    seq_idx_out: object,
+    query_start_out: object,
+    num_padded_tokens: object,
+) -> None:
+    """Validate a `sconv_seq_metadata` call; raise TypeError/ValueError saying what to change."""
+    qsl = need_tensor("query_start_loc", query_start_loc)
+    seq_out = need_tensor("seq_idx_out", seq_idx_out)
+    qs_out = need_tensor("query_start_out", query_start_out)
+    num_reqs = need_int("num_reqs", num_reqs, 0)
+    num_actual_tokens = need_int("num_actual_tokens", num_actual_tokens)
+    num_padded_tokens = need_int("num_padded_tokens", num_padded_tokens)
+    if qsl.dim() != 1 or qsl.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"query_start_loc must be a 1-D int32/int64 tensor [num_reqs+1], got "
+            f"shape {tuple(qsl.shape)} dtype {qsl.dtype}"
+        )
+    if num_reqs > 0 and qsl.shape[0] < num_reqs + 1:
+        raise ValueError(
+            f"query_start_loc has {qsl.shape[0]} entries; num_reqs {num_reqs} needs "
+            f"at least {num_reqs + 1}"
+        )
+    if qsl.shape[0] > 1 and qsl.stride(0) != 1:
+        raise ValueError("query_start_loc must be contiguous")
+    if not 0 <= num_actual_tokens <= num_padded_tokens:
+        raise ValueError(
+            f"need 0 <= num_actual_tokens <= num_padded_tokens, got {num_actual_tokens} "
+            f"and {num_padded_tokens}"
+        )
+    if num_reqs == 0 and num_actual_tokens > 0:
+        raise ValueError(f"num_actual_tokens is {num_actual_tokens} but num_reqs is 0")
+    for name, buf in (("seq_idx_out", seq_out), ("query_start_out", qs_out)):
+        if buf.dim() != 1 or buf.dtype != torch.int32:
+            raise TypeError(
+                f"{name} must be a 1-D int32 buffer, got shape {tuple(buf.shape)} dtype {buf.dtype}"
+            )
+        if buf.shape[0] < num_padded_tokens:
+            raise ValueError(
+                f"{name} holds {buf.shape[0]} rows but num_padded_tokens is {num_padded_tokens}"
+            )
+        if buf.shape[0] > 1 and buf.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous")
+        if buf.device != qsl.device:
+            raise ValueError(f"{name} is on {buf.device} but query_start_loc is on {qsl.device}")

@@ -1,0 +1,134 @@
+"""``fused_sconv``: store + depthwise causal short conv of one stream of the packed
+paged cache, in one launch (docs/design.md §3).
+
+- :func:`fused_sconv` — the op, on a step's :class:`~inkling_kernels.SconvBatch`;
+- :func:`fused_sconv_vllm` — the drop-in with vLLM's in-tree signature (the metadata as
+  loose tensors); it builds the batch and calls :func:`fused_sconv`;
+- :mod:`.kernel` — the Triton kernel and its launcher; :mod:`.reference` — the fp32
+  PyTorch reference (the CPU path) and ``causal_conv_ref``.
+
+Registered as ``torch.ops.inkling.fused_sconv`` (mutating ``cache``) with a fake
+implementation, so it sits inside torch.compile'd, CUDA-graph-captured models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .._dispatch import uses_triton
+from ..batch import OP_SCHEMA, SconvBatch
+from ..checks import SconvProblem, check_conv_call
+from .reference import causal_conv_ref, fused_sconv_ref, reference_fused_sconv
+
+__all__ = ["causal_conv_ref", "fused_sconv", "fused_sconv_ref", "fused_sconv_vllm"]
+
+
+def _interpreter_config(x: torch.Tensor) -> object:
+    """Large tiles for CPU tensors under the interpreter (its cost is per program)."""
+    if x.device.type != "cpu":
+        return None
+    from .kernel import SconvConfig
+
+    return SconvConfig(block_t=32, block_c=128, num_warps=4)
+
+
+# The batch travels as SconvBatch.op_args() (OP_SCHEMA); no defaults: every argument
+# is always passed.
+@torch.library.custom_op(
+    "inkling::fused_sconv",
+    mutates_args=("cache",),
+    schema=f"(Tensor x, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
+    "SymInt stream_width, str? activation, bool residual) -> Tensor",
+)
+def _fused_sconv_op(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> torch.Tensor:
+    batch, (stream_offset, stream_width, activation, residual) = SconvBatch.split_op_args(args)
+    prob = SconvProblem.of(x, weight, cache)  # checked by fused_sconv
+    if not uses_triton(x.device):
+        return reference_fused_sconv(x, cache, batch, prob, stream_offset, stream_width, activation, residual)
+    from .kernel import launch_fused_sconv  # Triton is only needed off the CPU path
+
+    return launch_fused_sconv(
+        x, cache, batch, prob, stream_offset, stream_width, activation, residual,
+        config=_interpreter_config(x),  # type: ignore[arg-type]
+    )
+
+
+@_fused_sconv_op.register_fake
+def _fused_sconv_fake(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> torch.Tensor:
+    batch, rest = SconvBatch.split_op_args(args, check=True)
+    check_conv_call(x, weight, cache, batch, *rest)
+    return torch.empty_like(x)
+
+
+def fused_sconv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    *,
+    activation: Optional[str] = None,
+    residual: bool = True,
+) -> torch.Tensor:
+    """Fused paged short conv of one stream of a packed cache (one launch per call).
+
+    Args:
+        x: [T, H*stream_width] bf16/fp16/fp32, contiguous; row t is token t of ``batch``.
+        weight: (H*stream_width, W) or (H*stream_width, 1, W), fp32 or x.dtype;
+            ``weight[:, W-1]`` multiplies the current token. Any W >= 2 (the batch's
+            ``kernel_size`` when it names one).
+        cache: [num_blocks, H, N, D], x.dtype, D stride 1 (page-strided views are
+            fine); ``N`` must be ``batch.block_size``. Mutated: each valid slot's
+            ``[stream_offset, +stream_width)`` range receives its row of x.
+        batch: the step's :class:`~inkling_kernels.SconvBatch` (validated when built).
+        stream_offset, stream_width: the stream's range inside D.
+        activation: None or "silu", applied to the conv sum (before the residual).
+        residual: add x: ``out = x + act(conv)``; else ``out = act(conv)``.
+
+    Returns:
+        out: [T, H*stream_width] in x.dtype (a new tensor).
+
+    Checks the launch once (:func:`inkling_kernels.checks.check_conv_call`). With the
+    batch's tap map the CUDA kernel reads each tap's source from it; without one it
+    resolves the taps itself (large launches build a map for the call). Same-step
+    prefix hits are exact in any batch order and at any alignment on every path.
+    Preconditions: a request's rows are contiguous with consecutive positions; taps
+    inside the window resolve through valid block-table entries.
+    """
+    check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
+    return torch.ops.inkling.fused_sconv(
+        x, weight, cache, *batch.op_args(), stream_offset, stream_width, activation, residual
+    )
+
+
+def fused_sconv_vllm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_idx: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    query_start: torch.Tensor,
+    stream_offset: int,
+    stream_width: int,
+    block_size: int,
+    activation: Optional[str] = None,
+    residual: bool = True,
+) -> torch.Tensor:
+    """Drop-in for vLLM's in-tree ``fused_sconv`` (same positional signature), for
+    engines that call the kernel with loose metadata tensors: builds the
+    :class:`~inkling_kernels.SconvBatch` (validated) and calls :func:`fused_sconv`.
+    Dtypes as the kernel contract states them (positions and slot mapping int64;
+    block table, seq_idx and query start int32). Callers that launch the conv many
+    times per step should build the batch once and call :func:`fused_sconv`."""
+    batch = SconvBatch(
+        positions=positions, block_table=block_table, seq_idx=seq_idx,
+        slot_mapping=slot_mapping, query_start=query_start, block_size=block_size,
+    )
+    return fused_sconv(
+        x, weight, cache, batch, stream_offset, stream_width, activation=activation, residual=residual
+    )
