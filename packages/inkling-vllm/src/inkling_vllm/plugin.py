@@ -42,6 +42,11 @@ def register() -> None:
     if os.environ.get(SWITCH_ENV) and switch() == "builtin":
         _registered = True
         return
+    # The conv-state spec -> manager mapping must exist in every process that
+    # groups specs or builds managers (engine core) or emits specs (workers).
+    from .conv_manager import register_conv_state_spec
+
+    register_conv_state_spec()
     models = getattr(ModelRegistry, "models", {})
     for arch in ARCHITECTURES:
         remember_builtin(arch, models.get(arch))
