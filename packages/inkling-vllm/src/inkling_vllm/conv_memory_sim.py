@@ -41,7 +41,7 @@ from vllm.v1.request import Request
 
 from .conv_manager import ConvStateSpec
 
-__all__ = ["RowLost", "SimConfig", "SimResult", "conv_spec", "run_sim", "make_manager"]
+__all__ = ["RowLost", "SimConfig", "SimResult", "Worker", "conv_spec", "make_manager", "run_sim"]
 
 
 class RowLost(AssertionError):
@@ -113,8 +113,9 @@ def _block_hasher(block_size: int) -> Any:
     return _HASHER_READY[block_size]
 
 
-def _digest(tokens: list[int]) -> bytes:
-    return hashlib.blake2b(repr(tokens).encode(), digest_size=12).digest()
+def _chain(prev: bytes, token: int) -> bytes:
+    """Digest of a token prefix, from the digest of the prefix one shorter."""
+    return hashlib.blake2b(prev + token.to_bytes(8, "little", signed=True), digest_size=12).digest()
 
 
 @dataclass
@@ -142,9 +143,11 @@ class SimResult:
     admission: int = 0  # blocks the admission gate asked the conv group for
     cap: int = 0  # the spec's admission cap
     reads_checked: int = 0
+    hit: int = 0  # prefix-cache hit length (tokens)
+    tokens: list[int] = field(default_factory=list)  # prompt + output at the end
 
 
-class _Worker:
+class Worker:
     """The conv kernel's cache traffic, modelled independently of the manager."""
 
     def __init__(self, manager: KVCacheManager, block_size: int, kernel: int) -> None:
@@ -154,6 +157,14 @@ class _Worker:
         self.table: dict[str, list[int]] = {}
         self.store: dict[int, tuple[int, bytes]] = {}
         self.reads = 0
+        self.chains: dict[str, list[bytes]] = {}  # digests of each request's token prefixes
+
+    def _prefix_digests(self, req: Request, upto: int) -> list[bytes]:
+        chain = self.chains.setdefault(req.request_id, [])
+        tokens = req.all_token_ids
+        while len(chain) < upto:
+            chain.append(_chain(chain[-1] if chain else b"", tokens[len(chain)]))
+        return chain
 
     def update(self, rid: str, block_ids: list[int], new_request: bool) -> None:
         if new_request:
@@ -166,7 +177,7 @@ class _Worker:
         rid = req.request_id
         table = self.table[rid]
         held = self.manager.coordinator.single_type_managers[0].req_to_blocks.get(rid, [])
-        history = list(req.all_token_ids[:start])
+        chain = self._prefix_digests(req, start)
         for q in range(max(0, start - self.reach), start):
             b = q // self.n
             if b >= len(table) or table[b] == 0:
@@ -174,22 +185,31 @@ class _Worker:
             if b >= len(held) or held[b].is_null or held[b].block_id != table[b]:
                 raise RowLost(f"{rid}: step at {start} reads row {q}: block {b} is no longer held")
             got = self.store.get(table[b] * self.n + q % self.n)
-            want = (q, _digest(history[: q + 1]))
+            want = (q, chain[q])
             if got != want:
                 raise RowLost(f"{rid}: step at {start} reads row {q}: stored {got!r} != {want!r}")
             self.reads += 1
-        seq = history + list(tokens)
-        for i in range(len(tokens)):
+        digest = chain[start - 1] if start > 0 else b""
+        for i, token in enumerate(tokens):
             p = start + i
+            digest = _chain(digest, token)
             b = p // self.n
             if table[b] == 0:
                 continue  # slot -1: not stored
-            self.store[table[b] * self.n + p % self.n] = (p, _digest(seq[: p + 1]))
+            self.store[table[b] * self.n + p % self.n] = (p, digest)
 
 
-def run_sim(cfg: SimConfig, manager: KVCacheManager | None = None) -> SimResult:
+def run_sim(
+    cfg: SimConfig,
+    manager: KVCacheManager | None = None,
+    worker: Worker | None = None,
+    prompt: list[int] | None = None,
+    request_id: str = "r0",
+) -> SimResult:
     """One request: admission, chunked prefill, ``decode_steps`` decode steps
-    (with ``spec_k`` drafts each, a seeded share rejected), ``batches`` in flight."""
+    (with ``spec_k`` drafts each, a seeded share rejected), ``batches`` in flight.
+    Pass the ``manager`` and ``worker`` of an earlier run (and a ``prompt``) to
+    follow a request with another that hits its prefix."""
     rng = random.Random(cfg.seed)
     spec = conv_spec(
         cfg.manager, block_size=cfg.block_size, kernel=cfg.kernel, spec_tokens=cfg.spec_k,
@@ -201,10 +221,12 @@ def run_sim(cfg: SimConfig, manager: KVCacheManager | None = None) -> SimResult:
             spec, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
             max_in_flight_tokens=in_flight_max, attention_block=cfg.attention_block,
         )
-    worker = _Worker(manager, cfg.block_size, cfg.kernel)
-    prompt = [rng.randrange(1, 30000) for _ in range(cfg.prompt_len)]
+    if worker is None:
+        worker = Worker(manager, cfg.block_size, cfg.kernel)
+    if prompt is None:
+        prompt = [rng.randrange(1, 30000) for _ in range(cfg.prompt_len)]
     req = Request(
-        "r0", prompt, SamplingParams(max_tokens=cfg.decode_steps * (cfg.spec_k + 1) + 8), None,
+        request_id, prompt, SamplingParams(max_tokens=cfg.decode_steps * (cfg.spec_k + 1) + 8), None,
         block_hasher=_block_hasher(min(cfg.block_size, cfg.attention_block or cfg.block_size)),
     )
     res = SimResult(cap=int(getattr(spec, "max_admission_blocks_per_request")(in_flight_max, cfg.max_model_len)))
@@ -239,9 +261,10 @@ def run_sim(cfg: SimConfig, manager: KVCacheManager | None = None) -> SimResult:
         decode_done += 1
 
     while decode_done < cfg.decode_steps:
-        prefill = req.num_computed_tokens < req.num_prompt_tokens
+        done = req.num_computed_tokens + (num_hit if first else 0)
+        prefill = done < req.num_prompt_tokens
         if prefill:
-            n = min(cfg.budget, req.num_prompt_tokens - req.num_computed_tokens)
+            n = min(cfg.budget, req.num_prompt_tokens - done)
         else:
             # drafts need the previous step's output: spec decode waits for it (a
             # plain decode step runs after its predecessor and reads its token then)
@@ -276,5 +299,7 @@ def run_sim(cfg: SimConfig, manager: KVCacheManager | None = None) -> SimResult:
     while inflight:
         settle()
     res.reads_checked = worker.reads
+    res.hit = num_hit
+    res.tokens = list(req.all_token_ids)
     manager.free(req)
     return res
