@@ -133,6 +133,7 @@ class SimConfig:
     max_model_len: int = 65536
     attention_block: int | None = None
     seed: int = 0
+    enable_caching: bool = True
     spec_cls: type[ConvStateSpec] = ConvStateSpec
 
 
@@ -220,6 +221,7 @@ def run_sim(
         manager = make_manager(
             spec, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
             max_in_flight_tokens=in_flight_max, attention_block=cfg.attention_block,
+            enable_caching=cfg.enable_caching,
         )
     if worker is None:
         worker = Worker(manager, cfg.block_size, cfg.kernel)
