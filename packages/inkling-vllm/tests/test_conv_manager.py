@@ -301,3 +301,16 @@ def test_builder_masks_slots_in_the_null_block() -> None:
     assert out.data_ptr() == builder._masked_slots.data_ptr()  # persistent (CUDA graphs)
     builder._masked_slots = None  # plain sliding-window groups: untouched
     assert builder._slots_without_null_block(slots) is slots
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 16, 32])
+@pytest.mark.parametrize("kernel", [2, 3, 4, 5])
+def test_the_planner_models_the_same_cap(block: int, kernel: int) -> None:
+    # inkling_cache (pure Python, the planner) and the spec vLLM sizes with agree
+    from inkling_cache import tail_conv_admission_blocks
+
+    for batches, k, budget, max_len in ((1, 0, 2048, 65536), (2, 3, 8192, 65536), (2, 0, 512, 300)):
+        spec = conv_spec("tail", block_size=block, kernel=kernel, spec_tokens=k, batches=batches)
+        assert spec.max_admission_blocks_per_request(batches * budget, max_len) == tail_conv_admission_blocks(
+            kernel, block, budget, max_len, max_concurrent_batches=batches, spec_tokens=k
+        )
