@@ -163,14 +163,14 @@ def test_plan_defaults_follow_config() -> None:
 # --- the two conv-state managers side by side ---------------------------------------------
 
 
-@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 7), (2, 3, 10)])
+@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 7), (2, 3, 13)])
 def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int) -> None:
     from inkling_cache import tail_conv_admission_blocks
 
     # (B + 1) tails of cdiv(3 + k, 4) + 1 blocks, + one prompt-end checkpoint block
     for budget in (2048, 8192):
         got = tail_conv_admission_blocks(4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k)
-        assert got == (batches + 1) * (-(-(3 + k) // 4) + 1) + 1 == expected
+        assert got == (batches + 1) * (-(-(3 + k * batches) // 4) + 1) + 1 == expected
     # never above the plain window's reserve (tiny max_model_len)
     assert tail_conv_admission_blocks(4, 4, 8192, 5, max_concurrent_batches=batches) == min(expected, 3)
     # retention checkpoints: one block per 1024 tokens of each unrun chunk

@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
         "chunk the request holds the rows the chunk reads, the chunk's own tail and the",
         "prompt-end checkpoint (the 3 rows before the last 4-aligned boundary below the prompt's",
         "last token, which a resend of the conversation hits); with two batches in flight one more",
-        "tail is live; drafts (k = 3) widen each tail by 3 rows. Without prefix caching (no",
+        "tail is live; drafts widen each tail by k x B rows (k = 3). Without prefix caching (no",
         "checkpoint) one batch in flight stays at 2 blocks = 2.67x. Steady decode holds 1-2",
         "blocks with either manager at k = 0.",
         "",

@@ -167,8 +167,9 @@ def tail_conv_admission_blocks(
     """Blocks per request and conv layer under the tail-rows conv-state manager
     (``inkling_vllm.conv_manager``): its admission cap and startup-sizing bound.
 
-    A chunk's tail is the ``W - 1 + k`` rows (``k`` draft tokens) before its end plus
-    the lookahead slots: ``cdiv(W - 1 + k + lookahead, N) + 1`` blocks. With ``B``
+    A chunk's tail is the ``W - 1 + k * B`` rows (``k`` draft tokens, ``B`` batches in
+    flight: rejections can move the next start back by ``k`` per step in flight) before
+    its end plus the lookahead slots: ``cdiv(W - 1 + k * B + lookahead, N) + 1`` blocks. With ``B``
     batches in flight ``B + 1`` tails are live (the one the next unrun step reads and
     each unrun step's own), plus the prompt-end prefix-cache checkpoint
     (``cdiv(W - 1, N)`` blocks) and, with a retention interval ``R > 0``, the
@@ -184,7 +185,7 @@ def tail_conv_admission_blocks(
     _int("spec_tokens", spec_tokens, 0)
     _int("lookahead_tokens", lookahead_tokens, 0)
     _int("retention_tokens", retention_tokens, 0)
-    per_tail = cdiv(kernel_size - 1 + spec_tokens + lookahead_tokens, block_size) + 1
+    per_tail = cdiv(kernel_size - 1 + spec_tokens * batches + lookahead_tokens, block_size) + 1
     per_checkpoint = cdiv(kernel_size - 1, block_size)
     blocks = (batches + 1) * per_tail + per_checkpoint
     if retention_tokens:

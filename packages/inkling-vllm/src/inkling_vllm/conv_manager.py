@@ -12,9 +12,9 @@ sizing reserve ``cdiv(W - 1 + max_in_flight_tokens, N) + 1`` blocks per request.
 the worker's slot mapping do not change) but give a real block only to table
 entries that hold a row some later step may read:
 
-* the *tail* of each scheduled chunk: rows ``[end - (W - 1) - k, end + lookahead)``
+* the *tail* of each scheduled chunk: rows ``[end - (W - 1) - k * B, end + lookahead)``
   (``k`` speculative tokens: a rejected draft moves the next step's start back by
-  up to ``k``); it is released once the step after it has run;
+  up to ``k``, per step in flight); it is released once the step after it has run;
 * *checkpoints* for prefix caching: the ``W - 1`` rows before the prompt's last
   hit-aligned boundary (so resending a conversation hits), and, with a retention
   interval ``R > 0``, before every multiple of ``R``; released once their chunk has
@@ -30,7 +30,7 @@ sliding-window rule) reads only stored rows.
 Per request at most ``B + 1`` tails are live (``B`` = batches in flight: the one
 the next unrun step reads, each unrun step's own), plus checkpoints, so the
 admission cap and ``max_memory_usage_bytes`` are
-``(B + 1) * (cdiv(W - 1 + k + lookahead, N) + 1) + checkpoints``: 5 blocks at
+``(B + 1) * (cdiv(W - 1 + k * B + lookahead, N) + 1) + checkpoints``: 5 blocks at
 ``W = N = 4``, one batch in flight, no speculation, whatever the prompt length.
 
 Which manager serves the conv layers is one switch (:data:`MANAGER_ENV` /
@@ -149,7 +149,7 @@ class ConvStateSpec(SlidingWindowSpec):
     layer of one engine shares them):
 
     spec_tokens: draft tokens per step (``k``); a rejection moves the next start
-        back by up to ``k`` rows, so tails keep ``W - 1 + k`` rows.
+        back by up to ``k`` rows per step in flight, so tails keep ``W - 1 + k * B`` rows.
     lookahead_tokens: slots vLLM allocates past the scheduled tokens (EAGLE-style
         drafters; 0 for n-gram).
     concurrent_batches: steps in flight (``B``; 2 with async scheduling).
@@ -173,8 +173,10 @@ class ConvStateSpec(SlidingWindowSpec):
 
     @property
     def tail_rows(self) -> int:
-        """Rows before a chunk's end that a later step may read: ``W - 1 + k``."""
-        return self.sliding_window - 1 + self.spec_tokens
+        """Rows before a chunk's end that a later step may read: ``W - 1 + k * B``
+        (a step's rejected drafts move the next start back by up to ``k``; with ``B``
+        steps in flight, corrections of the steps before it can add up)."""
+        return self.sliding_window - 1 + self.spec_tokens * self.concurrent_batches
 
     def blocks_per_tail(self) -> int:
         """Blocks one tail can touch (``+1``: it need not start on a block boundary)."""
