@@ -59,12 +59,17 @@ def _peak(res: SimResult, phase: str) -> int:
     return max(h for h, p in zip(res.held, res.phase) if p == phase)
 
 
+def _steady(res: SimResult) -> int:
+    """Most blocks held in decode after the first 8 decode steps."""
+    return max([h for h, p in zip(res.held, res.phase) if p == "decode"][8:])
+
+
 def table(results: dict[tuple[int, int, int, int, str], SimResult]) -> list[str]:
     rows = [
         "| prompt | budget | batches in flight | k | window: prefill peak | window: decode peak | window: admission "
         "| tail: prefill peak | tail: decode peak | tail: admission (cap) | tail peak x min rows "
-        "| tail, no prefix caching: peak (x min rows) | rows checked |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tail, no prefix caching: peak (x min rows) | steady decode: window / tail | rows checked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for prompt in PROMPTS:
         for budget in BUDGETS:
@@ -79,7 +84,7 @@ def table(results: dict[tuple[int, int, int, int, str], SimResult]) -> list[str]
                         f"| {prompt} | {budget} | {batches} | {k} | {_peak(w, 'prefill')} | {_peak(w, 'decode')} "
                         f"| {w.admission} | {_peak(t, 'prefill')} | {_peak(t, 'decode')} | {t.admission} ({t.cap}) "
                         f"| {ratio:.2f} | {max(nc.held)} ({max(nc.held) * BLOCK / (KERNEL - 1):.2f}) "
-                        f"| {w.reads_checked + t.reads_checked + nc.reads_checked} |"
+                        f"| {_steady(w)} / {_steady(t)} | {w.reads_checked + t.reads_checked + nc.reads_checked} |"
                     )
     return rows
 
@@ -175,7 +180,9 @@ def main(argv: list[str]) -> int:
         "last token, which a resend of the conversation hits); with two batches in flight one more",
         "tail is live; drafts widen each tail by k x B rows (k = 3). Without prefix caching (no",
         "checkpoint) one batch in flight stays at 2 blocks = 2.67x. Steady decode holds 1-2",
-        "blocks with either manager at k = 0.",
+        "blocks with either manager at k = 0 (\"steady decode\": the most held after the first 8",
+        "decode steps); with drafts the tail manager keeps up to one block more than the window,",
+        "since a tail reaches k rows further back.",
         "",
         "![blocks held against step](conv_memory.png)",
         "",

@@ -258,8 +258,11 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         return sorted(ends)
 
     def _step_windows(self, start: int, num_tokens: int, main_end: int, prompt_len: int) -> list[_Window]:
-        """Windows a step adds: its tail, then its chunk's checkpoints."""
-        windows = [(max(0, main_end - self.tail_rows), num_tokens, main_end + 1)]
+        """Windows a step adds: its tail, then its chunk's checkpoints. A chunk that
+        ends inside the prompt carries no drafts and its successor starts exactly at
+        its end: its tail is ``W - 1`` rows."""
+        rows = self.reach if 0 < main_end <= prompt_len else self.tail_rows
+        windows = [(max(0, main_end - rows), num_tokens, main_end + 1)]
         for end in self._checkpoint_ends(start, main_end, prompt_len):
             windows.append((max(0, end - self.reach), end, main_end))
         return windows
