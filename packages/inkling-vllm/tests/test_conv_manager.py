@@ -314,3 +314,40 @@ def test_the_planner_models_the_same_cap(block: int, kernel: int) -> None:
         assert spec.max_admission_blocks_per_request(batches * budget, max_len) == tail_conv_admission_blocks(
             kernel, block, budget, max_len, max_concurrent_batches=batches, spec_tokens=k
         )
+
+
+# --- page unification without padding ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", [2, 3, 4, 5])
+def test_tail_conv_pages_unify_without_padding(kernel: int) -> None:
+    # the tiny model's layouts (global: 2 KV heads of 64, sliding: 4 of 64, hidden 128)
+    # next to its attention pages at vLLM's CPU block size, through vLLM's own unification
+    from vllm.v1.core.kv_cache_utils import unify_kv_cache_spec_page_size
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    from inkling_cache import ConvStateLayout
+
+    def specs(manager: str) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for name, heads in (("global", 2), ("sliding", 4)):
+            lay = ConvStateLayout.build(num_kv_heads=heads, head_dim=64, hidden_size=128, kernel_size=kernel)
+            common = dict(num_kv_heads=lay.num_heads, head_size=lay.head_size, head_size_v=0,
+                          dtype=torch.float32, sliding_window=kernel)
+            if manager == "tail":
+                out[f"conv.{name}"] = cm.ConvStateSpec(block_size=cm.tail_block_size(kernel), **common)
+            else:
+                out[f"conv.{name}"] = SlidingWindowSpec(block_size=kernel, **common)
+        out["attn.global"] = FullAttentionSpec(block_size=128, num_kv_heads=2, head_size=64, dtype=torch.float32)
+        out["attn.sliding"] = SlidingWindowSpec(block_size=128, num_kv_heads=4, head_size=64,
+                                                dtype=torch.float32, sliding_window=24)
+        return out
+
+    unified = unify_kv_cache_spec_page_size(specs("tail"))  # type: ignore[arg-type]
+    assert len({s.page_size_bytes for s in unified.values()}) == 1
+    assert all(getattr(s, "page_size_padded", None) is None for s in unified.values()), unified
+    assert cm.tail_block_size(kernel) >= kernel - 1
+    plain = unify_kv_cache_spec_page_size(specs("window"))  # type: ignore[arg-type]
+    padded = [n for n, s in plain.items() if getattr(s, "page_size_padded", None) is not None]
+    # a window of 3 or 5 rows does not divide the power-of-two attention page
+    assert bool(padded) == (kernel in (3, 5)), padded

@@ -67,6 +67,7 @@ __all__ = [
     "conv_state_manager",
     "conv_retention_tokens",
     "register_conv_state_spec",
+    "tail_block_size",
 ]
 
 #: Environment variable choosing the conv-state manager (``tail`` or ``window``).
@@ -83,6 +84,18 @@ RETENTION_KEY = "inkling_conv_retention_tokens"
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def tail_block_size(kernel_size: int) -> int:
+    """Rows per conv block under the tail manager: the smallest power of two that
+    holds ``W - 1`` rows. The block no longer has to hold a whole window (tails may
+    span blocks), and a power of two keeps the conv page (``N * H * D * bytes`` with
+    power-of-two ``H`` and padded ``D``) a divisor or multiple of the attention pages,
+    so vLLM's page unification scales block sizes instead of padding pages (a
+    kernel-3 or kernel-5 window of 3 or 5 rows would be padded up to the largest page)."""
+    if kernel_size < 2:
+        raise ValueError(f"conv kernel size must be >= 2, got {kernel_size}")
+    return 1 << (kernel_size - 2).bit_length()
 
 
 def _config_value(hf_config: Any, key: str) -> Any:

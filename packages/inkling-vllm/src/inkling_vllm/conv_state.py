@@ -47,7 +47,7 @@ from inkling_model import (
 )
 
 from .compat import check_vllm_version
-from .conv_manager import ConvStateSpec, conv_retention_tokens, conv_state_manager
+from .conv_manager import ConvStateSpec, conv_retention_tokens, conv_state_manager, tail_block_size
 
 __all__ = [
     "BACKEND_NAME",
@@ -335,6 +335,7 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         )
         if self.manager_kind == "window":
             return SlidingWindowSpec(**common)
+        common["block_size"] = tail_block_size(self.layout.kernel_size)  # 4 at W = 4
         return ConvStateSpec(
             **common,
             spec_tokens=_config_int(vllm_config, "num_speculative_tokens", 0),
