@@ -14,7 +14,8 @@ entries that hold a row some later step may read:
 
 * the *tail* of each scheduled chunk: rows ``[end - (W - 1) - k * B, end + lookahead)``
   (``k`` speculative tokens: a rejected draft moves the next step's start back by
-  up to ``k``, per step in flight); it is released once the step after it has run;
+  up to ``k``, per step in flight; a chunk ending inside the prompt has no drafts and
+  keeps ``W - 1`` rows); it is released once the step after it has run;
 * *checkpoints* for prefix caching: the ``W - 1`` rows before the prompt's last
   hit-aligned boundary (so resending a conversation hits), and, with a retention
   interval ``R > 0``, before every multiple of ``R``; released once their chunk has
@@ -31,7 +32,11 @@ Per request at most ``B + 1`` tails are live (``B`` = batches in flight: the one
 the next unrun step reads, each unrun step's own), plus checkpoints, so the
 admission cap and ``max_memory_usage_bytes`` are
 ``(B + 1) * (cdiv(W - 1 + k * B + lookahead, N) + 1) + checkpoints``: 5 blocks at
-``W = N = 4``, one batch in flight, no speculation, whatever the prompt length.
+``W = N = 4``, one batch in flight, no speculation, whatever the prompt length. The
+conv block (before vLLM's page unification scales it) is :func:`tail_block_size`, the
+smallest power of two holding ``W - 1`` rows, so pages unify without padding.
+
+Not supported: KV-connector (external) tokens; select the plain spec for those.
 
 Which manager serves the conv layers is one switch (:data:`MANAGER_ENV` /
 :data:`MANAGER_KEY`, ``tail`` by default, ``window`` for the plain spec); the
