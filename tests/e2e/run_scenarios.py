@@ -248,6 +248,15 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         dict(enforce_eager=True, enable_prefix_caching=False, max_num_batched_tokens=37, max_num_seqs=4),
         ["inspect", "chunked", "prefix_uncached", "concurrent"],
     ),
+    # the same with the plain sliding-window conv-state spec (INKLING_CONV_STATE=window):
+    # the switch still selects vLLM's own manager (one leg, to keep CI short)
+    "eager_chunked_window": (
+        dict(
+            _env={"INKLING_CONV_STATE": "window"},
+            enforce_eager=True, enable_prefix_caching=False, max_num_batched_tokens=37, max_num_seqs=4,
+        ),
+        ["inspect", "chunked"],
+    ),
     # strided (padded) conv pages, a user block size, and a KV cache so small
     # that requests get preempted and recomputed
     "small_padded": (

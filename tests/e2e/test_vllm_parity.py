@@ -99,7 +99,16 @@ def test_chunked_prefill_small_budget_eager(engines: Any, hf: dict[str, Any]) ->
     assert all(budget % b for b in blocks) and budget % KERNEL
     scenario = result["chunked"]
     assert max(len(p) for p in scenario["prompts"]) > 4 * budget
+    # the default conv-state manager: real blocks only for the rows later steps read
+    assert {layer["conv_manager"] for layer in result["inspect"]["layers"]} == {"tail"}
     assert_greedy_parity(hf["default"], scenario)
+
+
+def test_chunked_prefill_with_the_plain_sliding_window_spec(engines: Any, hf: dict[str, Any]) -> None:
+    # INKLING_CONV_STATE=window selects vLLM's own sliding-window manager
+    result = engines("eager_chunked_window", "default")
+    assert {layer["conv_manager"] for layer in result["inspect"]["layers"]} == {"window"}
+    assert_greedy_parity(hf["default"], result["chunked"])
 
 
 def test_many_concurrent_prompts_eager(engines: Any, hf: dict[str, Any]) -> None:

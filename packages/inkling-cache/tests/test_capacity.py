@@ -158,3 +158,35 @@ def test_plan_defaults_follow_config() -> None:
     plan = plan_capacity(load_config("inkling-975b"))
     assert plan.max_model_len == plan.request_len == 131072
     assert plan.tp_size == 1 and plan.dtype == "bfloat16" and plan.block_size == 16
+
+
+# --- the two conv-state managers side by side ---------------------------------------------
+
+
+@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 7), (2, 3, 13)])
+def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int) -> None:
+    from inkling_cache import tail_conv_admission_blocks
+
+    # (B + 1) tails of cdiv(3 + k, 4) + 1 blocks, + one prompt-end checkpoint block
+    for budget in (2048, 8192):
+        got = tail_conv_admission_blocks(4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k)
+        assert got == (batches + 1) * (-(-(3 + k * batches) // 4) + 1) + 1 == expected
+    # never above the plain window's reserve (tiny max_model_len)
+    assert tail_conv_admission_blocks(4, 4, 8192, 5, max_concurrent_batches=batches) == min(expected, 3)
+    # retention checkpoints: one block per 1024 tokens of each unrun chunk
+    assert tail_conv_admission_blocks(4, 4, 8192, 131072, retention_tokens=1024) == 5 + (8 + 1)
+
+
+def test_in_flight_tokens_scale_the_window_reserve_not_the_tail() -> None:
+    one = plan_capacity("inkling-975b", tp_size=8, max_concurrent_batches=1)
+    two = plan_capacity("inkling-975b", tp_size=8, max_concurrent_batches=2)
+    c1 = {k.name: k for k in one.kinds}["conv/sliding"]
+    c2 = {k.name: k for k in two.kinds}["conv/sliding"]
+    assert (c1.reserve_blocks, c2.reserve_blocks) == (2050, 4098)  # cdiv(3 + B * 8192, 4) + 1
+    assert (c1.tail_reserve_blocks, c2.tail_reserve_blocks) == (5, 7)
+    assert two.in_flight_tokens == 16384
+    # admission of an 8k prompt: the conv state's share falls from most to ~1.5 %
+    assert two.conv_admission_share("window") > 0.8 > 0.02 > two.conv_admission_share("tail")
+    assert two.admission_bytes("tail", "attn/") == two.admission_bytes("window", "attn/")
+    with pytest.raises(ValueError, match="choose 'window' or 'tail'"):
+        two.admission_bytes("ring")

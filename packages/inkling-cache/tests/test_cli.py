@@ -54,7 +54,21 @@ def test_json_block_size_option(capsys: pytest.CaptureFixture[str], block: int) 
     (c,) = data["concurrency"]
     assert c["budget_gib"] == 40.0 and c["steady"] >= c["reserve"] >= 1
     kinds = {k["name"]: k for k in data["per_request"]["kinds"]}
-    assert kinds["conv/global"]["reserve_blocks"] == -(-(3 + 2048) // conv) + 1
+    # the CLI's default: two batches in flight (vLLM's async scheduling on GPUs)
+    assert data["settings"]["in_flight_tokens"] == 2 * 2048
+    assert kinds["conv/global"]["reserve_blocks"] == -(-(3 + 2 * 2048) // conv) + 1
+    # the tail-rows manager: 3 tails + the prompt-end checkpoint, whatever the budget
+    assert kinds["conv/global"]["tail_reserve_blocks"] == 3 * (-(-3 // conv) + 1) + 1
+
+
+def test_admission_share_before_and_after(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "inkling-975b", "--tp", "8", "--json")
+    assert code == 0
+    adm = json.loads(out)["admission"]
+    assert adm["window"]["prompt_len"] == 8192
+    assert adm["window"]["conv_share"] > 0.8 and adm["tail"]["conv_share"] < 0.02
+    code, text, _ = run(capsys, "plan", "inkling-975b", "--tp", "8")
+    assert "conv share of the admission charge: window 81.4% (2.06 GiB), tail 1.5% (7.22 MiB)" in text
 
 
 def test_text_output_matches_json(capsys: pytest.CaptureFixture[str]) -> None:

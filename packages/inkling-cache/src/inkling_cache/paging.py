@@ -29,6 +29,7 @@ __all__ = [
     "slot_of",
     "slot_to_block_row",
     "steady_state_blocks",
+    "tail_conv_admission_blocks",
     "unify_page_sizes",
 ]
 
@@ -150,6 +151,47 @@ def admission_reserve_blocks(
     _int("extra_retained_tokens", extra_retained_tokens, 0)
     tokens = min(sliding_window - 1 + extra_retained_tokens + max_num_batched_tokens, max_model_len)
     return cdiv(tokens, block_size) + 1
+
+
+def tail_conv_admission_blocks(
+    kernel_size: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    *,
+    max_concurrent_batches: int = 1,
+    spec_tokens: int = 0,
+    lookahead_tokens: int = 0,
+    retention_tokens: int = 0,
+) -> int:
+    """Blocks per request and conv layer under the tail-rows conv-state manager
+    (``inkling_vllm.conv_manager``): its admission cap and startup-sizing bound.
+
+    A chunk's tail is the ``W - 1 + k * B`` rows (``k`` draft tokens, ``B`` batches in
+    flight: rejections can move the next start back by ``k`` per step in flight) before
+    its end plus the lookahead slots: ``cdiv(W - 1 + k * B + lookahead, N) + 1`` blocks. With ``B``
+    batches in flight ``B + 1`` tails are live (the one the next unrun step reads and
+    each unrun step's own), plus the prompt-end prefix-cache checkpoint
+    (``cdiv(W - 1, N)`` blocks) and, with a retention interval ``R > 0``, the
+    checkpoints of the ``B`` unrun chunks (``max_num_batched_tokens // R + 1`` each).
+    Never more than vLLM's plain sliding-window reserve
+    (:func:`admission_reserve_blocks` with ``B * max_num_batched_tokens`` in flight).
+    """
+    _int("kernel_size", kernel_size, 2)
+    _int("block_size", block_size, 1)
+    _int("max_num_batched_tokens", max_num_batched_tokens, 1)
+    _int("max_model_len", max_model_len, 1)
+    batches = _int("max_concurrent_batches", max_concurrent_batches, 1)
+    _int("spec_tokens", spec_tokens, 0)
+    _int("lookahead_tokens", lookahead_tokens, 0)
+    _int("retention_tokens", retention_tokens, 0)
+    per_tail = cdiv(kernel_size - 1 + spec_tokens * batches + lookahead_tokens, block_size) + 1
+    per_checkpoint = cdiv(kernel_size - 1, block_size)
+    blocks = (batches + 1) * per_tail + per_checkpoint
+    if retention_tokens:
+        blocks += batches * (max_num_batched_tokens // retention_tokens + 1) * per_checkpoint
+    plain = admission_reserve_blocks(kernel_size, block_size, batches * max_num_batched_tokens, max_model_len)
+    return min(blocks, plain)
 
 
 # --------------------------------------------------------------------------- unification

@@ -221,6 +221,65 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         params=("self", "param", "loaded_weight", "loaded_shard_id"),
         method="weight_loader",
     ),
+    # the conv-state spec and manager (inkling_vllm.conv_manager)
+    ApiItem("vllm.config", "VllmConfig", fields=("max_concurrent_batches", "num_speculative_tokens", "num_lookahead_tokens")),
+    ApiItem(
+        "vllm.v1.kv_cache_spec_registry",
+        "KVCacheSpecRegistry",
+        params=("kvcache_spec_cls", "manager_class", "uniform_type_base_spec"),
+        method="register",
+        fields=("_ensure_registered",),
+    ),
+    ApiItem(
+        "vllm.v1.kv_cache_interface",
+        "SlidingWindowSpec",
+        params=("self", "max_in_flight_tokens", "max_model_len"),
+        method="max_admission_blocks_per_request",
+        fields=("extra_retained_tokens", "max_memory_usage_bytes"),
+    ),
+    ApiItem("vllm.v1.core.kv_cache_utils", "KVCacheBlock", fields=("block_id", "is_null")),
+    ApiItem(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        params=(
+            "self", "request_id", "num_tokens", "new_computed_blocks", "total_computed_tokens",
+            "num_local_computed_tokens", "num_tokens_main_model", "apply_admission_cap", "prefill_end",
+        ),
+        method="get_num_blocks_to_allocate",
+        fields=(
+            "find_longest_cache_hit", "reachable_block_mask", "get_num_skipped_tokens", "_get_num_evictable_blocks",
+        ),
+    ),
+    ApiItem(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        params=("self", "request_id", "num_tokens", "num_tokens_main_model"),
+        method="allocate_new_blocks",
+    ),
+    ApiItem(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        params=("self", "request_id", "processed_computed_tokens", "num_prompt_tokens"),
+        method="remove_skipped_blocks",
+    ),
+    ApiItem(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        params=("self", "request_id", "new_computed_blocks", "num_local_computed_tokens", "num_external_computed_tokens"),
+        method="add_local_computed_blocks",
+    ),
+    ApiItem(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        params=("self", "request_id", "num_local_computed_tokens", "num_external_computed_tokens", "record_for_zeroing"),
+        method="allocate_external_computed_blocks",
+    ),
+    ApiItem(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        params=("self", "request_id"),
+        method="pop_blocks_for_free",
+    ),
 )
 
 
@@ -287,6 +346,7 @@ def spec_problems() -> list[str]:
 
 
 ADAPTER_MODULES = (
+    "inkling_vllm.conv_manager",
     "inkling_vllm.conv_state",
     "inkling_vllm.attention",
     "inkling_vllm.moe",

@@ -4,7 +4,9 @@ vLLM only needs to see an attention-like layer that asks for pages: each decoder
 layer gets one :class:`InklingConvStateLayer` (an ``AttentionLayerBase``) that
 emits a ``SlidingWindowSpec`` (heads ``H`` per rank, head size = the packed ``D``
 of the ``inkling_cache`` layout, ``head_size_v = 0``, block size = window = ``W``)
-and is registered in ``compilation_config.static_forward_context`` under its
+-- by default the :class:`~inkling_vllm.conv_manager.ConvStateSpec` subclass, whose
+manager holds only the rows later steps read (``INKLING_CONV_STATE=window`` selects
+the plain spec) -- and is registered in ``compilation_config.static_forward_context`` under its
 prefix. Its backend (``INKLING_SCONV_SWA``) computes nothing; its metadata builder
 maps vLLM's ``CommonAttentionMetadata`` onto ``inkling_model.SconvMetadata``.
 
@@ -46,6 +48,7 @@ from inkling_model import (
 )
 
 from .compat import check_vllm_version
+from .conv_manager import ConvStateSpec, conv_retention_tokens, conv_state_manager, tail_block_size
 
 __all__ = [
     "BACKEND_NAME",
@@ -98,6 +101,14 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         # The group's block size after vLLM's page-size unification (often > W);
         # the layers check it against their bound cache's shape[2].
         self._block_size = int(kv_cache_spec.block_size)
+        # ConvStateSpec groups leave table entries no later step reads on the null
+        # block (block 0): their slots (< block_size) become -1, "do not store".
+        # One persistent buffer, so the slot mapping keeps its address.
+        self._masked_slots: torch.Tensor | None = None
+        if isinstance(kv_cache_spec, ConvStateSpec):
+            self._masked_slots = torch.full(
+                (_max_forward_tokens(vllm_config),), -1, dtype=torch.int64, device=device
+            )
 
     def build(
         self,
@@ -111,7 +122,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         num_padded = padded_token_count(cm, num_actual)
         return self._builder.build(
             cm.query_start_loc,
-            cm.slot_mapping,
+            self._slots_without_null_block(cm.slot_mapping),
             cm.block_table_tensor,
             num_reqs,
             num_actual,
@@ -119,6 +130,20 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             block_size=self._block_size,
             positions=_positions(cm, num_reqs, num_actual, num_padded),
         )
+
+    def _slots_without_null_block(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """``slot_mapping`` with every slot in the null block set to -1 (a view of a
+        persistent buffer); unchanged for plain sliding-window groups."""
+        buffer = self._masked_slots
+        if buffer is None:
+            return slot_mapping
+        n = int(slot_mapping.shape[0])
+        if n > buffer.shape[0]:  # never expected: the builder is sized for the largest forward
+            buffer = self._masked_slots = torch.full((n,), -1, dtype=torch.int64, device=buffer.device)
+        out = buffer[:n]
+        out.copy_(slot_mapping)
+        out.masked_fill_(slot_mapping < self._block_size, -1)
+        return out
 
 
 def _positions(cm: CommonAttentionMetadata, num_reqs: int, num_actual: int, num_padded: int) -> torch.Tensor:
@@ -161,6 +186,12 @@ def _conv_kernel_size(vllm_config: VllmConfig) -> int | None:
             if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
                 return value
     return None
+
+
+def _config_int(vllm_config: VllmConfig, name: str, default: int) -> int:
+    """An integer property of ``VllmConfig`` (``default`` when absent or ``None``)."""
+    value = getattr(vllm_config, name, None)
+    return default if value is None else int(value)
 
 
 def _max_forward_tokens(vllm_config: VllmConfig) -> int:
@@ -291,7 +322,13 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
             raise ValueError(f"{prefix} (tensor_parallel_size {tp_size}): {exc}") from None
         self.prefix = prefix
         self.kv_cache = torch.tensor([])
-        self.dtype = register_layer(self, prefix).model_config.dtype
+        vllm_config = register_layer(self, prefix)
+        self.dtype = vllm_config.model_config.dtype
+        hf_config = getattr(vllm_config.model_config, "hf_config", None)
+        # Checked here, while the model is built: a bad value stops the engine
+        # before it sizes or serves anything.
+        self.manager_kind = conv_state_manager(hf_config)
+        self.retention_tokens = conv_retention_tokens(hf_config)
         # replace=True: a new engine in the same process re-uses the layer names.
         self.owner = ConvStateOwner(self.layout, prefix, replace=True)
 
@@ -302,13 +339,23 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         return InklingSconvBackend
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
-        return SlidingWindowSpec(
+        common: dict[str, Any] = dict(
             block_size=self.layout.kernel_size,
             num_kv_heads=self.layout.num_heads,
             head_size=self.layout.head_size,
             head_size_v=0,  # all four streams are packed into head_size
             dtype=self.dtype,
             sliding_window=self.layout.kernel_size,
+        )
+        if self.manager_kind == "window":
+            return SlidingWindowSpec(**common)
+        common["block_size"] = tail_block_size(self.layout.kernel_size)  # 4 at W = 4
+        return ConvStateSpec(
+            **common,
+            spec_tokens=_config_int(vllm_config, "num_speculative_tokens", 0),
+            lookahead_tokens=_config_int(vllm_config, "num_lookahead_tokens", 0),
+            concurrent_batches=max(1, _config_int(vllm_config, "max_concurrent_batches", 1)),
+            retention_tokens=self.retention_tokens,
         )
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:

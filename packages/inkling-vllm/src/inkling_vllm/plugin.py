@@ -27,7 +27,9 @@ def register() -> None:
 
     vLLM >= 0.26 ships its own GPU-only Inkling under the same names; the plugin
     replaces it but keeps vLLM's entry, so a checkpoint only the in-tree model can
-    serve still gets it (:mod:`inkling_vllm.dispatch`). With the environment
+    serve still gets it (:mod:`inkling_vllm.dispatch`). It also maps the conv-state
+    spec to its manager in vLLM's KV-cache spec registry
+    (:func:`inkling_vllm.conv_manager.register_conv_state_spec`). With the environment
     variable ``INKLING_VLLM_MODEL=builtin`` the plugin registers nothing. An
     unsupported vLLM version is not refused here (that would break vLLM for every
     model): building the Inkling model raises ``UnsupportedVllmVersion`` instead.
@@ -42,6 +44,11 @@ def register() -> None:
     if os.environ.get(SWITCH_ENV) and switch() == "builtin":
         _registered = True
         return
+    # The conv-state spec -> manager mapping must exist in every process that
+    # groups specs or builds managers (engine core) or emits specs (workers).
+    from .conv_manager import register_conv_state_spec
+
+    register_conv_state_spec()
     models = getattr(ModelRegistry, "models", {})
     for arch in ARCHITECTURES:
         remember_builtin(arch, models.get(arch))

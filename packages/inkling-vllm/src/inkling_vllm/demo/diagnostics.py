@@ -35,7 +35,8 @@ def exit_without_teardown(code: int) -> NoReturn:
 
 def describe_conv_state(model: Any) -> dict[str, Any]:
     """Per decoder layer: the bound cache's shape, strides, contiguity and dtype,
-    the runtime block size against the kernel size, the packed head size, and the
+    the runtime block size against the kernel size, the packed head size, which
+    conv-state manager holds it (``tail`` / ``window``), and the
     attention layer's sliding window, log scaling and KV cache shape, and the MLP kind."""
     layers = []
     for layer in model.model.layers:
@@ -52,6 +53,7 @@ def describe_conv_state(model: Any) -> dict[str, Any]:
                 "kernel_size": int(state.layout.kernel_size),
                 "head_size": int(state.layout.head_size),
                 "raw_head_size": int(state.layout.raw_head_size),
+                "conv_manager": str(getattr(state, "manager_kind", "window")),
                 "attn_sliding_window": layer.self_attn.kv_cache_layer.owner.window,
                 "attn_log_scaling": layer.self_attn.kv_cache_layer.owner.log_scaling,
                 "attn_kv_cache_shape": list(layer.self_attn.kv_cache_layer.kv_cache.shape),

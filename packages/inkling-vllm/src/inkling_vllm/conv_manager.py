@@ -1,0 +1,457 @@
+"""Conv state that holds only the rows a later step reads ("tail rows").
+
+A conv layer's step reads, from the cache, the ``W - 1`` rows before its first new
+token and nothing else (every other tap is in the step's own input). Declared as a
+plain ``SlidingWindowSpec``, vLLM's sliding-window manager keeps a real block for
+every position from ``processed - (W - 1)`` to the end of the scheduled chunk, so a
+chunked prefill holds a block for every in-flight token, and admission and startup
+sizing reserve ``cdiv(W - 1 + max_in_flight_tokens, N) + 1`` blocks per request.
+
+:class:`ConvStateSpec` (a ``SlidingWindowSpec``) and :class:`ConvStateManager` (a
+``SlidingWindowManager``) keep the position-indexed block table (so the kernels and
+the worker's slot mapping do not change) but give a real block only to table
+entries that hold a row some later step may read:
+
+* the *tail* of each scheduled chunk: rows ``[end - (W - 1) - k * B, end + lookahead)``
+  (``k`` speculative tokens: a rejected draft moves the next step's start back by
+  up to ``k``, per step in flight; a chunk ending inside the prompt has no drafts and
+  keeps ``W - 1`` rows); it is released once the step after it has run;
+* *checkpoints* for prefix caching: the ``W - 1`` rows before the prompt's last
+  hit-aligned boundary (so resending a conversation hits), and, with a retention
+  interval ``R > 0``, before every multiple of ``R``; released once their chunk has
+  run, they stay hashed in the free queue (evictable) like any freed cached block;
+* the rows of a prefix-cache hit, until the first new step has run.
+
+Every other entry is the null block; the metadata builder turns slots in it into
+``-1`` ("do not store"), which the kernels honour. A real block is always real from
+the step that first covers it, so every row in it was stored: a cached block is
+complete, and a prefix hit (``cdiv(W - 1, N)`` cached blocks ending at the hit, the
+sliding-window rule) reads only stored rows.
+
+Per request at most ``B + 1`` tails are live (``B`` = batches in flight: the one
+the next unrun step reads, each unrun step's own), plus checkpoints, so the
+admission cap and ``max_memory_usage_bytes`` are
+``(B + 1) * (cdiv(W - 1 + k * B + lookahead, N) + 1) + checkpoints``: 5 blocks at
+``W = N = 4``, one batch in flight, no speculation, whatever the prompt length. The
+conv block (before vLLM's page unification scales it) is :func:`tail_block_size`, the
+smallest power of two holding ``W - 1`` rows, so pages unify without padding.
+
+Not supported: KV-connector (external) tokens; select the plain spec for those.
+
+Which manager serves the conv layers is one switch (:data:`MANAGER_ENV` /
+:data:`MANAGER_KEY`, ``tail`` by default, ``window`` for the plain spec); the
+retention interval is :data:`RETENTION_ENV` / :data:`RETENTION_KEY`.
+
+Registration: :func:`register_conv_state_spec` (idempotent) runs at import of this
+module (so unpickling a spec in the engine core registers it) and from the plugin
+(every vLLM process). It registers vLLM's built-in specs first: the registry fills
+itself lazily only while empty, so a plugin registering first would leave
+``FullAttentionSpec`` without a manager in that process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+__all__ = [
+    "MANAGER_CHOICES",
+    "MANAGER_ENV",
+    "MANAGER_KEY",
+    "RETENTION_ENV",
+    "RETENTION_KEY",
+    "ConvStateManager",
+    "ConvStateSpec",
+    "conv_state_manager",
+    "conv_retention_tokens",
+    "register_conv_state_spec",
+    "tail_block_size",
+]
+
+#: Environment variable choosing the conv-state manager (``tail`` or ``window``).
+MANAGER_ENV = "INKLING_CONV_STATE"
+#: Config key (``hf_overrides={"inkling_conv_state": "window"}``); wins over the env var.
+MANAGER_KEY = "inkling_conv_state"
+#: ``tail``: :class:`ConvStateManager` (default); ``window``: vLLM's plain sliding window.
+MANAGER_CHOICES = ("tail", "window")
+#: Environment variable: prefix-cache checkpoint interval in tokens (0: prompt end only).
+RETENTION_ENV = "INKLING_CONV_RETENTION_TOKENS"
+#: Config key for the retention interval; wins over the env var.
+RETENTION_KEY = "inkling_conv_retention_tokens"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tail_block_size(kernel_size: int) -> int:
+    """Rows per conv block under the tail manager: the smallest power of two that
+    holds ``W - 1`` rows. The block no longer has to hold a whole window (tails may
+    span blocks), and a power of two keeps the conv page (``N * H * D * bytes`` with
+    power-of-two ``H`` and padded ``D``) a divisor or multiple of the attention pages,
+    so vLLM's page unification scales block sizes instead of padding pages (a
+    kernel-3 or kernel-5 window of 3 or 5 rows would be padded up to the largest page)."""
+    if kernel_size < 2:
+        raise ValueError(f"conv kernel size must be >= 2, got {kernel_size}")
+    return 1 << (kernel_size - 2).bit_length()
+
+
+def _config_value(hf_config: Any, key: str) -> Any:
+    if hf_config is None:
+        return None
+    value = getattr(hf_config, key, None)
+    text = getattr(hf_config, "text_config", None)
+    if value is None and text is not None:
+        value = getattr(text, key, None)
+    return value
+
+
+def conv_state_manager(hf_config: Any = None) -> str:
+    """Which manager holds the conv state: the config key :data:`MANAGER_KEY`, else
+    the environment variable :data:`MANAGER_ENV`, else ``tail``. Raises
+    ``ValueError`` naming the choices for any other value."""
+    value = _config_value(hf_config, MANAGER_KEY)
+    where = f"the config key {MANAGER_KEY!r}"
+    if value is None:
+        value, where = os.environ.get(MANAGER_ENV) or None, f"the environment variable {MANAGER_ENV}"
+    if value is None:
+        return "tail"
+    text = str(value).strip().lower()
+    if text not in MANAGER_CHOICES:
+        raise ValueError(
+            f"{where} is {value!r}: choose 'tail' (conv state holds only the rows later "
+            "steps read) or 'window' (vLLM's plain sliding-window manager)"
+        )
+    return text
+
+
+def conv_retention_tokens(hf_config: Any = None) -> int:
+    """The prefix-cache checkpoint interval ``R`` in tokens: the config key
+    :data:`RETENTION_KEY`, else :data:`RETENTION_ENV`, else 0 (checkpoint only the
+    prompt's last hit-aligned boundary; decode rows are cached anyway). Each
+    checkpoint holds ``cdiv(W - 1, N)`` blocks while its chunk runs, then stays
+    cached in the free queue. Must be a non-negative integer (a multiple of the
+    engine's hit alignment, checked when the manager is built)."""
+    value = _config_value(hf_config, RETENTION_KEY)
+    where = f"the config key {RETENTION_KEY!r}"
+    if value is None:
+        value, where = os.environ.get(RETENTION_ENV) or None, f"the environment variable {RETENTION_ENV}"
+    if value is None:
+        return 0
+    try:
+        tokens = int(str(value).strip())
+    except ValueError:
+        tokens = -1
+    if tokens < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(
+            f"{where} is {value!r}: give a non-negative whole number of tokens (0 keeps "
+            "checkpoints only at the prompt's last hit-aligned boundary; R > 0 also every "
+            "R tokens, R a multiple of the prefix-cache hit alignment)"
+        )
+    return tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvStateSpec(SlidingWindowSpec):
+    """A conv layer's state: a sliding window of ``W = sliding_window`` rows whose
+    manager keeps only tail rows (see the module docstring).
+
+    Fields beyond the sliding-window spec (all part of equality, so every conv
+    layer of one engine shares them):
+
+    spec_tokens: draft tokens per step (``k``); a rejection moves the next start
+        back by up to ``k`` rows per step in flight, so tails keep ``W - 1 + k * B`` rows.
+    lookahead_tokens: slots vLLM allocates past the scheduled tokens (EAGLE-style
+        drafters; 0 for n-gram).
+    concurrent_batches: steps in flight (``B``; 2 with async scheduling).
+    retention_tokens: prefix-cache checkpoint interval ``R`` (0: prompt end only).
+    """
+
+    spec_tokens: int = 0
+    lookahead_tokens: int = 0
+    concurrent_batches: int = 1
+    retention_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("spec_tokens", "lookahead_tokens", "retention_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ConvStateSpec.{name} must be >= 0, got {getattr(self, name)}")
+        if self.concurrent_batches < 1:
+            raise ValueError(f"ConvStateSpec.concurrent_batches must be >= 1, got {self.concurrent_batches}")
+        if self.sliding_window < 2:
+            raise ValueError(f"ConvStateSpec.sliding_window (the conv kernel) must be >= 2, got {self.sliding_window}")
+
+    @property
+    def tail_rows(self) -> int:
+        """Rows before a chunk's end that a later step may read: ``W - 1 + k * B``
+        (a step's rejected drafts move the next start back by up to ``k``; with ``B``
+        steps in flight, corrections of the steps before it can add up)."""
+        return self.sliding_window - 1 + self.spec_tokens * self.concurrent_batches
+
+    def blocks_per_tail(self) -> int:
+        """Blocks one tail can touch (``+1``: it need not start on a block boundary)."""
+        return _cdiv(self.tail_rows + self.lookahead_tokens, self.block_size) + 1
+
+    def blocks_per_checkpoint(self) -> int:
+        """Blocks one checkpoint holds (its boundary is block-aligned)."""
+        return _cdiv(self.sliding_window - 1, self.block_size)
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        """The most real blocks one request holds at any step (admission cap and,
+        through ``max_memory_usage_bytes``, startup sizing): ``B + 1`` tails, the
+        prompt-end checkpoint and, with ``R > 0``, the checkpoints of the ``B``
+        unrun chunks. Never more than the plain sliding window would reserve."""
+        batches = self.concurrent_batches
+        blocks = (batches + 1) * self.blocks_per_tail() + self.blocks_per_checkpoint()
+        if self.retention_tokens > 0:
+            per_step = max(1, max_in_flight_tokens // batches)
+            blocks += batches * (per_step // self.retention_tokens + 1) * self.blocks_per_checkpoint()
+        plain = super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+        return min(blocks, plain)
+
+
+_Window = tuple[int, int, int]  # (first row, end row, released once processed >= this)
+
+
+class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
+    """Single-type manager of a :class:`ConvStateSpec` group: real blocks only
+    under live windows (tails, checkpoints, a hit's rows), null elsewhere.
+
+    The sliding-window parts it keeps: the prefix-cache hit search (a hit needs the
+    ``cdiv(W - 1, N)`` cached blocks ending at it), the hit's null padding, the
+    admission path of ``get_num_blocks_to_allocate``. What it replaces: which new
+    table entries get a real block (:meth:`allocate_new_blocks`, predicted exactly
+    by :meth:`get_num_blocks_to_allocate`), which are freed
+    (:meth:`remove_skipped_blocks`, skipping nulls), and which are hashed (every
+    real full block: :meth:`reachable_block_mask` returns ``None``).
+    """
+
+    def __init__(self, kv_cache_spec: ConvStateSpec, **kwargs: Any) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        if not isinstance(kv_cache_spec, ConvStateSpec):
+            raise TypeError(f"ConvStateManager serves ConvStateSpec groups, got {type(kv_cache_spec).__name__}")
+        self.conv_spec = kv_cache_spec
+        self.tail_rows = kv_cache_spec.tail_rows
+        self.reach = kv_cache_spec.sliding_window - 1  # rows a step's first token reads
+        self.retention_tokens = kv_cache_spec.retention_tokens
+        align = int(self.cache_hit_alignment_tokens)
+        if self.retention_tokens % align:
+            raise ValueError(
+                f"{RETENTION_KEY}/{RETENTION_ENV} is {self.retention_tokens}: it must be a multiple "
+                f"of the prefix-cache hit alignment ({align} tokens in this engine), or 0"
+            )
+        self._windows: dict[str, list[_Window]] = {}
+        self._real: dict[str, set[int]] = {}
+        self._extent: dict[str, int] = {}
+        # the prompt length, from remove_skipped_blocks (vLLM's allocate_slots passes it
+        # there before asking for blocks): where the prompt-end checkpoint goes
+        self._prompt_len: dict[str, int] = {}
+
+    # -- which rows must be real ------------------------------------------------
+
+    def _checkpoint_ends(self, after: int, upto: int, prompt_len: int) -> list[int]:
+        """Hit boundaries in ``(after, upto]`` whose ``W - 1`` rows are retained."""
+        if not self.enable_caching or upto <= after:
+            return []
+        ends: set[int] = set()
+        align = int(self.cache_hit_alignment_tokens)
+        if prompt_len > 0:
+            # a resend of the prompt (or a longer conversation) hits at the last
+            # aligned boundary below the prompt's final token (vLLM recomputes it)
+            boundary = (prompt_len - 1) // align * align
+            if after < boundary <= upto:
+                ends.add(boundary)
+        step = self.retention_tokens
+        if step > 0:
+            first = (after // step + 1) * step
+            ends.update(range(first, upto + 1, step))
+        return sorted(ends)
+
+    def _step_windows(self, start: int, num_tokens: int, main_end: int, prompt_len: int) -> list[_Window]:
+        """Windows a step adds: its tail, then its chunk's checkpoints. A chunk that
+        ends inside the prompt carries no drafts and its successor starts exactly at
+        its end: its tail is ``W - 1`` rows."""
+        rows = self.reach if 0 < main_end <= prompt_len else self.tail_rows
+        windows = [(max(0, main_end - rows), num_tokens, main_end + 1)]
+        for end in self._checkpoint_ends(start, main_end, prompt_len):
+            windows.append((max(0, end - self.reach), end, main_end))
+        return windows
+
+    def _indices(self, windows: Iterable[_Window]) -> set[int]:
+        n = self.block_size
+        live: set[int] = set()
+        for lo, hi, _ in windows:
+            if hi > lo:
+                live.update(range(lo // n, _cdiv(hi, n)))
+        return live
+
+    # -- vLLM hooks -------------------------------------------------------------
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        if apply_admission_cap:
+            # the sliding-window admission count, capped by this spec's small bound
+            return int(
+                super().get_num_blocks_to_allocate(
+                    request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                    num_local_computed_tokens, num_tokens_main_model,
+                    apply_admission_cap=True, prefill_end=prefill_end,
+                )
+            )
+        pend = self._prompt_len.get(request_id, 0)
+        end_index = _cdiv(num_tokens, self.block_size)
+        if request_id in self.num_cached_block:  # running: no new hits
+            start_index = len(self.req_to_blocks.get(request_id, ()))
+            windows = list(self._windows.get(request_id, ()))
+            start = self._extent.get(request_id, 0)
+            evictable = 0
+        else:
+            hit = total_computed_tokens
+            start_index = len(new_computed_blocks) + len(self.req_to_blocks.get(request_id, ()))
+            windows = [(max(0, hit - self.reach), hit, hit + 1)] if hit > 0 else []
+            start = hit
+            skipped = self.get_num_skipped_tokens(hit) // self.block_size
+            evictable = self._get_num_evictable_blocks(new_computed_blocks[skipped:])
+        windows += self._step_windows(start, num_tokens, num_tokens_main_model, pend)
+        live = self._indices(windows)
+        return evictable + sum(1 for b in range(start_index, end_index) if b in live)
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        super().add_local_computed_blocks(
+            request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+        )
+        hit = num_local_computed_tokens + num_external_computed_tokens
+        blocks = self.req_to_blocks[request_id]
+        self._real[request_id] = {i for i, blk in enumerate(blocks) if not blk.is_null}
+        self._windows[request_id] = [(max(0, hit - self.reach), hit, hit + 1)] if hit > 0 else []
+        self._extent[request_id] = hit
+
+    def allocate_external_computed_blocks(
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
+    ) -> None:
+        if num_external_computed_tokens > 0:
+            raise NotImplementedError(
+                "inkling-vllm's conv-state manager does not load external (KV-connector) "
+                f"tokens; select the plain sliding-window spec ({MANAGER_ENV}=window)"
+            )
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
+        if request_id in self._partial_hit_reqs:  # sliding-window hits are block-aligned
+            raise RuntimeError(f"unexpected partial prefix-cache hit for conv-state request {request_id}")
+        blocks = self.req_to_blocks[request_id]
+        real = self._real.setdefault(request_id, set())
+        windows = self._windows.setdefault(request_id, [])
+        start = self._extent.get(request_id, 0)
+        windows += self._step_windows(
+            start, num_tokens, num_tokens_main_model, self._prompt_len.get(request_id, 0)
+        )
+        self._extent[request_id] = max(start, num_tokens_main_model)
+        first, end_index = len(blocks), _cdiv(num_tokens, self.block_size)
+        if end_index <= first:
+            return []
+        live = self._indices(windows)
+        wanted = [b for b in range(first, end_index) if b in live]
+        fresh = iter(self.block_pool.get_new_blocks(len(wanted)))
+        new_blocks: list[KVCacheBlock] = []
+        for b in range(first, end_index):
+            if b in live:
+                new_blocks.append(next(fresh))
+                real.add(b)
+            else:
+                new_blocks.append(self._null_block)
+        blocks.extend(new_blocks)
+        if self._record_new_block_ids:
+            self.new_block_ids.extend(b.block_id for b in new_blocks if not b.is_null)
+        return new_blocks
+
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        """Free every real block no live window covers. A window is live until the
+        step that reads it has run (``processed_computed_tokens`` counts only
+        settled tokens, so in-flight steps keep theirs); nulls are skipped."""
+        if num_prompt_tokens is not None:
+            self._prompt_len[request_id] = int(num_prompt_tokens)
+        if request_id not in self.req_to_blocks:
+            return
+        windows = [w for w in self._windows.get(request_id, ()) if processed_computed_tokens < w[2]]
+        self._windows[request_id] = windows
+        live = self._indices(windows)
+        real = self._real.get(request_id, set())
+        dead = sorted((b for b in real if b not in live), reverse=True)
+        if not dead:
+            return
+        blocks = self.req_to_blocks[request_id]
+        freed = []
+        for b in dead:
+            freed.append(blocks[b])
+            blocks[b] = self._null_block
+            real.discard(b)
+        self.block_pool.free_blocks(freed)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        for state in (self._windows, self._real, self._extent, self._prompt_len):
+            state.pop(request_id, None)
+        return list(super().pop_blocks_for_free(request_id))
+
+    @classmethod
+    def reachable_block_mask(cls, *args: Any, **kwargs: Any) -> list[bool] | None:
+        # Only real blocks exist to hash (nulls are skipped), and each is complete:
+        # hash them all; which boundaries keep rows is decided at allocation.
+        return None
+
+    def held_blocks(self, request_id: str) -> int:
+        """Real blocks the request holds now (for measurements and tests)."""
+        return len(self._real.get(request_id, ()))
+
+
+_registered = False
+
+
+def register_conv_state_spec() -> None:
+    """Map :class:`ConvStateSpec` to :class:`ConvStateManager` in vLLM's
+    ``KVCacheSpecRegistry`` (idempotent; vLLM's built-ins are registered first)."""
+    global _registered
+    if _registered:
+        return
+    KVCacheSpecRegistry._ensure_registered()
+    KVCacheSpecRegistry.register(ConvStateSpec, ConvStateManager, uniform_type_base_spec=SlidingWindowSpec)
+    _registered = True
+
+
+def spec_kind(spec: KVCacheSpec) -> str:
+    """``tail`` or ``window``: which conv-state manager a spec selects."""
+    return "tail" if isinstance(spec, ConvStateSpec) else "window"
+
+
+register_conv_state_spec()

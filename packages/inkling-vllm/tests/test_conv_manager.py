@@ -1,0 +1,353 @@
+"""The conv-state spec and manager, driven through vLLM's own KVCacheManager.
+
+Every run is checked by an independent model of the conv's cache traffic
+(``conv_memory_sim.Worker``): each step's pre-forward rows must be in a block the
+request still holds, stored by an earlier step from the same tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from inkling_vllm import conv_manager as cm
+from inkling_vllm.conv_memory_sim import RowLost, SimConfig, Worker, conv_spec, make_manager, run_sim
+
+cdiv = lambda a, b: -(-a // b)  # noqa: E731
+
+
+# --- the switch and the knob ------------------------------------------------------
+
+
+class _Cfg:
+    def __init__(self, **kw: object) -> None:
+        self.__dict__.update(kw)
+
+
+def test_switch_default_env_and_config_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cm.MANAGER_ENV, raising=False)
+    assert cm.conv_state_manager() == "tail"
+    monkeypatch.setenv(cm.MANAGER_ENV, "Window")
+    assert cm.conv_state_manager() == "window"
+    assert cm.conv_state_manager(_Cfg(inkling_conv_state="tail")) == "tail"  # the key wins
+    assert cm.conv_state_manager(_Cfg(text_config=_Cfg(inkling_conv_state="tail"))) == "tail"
+
+
+@pytest.mark.parametrize("value", ["ring", "", "1"])
+def test_switch_bad_value_names_the_choices(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.delenv(cm.MANAGER_ENV, raising=False)
+    if value == "":
+        assert cm.conv_state_manager(_Cfg(inkling_conv_state=None)) == "tail"
+        return
+    with pytest.raises(ValueError, match="choose 'tail'.*'window'"):
+        cm.conv_state_manager(_Cfg(inkling_conv_state=value))
+
+
+def test_retention_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cm.RETENTION_ENV, raising=False)
+    assert cm.conv_retention_tokens() == 0
+    monkeypatch.setenv(cm.RETENTION_ENV, "512")
+    assert cm.conv_retention_tokens() == 512
+    assert cm.conv_retention_tokens(_Cfg(inkling_conv_retention_tokens=64)) == 64
+    for bad in ("-4", "lots", 2.5, True):
+        with pytest.raises(ValueError, match="non-negative whole number"):
+            cm.conv_retention_tokens(_Cfg(inkling_conv_retention_tokens=bad))
+
+
+def test_retention_not_on_hit_alignment_is_refused_when_the_manager_is_built() -> None:
+    spec = conv_spec("tail", block_size=4, retention=24)
+    with pytest.raises(ValueError, match="multiple of the prefix-cache hit alignment \\(16"):
+        make_manager(spec, num_blocks=64, max_model_len=256, max_in_flight_tokens=64, attention_block=16)
+    make_manager(conv_spec("tail", block_size=4, retention=32), num_blocks=64, max_model_len=256,
+                 max_in_flight_tokens=64, attention_block=16)
+
+
+def test_spec_refuses_bad_fields() -> None:
+    with pytest.raises(ValueError, match="concurrent_batches"):
+        conv_spec("tail", batches=0)
+    with pytest.raises(ValueError, match="spec_tokens"):
+        conv_spec("tail", spec_tokens=-1)
+
+
+# --- registration -------------------------------------------------------------------
+
+
+def test_registry_maps_the_spec_to_the_manager() -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    assert KVCacheSpecRegistry.get_manager_class(conv_spec("tail")) is cm.ConvStateManager
+    assert KVCacheSpecRegistry.get_manager_class(conv_spec("window")) is SlidingWindowManager
+    assert cm.ConvStateSpec.__mro__[1].__name__ == "SlidingWindowSpec"
+
+
+def test_plugin_registers_in_a_fresh_process_without_losing_builtins() -> None:
+    # A worker process: nothing registered yet. The plugin must leave vLLM's
+    # built-in specs registered too (the registry fills itself only while empty).
+    code = (
+        "import torch\n"
+        "from inkling_vllm.plugin import register\n"
+        "register()\n"
+        "from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry as R\n"
+        "from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec\n"
+        "from inkling_vllm.conv_manager import ConvStateSpec, ConvStateManager\n"
+        "f = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)\n"
+        "c = ConvStateSpec(block_size=4, num_kv_heads=1, head_size=8, head_size_v=0, dtype=torch.float32, sliding_window=4)\n"
+        "print(R.get_manager_class(f).__name__, R.get_manager_class(c).__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "INKLING_VLLM_MODEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["FullAttentionManager", "ConvStateManager"]
+
+
+# --- rows: every row a step reads is held and was stored --------------------------------
+
+CASES = [
+    # (prompt, budget, block, batches, spec_k, attention_block)
+    (301, 37, 4, 1, 0, None),
+    (301, 37, 4, 2, 0, None),
+    (301, 64, 4, 1, 3, None),
+    (301, 64, 4, 2, 3, None),
+    (257, 50, 2, 2, 0, 16),
+    (400, 128, 16, 2, 3, 64),
+    (130, 9, 3, 1, 2, None),
+]
+
+
+@pytest.mark.parametrize("prompt,budget,block,batches,k,attn", CASES)
+def test_every_read_row_is_held_and_held_stays_under_the_cap(
+    prompt: int, budget: int, block: int, batches: int, k: int, attn: int | None
+) -> None:
+    cfg = SimConfig(prompt_len=prompt, budget=budget, block_size=block, batches=batches, spec_k=k,
+                    decode_steps=25, attention_block=attn, num_blocks=4000, max_model_len=1024, seed=prompt)
+    res = run_sim(cfg)
+    assert res.reads_checked >= 3 * 25
+    assert max(res.held) <= res.cap, (max(res.held), res.cap)
+    assert res.admission <= res.cap
+    # the reference manager passes the same checks (the checker is not biased)
+    ref = run_sim(SimConfig(**{**cfg.__dict__, "manager": "window"}))
+    assert ref.reads_checked == res.reads_checked
+
+
+@dataclass(frozen=True, kw_only=True)
+class _OneRowShort(cm.ConvStateSpec):
+    """A deliberately broken spec: tails keep one row too few."""
+
+    @property
+    def tail_rows(self) -> int:
+        return self.sliding_window - 2 + self.spec_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class _NoSpecRollback(cm.ConvStateSpec):
+    """Broken: tails ignore that a rejected draft moves the next start back."""
+
+    @property
+    def tail_rows(self) -> int:
+        return self.sliding_window - 1
+
+
+@pytest.mark.parametrize(
+    "broken,k,block", [(_OneRowShort, 0, 4), (_OneRowShort, 0, 1), (_NoSpecRollback, 3, 4)]
+)
+def test_a_tail_one_row_short_loses_a_row(broken: type[cm.ConvStateSpec], k: int, block: int) -> None:
+    cfg = SimConfig(prompt_len=301, budget=37, block_size=block, spec_k=k, decode_steps=40,
+                    num_blocks=4000, max_model_len=1024, spec_cls=broken)
+    with pytest.raises(RowLost):
+        run_sim(cfg)
+
+
+def test_held_blocks_do_not_grow_with_prompt_or_budget() -> None:
+    peaks = {}
+    for prompt, budget in ((600, 64), (2000, 64), (2000, 512)):
+        for manager in ("tail", "window"):
+            res = run_sim(SimConfig(prompt_len=prompt, budget=budget, manager=manager, decode_steps=8,
+                                    num_blocks=4000, max_model_len=4096))
+            peaks[(manager, prompt, budget)] = (max(res.held), res.admission)
+    tail = {v for (m, *_), v in peaks.items() if m == "tail"}
+    assert tail == {(3, 5)}, peaks  # W = N = 4, one batch: 2 tails + the prompt-end checkpoint
+    assert peaks[("window", 2000, 512)][0] > 100  # the plain window holds the in-flight chunk
+
+
+@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 7), (2, 3, 13)])
+def test_admission_cap_is_small_and_prompt_independent(batches: int, k: int, expected: int) -> None:
+    spec = conv_spec("tail", block_size=4, kernel=4, spec_tokens=k, batches=batches)
+    plain = conv_spec("window", block_size=4, kernel=4)
+    for in_flight in (batches * 2048, batches * 8192):
+        assert spec.max_admission_blocks_per_request(in_flight, 65536) == expected
+        assert plain.max_admission_blocks_per_request(in_flight, 65536) == cdiv(3 + in_flight, 4) + 1
+    # startup sizing follows the cap
+    assert spec.max_admission_blocks_per_request(16384, 65536) * spec.page_size_bytes == expected * 4 * 8 * 4
+
+
+def test_retention_interval_adds_checkpoints_and_they_hit() -> None:
+    cfg = SimConfig(prompt_len=700, budget=256, retention=128, decode_steps=4, num_blocks=4000,
+                    max_model_len=2048, attention_block=16)
+    manager = make_manager(conv_spec("tail", retention=128), num_blocks=4000, max_model_len=2048,
+                           max_in_flight_tokens=256, attention_block=16)
+    worker = Worker(manager, 4, 4)
+    first = run_sim(cfg, manager=manager, worker=worker)
+    # another prompt sharing the first 300 tokens: the last checkpoint below 300 is 256
+    other = first.tokens[:300] + [7] * 50
+    second = run_sim(cfg, manager=manager, worker=worker, prompt=other, request_id="r1")
+    assert second.hit == 256
+    assert max(first.held) <= first.cap
+
+
+# --- prefix caching ---------------------------------------------------------------------
+
+
+def test_multi_turn_resend_hits_and_reads_only_stored_rows() -> None:
+    # budget 50: no chunk ends on the 16-token hit alignment, so a hit inside the
+    # prompt needs the prompt-end checkpoint
+    cfg = SimConfig(prompt_len=203, budget=50, decode_steps=1, num_blocks=4000, max_model_len=1024,
+                    attention_block=16)
+    manager = make_manager(conv_spec("tail"), num_blocks=4000, max_model_len=1024, max_in_flight_tokens=50,
+                           attention_block=16)
+    worker = Worker(manager, 4, 4)
+    turn1 = run_sim(cfg, manager=manager, worker=worker)
+    # turn 2 resends the conversation; the answer was one token: the hit is in the prompt
+    turn2 = run_sim(cfg, manager=manager, worker=worker, prompt=turn1.tokens + [5, 6, 7], request_id="r1")
+    assert turn2.hit == (203 - 1) // 16 * 16 == 192
+    # a long answer: the next resend hits in the decode rows
+    cfg_long = SimConfig(**{**cfg.__dict__, "decode_steps": 60})
+    turn3 = run_sim(cfg_long, manager=manager, worker=worker, prompt=turn2.tokens + [9], request_id="r2")
+    turn4 = run_sim(cfg, manager=manager, worker=worker, prompt=turn3.tokens + [11], request_id="r3")
+    assert turn4.hit == (len(turn3.tokens) - 1) // 16 * 16 > len(turn2.tokens)
+
+
+def test_without_the_prompt_end_checkpoint_the_resend_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cm.ConvStateManager, "_checkpoint_ends", lambda self, a, b, p: [])
+    cfg = SimConfig(prompt_len=203, budget=50, decode_steps=1, num_blocks=4000, max_model_len=1024,
+                    attention_block=16)
+    manager = make_manager(conv_spec("tail"), num_blocks=4000, max_model_len=1024, max_in_flight_tokens=50,
+                           attention_block=16)
+    worker = Worker(manager, 4, 4)
+    turn1 = run_sim(cfg, manager=manager, worker=worker)
+    turn2 = run_sim(cfg, manager=manager, worker=worker, prompt=turn1.tokens + [5, 6, 7], request_id="r1")
+    # only a chunk end on the alignment is left: 48 (the tail of the chunk ending at 50)
+    assert turn2.hit == 48
+
+
+def _hit_rows_retained(blocks: list, hit: int, reach: int, block_size: int) -> bool:
+    return all(not blocks[q // block_size].is_null for q in range(max(0, hit - reach), hit))
+
+
+def _forced_pool(spec: cm.ConvStateSpec, cached_indices: set[int]):
+    """A block pool in which a 20-token prompt has exactly ``cached_indices`` cached."""
+    from vllm import SamplingParams
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.request import Request
+
+    from inkling_vllm.conv_memory_sim import _block_hasher
+
+    n = spec.block_size
+    pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=n)
+    req = Request("forced", list(range(1, 21)), SamplingParams(max_tokens=1), None, block_hasher=_block_hasher(n))
+    blocks = pool.get_new_blocks(20 // n)
+    mask = [i in cached_indices for i in range(len(blocks))]
+    pool.cache_full_blocks(req, blocks, 0, len(blocks), n, 0, block_mask=mask)
+    pool.free_blocks(reversed(blocks))
+    return pool, req
+
+
+def test_hit_is_shortened_when_a_tap_row_was_not_retained() -> None:
+    # N = 2, W = 4: the first new token reads 3 rows = 2 blocks. Blocks 0-2 and 4, 7
+    # are cached; at 16 only block 7 (rows 14, 15) is there, row 13 is not.
+    spec = conv_spec("tail", block_size=2, kernel=4)
+    pool, req = _forced_pool(spec, {0, 1, 2, 4, 7})
+    (blocks,), hit = cm.ConvStateManager.find_longest_cache_hit(
+        req.block_hashes, 19, [0], pool, spec, False, alignment_tokens=2
+    )
+    assert hit == 6 and _hit_rows_retained(blocks, hit, 3, 2)
+    # with blocks 6 and 7 cached the longer hit is exact
+    pool, req = _forced_pool(spec, {0, 1, 2, 4, 6, 7})
+    (blocks,), hit = cm.ConvStateManager.find_longest_cache_hit(
+        req.block_hashes, 19, [0], pool, spec, False, alignment_tokens=2
+    )
+    assert hit == 16 and _hit_rows_retained(blocks, hit, 3, 2)
+
+
+def test_a_hit_rule_one_row_short_would_read_a_missing_row() -> None:
+    # the same forced pool, searched as if the taps were W - 2 rows: the reported
+    # hit then needs a row that no block holds (what the test above guards)
+    spec = conv_spec("tail", block_size=2, kernel=4)
+    short = conv_spec("tail", block_size=2, kernel=3)
+    pool, req = _forced_pool(spec, {0, 1, 2, 4, 7})
+    (blocks,), hit = cm.ConvStateManager.find_longest_cache_hit(
+        req.block_hashes, 19, [0], pool, short, False, alignment_tokens=2
+    )
+    assert hit == 16 and not _hit_rows_retained(blocks, hit, 3, 2)
+
+
+# --- the metadata builder turns null-block slots into "no write" -------------------------
+
+
+def test_builder_masks_slots_in_the_null_block() -> None:
+    from inkling_vllm.conv_state import InklingSconvMetadataBuilder
+
+    builder = object.__new__(InklingSconvMetadataBuilder)
+    builder._block_size = 4
+    builder._masked_slots = torch.full((16,), -1, dtype=torch.int64)
+    slots = torch.tensor([0, 3, 4, 9, -1, 2, 40], dtype=torch.int64)
+    out = builder._slots_without_null_block(slots)
+    assert out.tolist() == [-1, -1, 4, 9, -1, -1, 40]
+    assert out.data_ptr() == builder._masked_slots.data_ptr()  # persistent (CUDA graphs)
+    builder._masked_slots = None  # plain sliding-window groups: untouched
+    assert builder._slots_without_null_block(slots) is slots
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 16, 32])
+@pytest.mark.parametrize("kernel", [2, 3, 4, 5])
+def test_the_planner_models_the_same_cap(block: int, kernel: int) -> None:
+    # inkling_cache (pure Python, the planner) and the spec vLLM sizes with agree
+    from inkling_cache import tail_conv_admission_blocks
+
+    for batches, k, budget, max_len in ((1, 0, 2048, 65536), (2, 3, 8192, 65536), (2, 0, 512, 300)):
+        spec = conv_spec("tail", block_size=block, kernel=kernel, spec_tokens=k, batches=batches)
+        assert spec.max_admission_blocks_per_request(batches * budget, max_len) == tail_conv_admission_blocks(
+            kernel, block, budget, max_len, max_concurrent_batches=batches, spec_tokens=k
+        )
+
+
+# --- page unification without padding ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", [2, 3, 4, 5])
+def test_tail_conv_pages_unify_without_padding(kernel: int) -> None:
+    # the tiny model's layouts (global: 2 KV heads of 64, sliding: 4 of 64, hidden 128)
+    # next to its attention pages at vLLM's CPU block size, through vLLM's own unification
+    from vllm.v1.core.kv_cache_utils import unify_kv_cache_spec_page_size
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    from inkling_cache import ConvStateLayout
+
+    def specs(manager: str) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for name, heads in (("global", 2), ("sliding", 4)):
+            lay = ConvStateLayout.build(num_kv_heads=heads, head_dim=64, hidden_size=128, kernel_size=kernel)
+            common = dict(num_kv_heads=lay.num_heads, head_size=lay.head_size, head_size_v=0,
+                          dtype=torch.float32, sliding_window=kernel)
+            if manager == "tail":
+                out[f"conv.{name}"] = cm.ConvStateSpec(block_size=cm.tail_block_size(kernel), **common)
+            else:
+                out[f"conv.{name}"] = SlidingWindowSpec(block_size=kernel, **common)
+        out["attn.global"] = FullAttentionSpec(block_size=128, num_kv_heads=2, head_size=64, dtype=torch.float32)
+        out["attn.sliding"] = SlidingWindowSpec(block_size=128, num_kv_heads=4, head_size=64,
+                                                dtype=torch.float32, sliding_window=24)
+        return out
+
+    unified = unify_kv_cache_spec_page_size(specs("tail"))  # type: ignore[arg-type]
+    assert len({s.page_size_bytes for s in unified.values()}) == 1
+    assert all(getattr(s, "page_size_padded", None) is None for s in unified.values()), unified
+    assert cm.tail_block_size(kernel) >= kernel - 1
+    plain = unify_kv_cache_spec_page_size(specs("window"))  # type: ignore[arg-type]
+    padded = [n for n, s in plain.items() if getattr(s, "page_size_padded", None) is not None]
+    # a window of 3 or 5 rows does not divide the power-of-two attention page
+    assert bool(padded) == (kernel in (3, 5)), padded
