@@ -82,6 +82,8 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
         out["stages 3"] = alt(num_stages=3)
         out["bn128 w4"] = alt(block_n=128, num_warps=4)
         out["splits x2"] = alt(num_splits=min(64, 2 * d.num_splits))
+        out["near cost 1"] = alt(near_cost=1)  # key splits count near and far tiles alike
+        out["near cost 8"] = alt(near_cost=8)
         if d.num_splits >= 32:  # few long requests: more programs in flight
             out["s128 t2"] = alt(num_splits=128, min_split_tiles=2)
             out["s128 t2 st3"] = alt(num_splits=128, min_split_tiles=2, num_stages=3)
