@@ -258,9 +258,11 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["inspect", "chunked"],
     ),
     # strided (padded) conv pages, a user block size, and a KV cache so small
-    # that requests get preempted and recomputed
+    # that requests get preempted and recomputed; vLLM's plain sliding-window
+    # manager (the tail manager sizes its blocks so that no page is padded)
     "small_padded": (
         dict(
+            _env={"INKLING_CONV_STATE": "window"},
             enforce_eager=True,
             block_size=32,
             max_model_len=256,
@@ -270,6 +272,12 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
             max_num_seqs=8,
         ),
         ["inspect", "preemption", "concurrent"],
+    ),
+    # the unpadded-D checkpoint under the tail manager: conv blocks sized so that
+    # vLLM's page unification pads nothing (the attention blocks grow instead)
+    "unpadded_tail": (
+        dict(enforce_eager=True, max_num_seqs=8),
+        ["inspect", "concurrent"],
     ),
     # two tensor-parallel ranks: sharded K/V heads, reduce-scatter -> conv on the
     # hidden shard -> all-gather for the ATTN/MLP streams

@@ -158,3 +158,66 @@ def test_unification_examples() -> None:
         unify_page_sizes([])
     with pytest.raises(ValueError):
         PageSpec("a", 0, 1)
+
+
+# ----------------------------------------------------------------------------- conv pages without padding
+
+
+def _unpadded_page_ref(rows: list[int], pages: list[int], min_rows: int) -> int:
+    """Brute force: the smallest P that every row size and page divides, holds at least
+    min_rows of every conv row, and is a power-of-two multiple of the least such P."""
+    base = next(p for p in range(1, 10**9) if all(p % b == 0 for b in (*rows, *pages)))
+    scale = 1
+    while any(base * scale < min_rows * r for r in rows):
+        scale *= 2
+    return base * scale
+
+
+@given(
+    rows=st.lists(st.sampled_from([96, 128, 192, 256, 384, 448, 512, 1792 * 2, 2048]), min_size=1, max_size=3),
+    pages=st.lists(st.sampled_from([1024, 2048, 4096, 8192, 6144]), max_size=3),
+    min_rows=st.integers(1, 5),
+)
+def test_conv_page_without_padding_matches_brute_force(rows: list[int], pages: list[int], min_rows: int) -> None:
+    from inkling_cache import conv_page_without_padding
+
+    page = conv_page_without_padding(rows, pages, min_rows)
+    assert page == _unpadded_page_ref(rows, pages, min_rows)
+    # every conv group declares page // row rows; vLLM's rule (largest wins, the rest
+    # divide it) then unifies every page with nothing padded
+    specs = [PageSpec(f"conv{i}", page // r, r) for i, r in enumerate(rows)]
+    specs += [PageSpec(f"attn{i}", 1, p) for i, p in enumerate(pages)]
+    unified = unify_page_sizes(specs)
+    assert {u.physical_page_bytes for u in unified} == {page}
+    assert not any(u.padded for u in unified)
+    assert all(page // r >= min_rows for r in rows)
+
+
+def test_conv_page_without_padding_unpadded_975b_head() -> None:
+    from inkling_cache import conv_page_without_padding
+
+    # 975B global layer at TP 8, bf16: one KV head, D = 128 + 128 + 2 * 6144 / 8 = 1792
+    # unpadded (7 * 256) against a 16-token attention page of 1 head x 256 x 2 bytes
+    row, attn = 1 * 1792 * 2, 16 * 1 * 256 * 2
+    page = conv_page_without_padding([row], [attn], 3)
+    assert page == 7 * attn and page // row == 16  # 16 rows per conv block, attention x7
+    # with D padded to 2048 the conv page stays a power of two: 4 rows, attention x2
+    padded = conv_page_without_padding([1 * 2048 * 2], [attn], 3)
+    assert padded == 2 * attn and padded // (2048 * 2) == 4
+
+
+@pytest.mark.parametrize(
+    "args,error",
+    [
+        (([], [1024], 3), ValueError),
+        (([0], [1024], 3), ValueError),
+        (([256], [0], 3), ValueError),
+        (([256], [1024], 0), ValueError),
+        (([256.0], [1024], 3), TypeError),
+    ],
+)
+def test_conv_page_without_padding_rejects(args: tuple, error: type[Exception]) -> None:
+    from inkling_cache import conv_page_without_padding
+
+    with pytest.raises(error):
+        conv_page_without_padding(*args)

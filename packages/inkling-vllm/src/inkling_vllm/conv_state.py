@@ -19,6 +19,7 @@ makes the owners see ``get_forward_context().attn_metadata[prefix]``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -36,7 +37,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
-from inkling_cache import ConvStateLayout
+from inkling_cache import ConvStateLayout, conv_page_without_padding
 from inkling_kernels import SUPPORTED_DTYPES
 from inkling_model import (
     ConvStateOwner,
@@ -60,6 +61,7 @@ __all__ = [
     "ModelOwnedBackend",
     "padded_token_count",
     "register_layer",
+    "share_pages_without_padding",
     "vllm_metadata_provider",
 ]
 
@@ -331,6 +333,14 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         self.retention_tokens = conv_retention_tokens(hf_config)
         # replace=True: a new engine in the same process re-uses the layer names.
         self.owner = ConvStateOwner(self.layout, prefix, replace=True)
+        # Rows per block under the tail manager, set by share_pages_without_padding
+        # once the model knows every layer's page (None: tail_block_size(W)).
+        self.block_rows: int | None = None
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one conv row on this rank: ``H * D * dtype bytes``."""
+        return self.layout.num_heads * self.layout.head_size * torch.empty((), dtype=self.dtype).element_size()
 
     def forward(self) -> None:  # vLLM never calls it; nn.Module wants one
         return None
@@ -349,7 +359,7 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         )
         if self.manager_kind == "window":
             return SlidingWindowSpec(**common)
-        common["block_size"] = tail_block_size(self.layout.kernel_size)  # 4 at W = 4
+        common["block_size"] = self.block_rows or tail_block_size(self.layout.kernel_size)
         return ConvStateSpec(
             **common,
             spec_tokens=_config_int(vllm_config, "num_speculative_tokens", 0),
@@ -368,3 +378,22 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
     def block_size(self) -> int:
         """The runtime block size (``shape[2]`` of the bound cache)."""
         return self.owner.block_size
+
+
+def share_pages_without_padding(conv_layers: Sequence[InklingConvStateLayer], other_pages: Sequence[int]) -> None:
+    """Choose the rows per block of every tail-managed conv layer so that vLLM's page
+    unification pads no page: all of them get ``inkling_cache.conv_page_without_padding``
+    (a common multiple of every conv row and every ``other_pages`` entry, holding at
+    least ``W - 1`` rows) as their page. With power-of-two pages this is what vLLM's
+    own unification makes of ``tail_block_size(W)``; with an unpadded ``D`` (say
+    ``192``) it keeps the conv pages and the attention pages multiples of each other
+    (the attention blocks grow instead; see docs/design.md §2.1.1). Plain
+    sliding-window layers (``INKLING_CONV_STATE=window``) keep vLLM's own handling."""
+    tail = [layer for layer in conv_layers if layer.manager_kind == "tail"]
+    if not tail:
+        return
+    min_rows = max(1, max(layer.layout.kernel_size for layer in tail) - 1)
+    page = conv_page_without_padding(sorted({layer.row_bytes for layer in tail}), list(other_pages), min_rows)
+    for layer in tail:
+        layer.block_rows = page // layer.row_bytes
+

@@ -67,7 +67,7 @@ from inkling_model.checkpoint import iter_text_weights
 
 from .attention import InklingAttentionLayer
 from .compat import check_vllm_version
-from .conv_state import InklingConvStateLayer
+from .conv_state import InklingConvStateLayer, share_pages_without_padding
 from .moe import InklingMoE
 
 __all__ = ["InklingForCausalLM", "UnsupportedCheckpoint", "check_supported_config", "served_spec"]
@@ -307,6 +307,11 @@ class InklingModel(nn.Module):
             for i in range(spec.num_hidden_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        # conv blocks sized so that no page is padded when vLLM unifies page sizes
+        share_pages_without_padding(
+            [layer.conv_state for layer in self.layers],
+            [layer.self_attn.kv_cache_layer.get_kv_cache_spec(vllm_config).page_size_bytes for layer in self.layers],
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_norm(self.embed_tokens(input_ids))
