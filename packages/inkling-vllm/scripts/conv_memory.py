@@ -7,7 +7,7 @@ Drives vLLM's ``KVCacheManager`` (``allocate_slots`` with the admission gate,
 chunked prefill, decode, n-gram-style drafts with seeded rejections, one or two
 batches in flight) for one conv-state group at block size 4 (``W = 4``), with the
 plain ``SlidingWindowSpec`` ("window") and with :class:`ConvStateSpec` ("tail"),
-through :mod:`inkling_vllm.conv_memory_sim`, whose independent row checker
+through :mod:`inkling_vllm.demo.conv_memory_sim`, whose independent row checker
 verifies every step's reads in every run. Writes ``RESULTS_conv_memory.md`` and
 ``conv_memory.png`` (blocks held against step) into ``--out``.
 """
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from inkling_vllm.conv_memory_sim import SimConfig, SimResult, run_sim
+from inkling_vllm.demo.conv_memory_sim import SimConfig, SimResult, run_sim
 
 PROMPTS = (8192, 32768)
 BUDGETS = (2048, 8192)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from inkling_vllm import conv_manager as cm
-from inkling_vllm.conv_memory_sim import RowLost, SimConfig, Worker, conv_spec, make_manager, run_sim
+from inkling_vllm.demo.conv_memory_sim import RowLost, SimConfig, Worker, conv_spec, make_manager, run_sim
 
 cdiv = lambda a, b: -(-a // b)  # noqa: E731
 
@@ -245,7 +245,7 @@ def _forced_pool(spec: cm.ConvStateSpec, cached_indices: set[int]):
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.request import Request
 
-    from inkling_vllm.conv_memory_sim import _block_hasher
+    from inkling_vllm.demo.conv_memory_sim import _block_hasher
 
     n = spec.block_size
     pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=n)

