@@ -146,7 +146,7 @@ def test_unpadded_head_size_pages_unify_without_padding_under_the_tail_manager(
     if os.environ.get("INKLING_CONV_STATE", "tail") == "tail":
         assert {layer["conv_manager"] for layer in layers} == {"tail"}
         assert all(layer["contiguous"] for layer in layers), [l for l in layers if not l["contiguous"]]
-        assert any(layer["raw_head_size"] % 64 for layer in layers)  # a D that is not a power of two
+        assert any(d & (d - 1) for d in (layer["raw_head_size"] for layer in layers))  # a D not a power of two
         # one page size (float32 bytes per block) for every conv and attention cache
         pages = {layer["stride"][0] * 4 for layer in layers}
         pages |= {math.prod(layer["attn_kv_cache_shape"][1:]) * 4 for layer in layers}
