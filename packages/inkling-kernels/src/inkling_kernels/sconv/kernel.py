@@ -25,12 +25,12 @@ on a hit, the writer's row of ``x`` is read instead of the cache. The
 result equals "insert the whole batch, then convolve" (the reference's semantics) at
 any alignment of the hit.
 
-Which path runs (measured on an H200, benchmarks/RESULTS.md): without a map, the
-in-kernel prologue (block table + hazard search) costs more than building a map once
-for the call (two small launches) as soon as a launch moves about a million elements
-(``T * C >= MAP_MIN_WORK``: decode 256 x 6144 16.7 µs map-less vs 8.1 + 4.5 with a
-map; prefill 8192 x 6144 140.7 vs 110.4 + 8.6), and less below (decode 64 x 6144 6.9
-vs 4.3 + 3.9; decode 1 3.6 vs 2.1 + 3.6). So a batch without a map takes the map-less
+Which path runs (measured on an H200, benchmarks/RESHAPE_ISSUE9.md): without a map,
+the in-kernel prologue (block table + hazard search) costs more than building a map
+once for the call (two small launches) as soon as a launch moves about a million
+elements (``T * C >= MAP_MIN_WORK``: decode 256 x 6144 16.4 µs map-less vs 8.2 + 4.5
+with a map; prefill 8192 x 6144 153 vs 110.6 + 6.3), and less below (decode 64 x 6144
+6.2 vs 4.3 + 3.9; decode 1 2.8 vs 1.9 + 3.6). So a batch without a map takes the map-less
 kernel for small launches and builds a map for the call for large ones.
 """
 
