@@ -118,9 +118,16 @@ def test_map_codes_by_hand() -> None:
     assert out[3].tolist() == [-(2 + 2), -(1 + 2), 28]
 
 
+# (block_t, block_c, warps, scan): rows spread over programs; the map-less scan as one
+# chunk sized to T (the default scan exceeds these batches), as several 8-slot chunks,
+# and tiles of two / four whole heads (block_c > stream width 8).
+ADVERSARIAL_CONFIGS = [(2, 8, 1, 0), (2, 8, 1, 8), (1, 16, 1, 0), (4, 32, 1, 0)]
+
+
+@pytest.mark.parametrize("tiles", ADVERSARIAL_CONFIGS, ids=["one-chunk", "chunked-scan", "2-heads", "4-heads"])
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_fused_with_map_adversarial(seed: int, dtype: torch.dtype) -> None:
+def test_fused_with_map_adversarial(seed: int, dtype: torch.dtype, tiles: tuple[int, int, int, int]) -> None:
     """fused_sconv (Triton, interpreted), with the map and without it, == the
     reference op, for any same-step hit (block-aligned or not)."""
     from inkling_kernels.sconv.kernel import SconvConfig, fused_sconv_triton
@@ -137,7 +144,7 @@ def test_fused_with_map_adversarial(seed: int, dtype: torch.dtype) -> None:
     mapped = sconv_tap_map_triton(batch, torch.empty(rows, w - 1, dtype=torch.int64))
     ref_cache = cache.clone()
     ref = fused_sconv_ref(x, weight, ref_cache, batch, 4, width, activation="silu")
-    cfg = SconvConfig(block_t=2, block_c=8, num_warps=1)  # rows spread over programs
+    cfg = SconvConfig(block_t=tiles[0], block_c=tiles[1], num_warps=tiles[2], scan=tiles[3])
     for b in (mapped, batch):
         out = torch.full_like(x, float("nan"))
         tri_cache = cache.clone()

@@ -21,7 +21,7 @@ def pow2_ceil(n: int) -> int:
 def resolve_taps(
     pos, rows64, qs, seq, live, dist,
     table_ptr, num_reqs, max_blocks, stride_table, slot_limit,
-    N: tl.constexpr,
+    N: tl.constexpr, SKIP_EMPTY: tl.constexpr,
 ):
     """Where the taps of a tile come from.
 
@@ -30,23 +30,34 @@ def resolve_taps(
     distances (>= 1 where live). Returns ``(trow, in_fwd, pslot)``, each ``[BT, K]``:
     the tap's row in x, whether it is in this forward (read it from that row), and its
     pre-forward cache slot through the block table (``-1``: none, or unusable: outside
-    the table or not in ``[0, slot_limit)``). The table is read only when the tile has
-    a pre-forward tap.
+    the table or not in ``[0, slot_limit)``). With ``SKIP_EMPTY`` the table is read only
+    when the tile has a pre-forward tap (a tile-wide reduction first); without it the
+    (masked) table load issues at once.
     """
     src = pos[:, None] - dist[None, :]
     trow = rows64[:, None] - dist[None, :]
     has_tap = live & (src >= 0)
     in_fwd = has_tap & (trow >= qs[:, None]) & (trow >= 0)
     pre = has_tap & ~in_fwd
-    pslot = tl.full(pre.shape, -1, tl.int64)
-    if tl.sum(tl.sum(pre.to(tl.int32), axis=1), axis=0) > 0:
-        psrc = tl.where(pre, src, 0)
-        bidx = psrc // N
-        ok = pre & (seq >= 0)[:, None] & (seq < num_reqs)[:, None] & (bidx < max_blocks)
-        entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
-        ps = entry * N + psrc % N
-        pslot = tl.where(ok & (ps >= 0) & (ps < slot_limit), ps, -1)
+    if SKIP_EMPTY:
+        pslot = tl.full(pre.shape, -1, tl.int64)
+        if tl.sum(tl.sum(pre.to(tl.int32), axis=1), axis=0) > 0:
+            pslot = _table_slots(pre, src, seq, table_ptr, num_reqs, max_blocks, stride_table, slot_limit, N)
+    else:
+        pslot = _table_slots(pre, src, seq, table_ptr, num_reqs, max_blocks, stride_table, slot_limit, N)
     return trow, in_fwd, pslot
+
+
+@triton.jit
+def _table_slots(pre, src, seq, table_ptr, num_reqs, max_blocks, stride_table, slot_limit, N: tl.constexpr):
+    """The cache slots of the pre-forward taps ``pre`` (source positions ``src``)
+    through the block table; -1 where unusable."""
+    psrc = tl.where(pre, src, 0)
+    bidx = psrc // N
+    ok = pre & (seq >= 0)[:, None] & (seq < num_reqs)[:, None] & (bidx < max_blocks)
+    entry = tl.load(table_ptr + seq[:, None] * stride_table + bidx, mask=ok, other=0).to(tl.int64)
+    ps = entry * N + psrc % N
+    return tl.where(ok & (ps >= 0) & (ps < slot_limit), ps, -1)
 
 
 @triton.jit

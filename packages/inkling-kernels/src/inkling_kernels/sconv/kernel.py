@@ -1,13 +1,15 @@
 """Triton kernel and typed launcher for ``fused_sconv`` (docs/design.md §3).
 
 Tiling: one program owns ``BLOCK_T`` consecutive rows of ``x`` times ``BLOCK_C``
-channels of one head (so its cache addresses are contiguous along D); channel
-chunks vary fastest in the grid. A prologue works out, with small [BLOCK_T, W-1]
+channels of one head (so its cache addresses are contiguous along D), or of
+``BLOCK_C / stream_width`` whole heads when a power-of-two head is narrower than the
+tile; channel chunks vary fastest in the grid. A prologue works out, with small [BLOCK_T, W-1]
 tensors, where each pre-forward tap comes from (block table -> slot, and the
 hazard scan below); then the program loads its x tile once from HBM, stores it
 into the rows' slots and forms the W taps: in-forward taps re-read rows the program
 (or its neighbour) just loaded (L1/L2 hits), pre-forward taps read the cache; fp32
-accumulation. The grid is ``(H * cdiv(stream_width, BLOCK_C), cdiv(T, BLOCK_T))``:
+accumulation. The grid is ``(H * cdiv(stream_width, BLOCK_C), cdiv(T, BLOCK_T))``
+(``cdiv(H, BLOCK_C / stream_width)`` programs along channels for whole-head tiles):
 it depends only on T, nothing is allocated besides ``out`` and nothing syncs with
 the host, so the launch replays under CUDA graphs.
 
@@ -16,18 +18,19 @@ request writes in this very launch reads those slots as pre-forward taps, and pr
 order on the GPU is undefined. With the step's tap map (``batch.tap_map``) the map says
 which row of x to read instead. Without one the kernel applies the same rule itself
 (:mod:`inkling_kernels._triton_common`): every usable pre-forward slot is looked up
-among this launch's writes (``slot_mapping``, scanned one row at a time; the first two
-chunks of the scan are loaded once per program, so a decode batch costs no extra
-loads) and, on a hit, the writer's row of ``x`` is read instead of the cache. The
+among this launch's writes (``slot_mapping``, scanned one row at a time; a launch of
+at most SCAN rows, e.g. decode, loads it as one chunk sized to T, once per program,
+without branching on the tile's contents; longer ones keep two chunks in flight) and,
+on a hit, the writer's row of ``x`` is read instead of the cache. The
 result equals "insert the whole batch, then convolve" (the reference's semantics) at
 any alignment of the hit.
 
-Which path runs (measured on an H200, benchmarks/RESULTS.md): without a map, the
-in-kernel prologue (block table + hazard search) costs more than building a map once
-for the call (two small launches) as soon as a launch moves about a million elements
-(``T * C >= MAP_MIN_WORK``: decode 256 x 6144 16.7 µs map-less vs 8.1 + 4.5 with a
-map; prefill 8192 x 6144 140.7 vs 110.4 + 8.6), and less below (decode 64 x 6144 6.9
-vs 4.3 + 3.9; decode 1 3.6 vs 2.1 + 3.6). So a batch without a map takes the map-less
+Which path runs (measured on an H200, benchmarks/RESHAPE_ISSUE9.md): without a map,
+the in-kernel prologue (block table + hazard search) costs more than building a map
+once for the call (two small launches) as soon as a launch moves about a million
+elements (``T * C >= MAP_MIN_WORK``: decode 256 x 6144 16.4 µs map-less vs 8.2 + 4.5
+with a map; prefill 8192 x 6144 153 vs 110.6 + 6.3), and less below (decode 64 x 6144
+6.2 vs 4.3 + 3.9; decode 1 2.8 vs 1.9 + 3.6). So a batch without a map takes the map-less
 kernel for small launches and builds a map for the call for large ones.
 """
 
@@ -52,20 +55,28 @@ def _mapless_taps(
     num_tokens, num_slots, num_reqs, max_blocks, stride_table,
     N: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, BLOCK_T: tl.constexpr,
     SCAN: tl.constexpr, HAZARD_SCAN: tl.constexpr, SLOT32: tl.constexpr,
-    EARLY_SCAN_LOADS: tl.constexpr,
+    EARLY_SCAN_LOADS: tl.constexpr, ONE_CHUNK: tl.constexpr,
 ):
     """Without a tap map: where each pre-forward tap comes from (the shared tap
     resolution, then the hazard rule: every usable pre-forward slot is looked up among
     this call's writes). Returns the rows' own slots, the [BLOCK_T, WP] pre-forward
     slots (-1: none), the writer rows (-1: read the cache) and whether the tile has
-    any pre-forward tap."""
+    any pre-forward tap.
+
+    ``ONE_CHUNK`` (the launch has at most ``SCAN`` rows, SCAN sized to T: decode and
+    other small batches): ``slot_mapping`` is one chunk, loaded once up front, and
+    nothing branches on whether the tile has pre-forward taps (it nearly always has):
+    the table load and the compare issue straight away."""
     if HAZARD_SCAN:
         srows = tl.arange(0, SCAN)
         if EARLY_SCAN_LOADS:
-            # Small (decode) tiles: the first two chunks of the scan are issued
-            # before the metadata and block-table loads, hiding their latency.
+            # Small (decode) tiles: the first chunk(s) of the scan are issued before
+            # the metadata and block-table loads, hiding their latency.
             sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
-            sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
+            if ONE_CHUNK:
+                sval_next = sval  # (unused)
+            else:
+                sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
     seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
     # Column k of the [BLOCK_T, WP] tensors is the tap at distance k+1.
@@ -73,54 +84,73 @@ def _mapless_taps(
     live = rmask[:, None] & (kk < W - 1)[None, :]
     _, _, pslot2 = resolve_taps(
         pos, rows64, qs, seq, live, (kk + 1).to(tl.int64),
-        table_ptr, num_reqs, max_blocks, stride_table, num_slots, N,
+        table_ptr, num_reqs, max_blocks, stride_table, num_slots, N, not ONE_CHUNK,
     )
     any_pre = tl.max(tl.max(pslot2, axis=1), axis=0) >= 0  # a usable pre-forward tap
     hit2 = tl.full([BLOCK_T, WP], -1, tl.int32)
     if HAZARD_SCAN:
-        ok_scan = pslot2 >= 0
-        if tl.sum(tl.sum(ok_scan.to(tl.int32), axis=1), axis=0) > 0:
-            # Slots compare as int32 when every slot fits (half the work); -2 never
-            # equals a (masked) written slot.
-            if SLOT32:
-                key2 = pslot2.to(tl.int32)
+        if not EARLY_SCAN_LOADS:
+            sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+            if ONE_CHUNK:
+                sval_next = sval  # (unused)
             else:
-                key2 = pslot2
-            key2 = tl.where(ok_scan, key2, -2)
-            if not EARLY_SCAN_LOADS:
-                sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
                 sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
-            sval = tl.where((sval >= 0) & (sval < num_slots), sval, -1)  # only real writes
-            sval_next = tl.where((sval_next >= 0) & (sval_next < num_slots), sval_next, -1)
-            rid = tl.arange(0, BLOCK_T)
-            # One row at a time, and only rows that need it; the first two chunks
-            # stay in registers for every row, so a decode batch (T <= 2*SCAN) loads
-            # nothing more.
-            for j in range(BLOCK_T):
-                key = tl.max(tl.where((rid == j)[:, None], key2, -2), axis=0)  # [WP]
-                if tl.max(key, axis=0) >= 0:
-                    hit = tl.full([WP], -1, tl.int32)
-                    cur = sval
+        if ONE_CHUNK:
+            hit2 = _writer_rows(pslot2, sval, sval_next, srows, slot_ptr, num_tokens, num_slots,
+                                WP, BLOCK_T, SCAN, SLOT32, ONE_CHUNK)
+        elif any_pre:
+            hit2 = _writer_rows(pslot2, sval, sval_next, srows, slot_ptr, num_tokens, num_slots,
+                                WP, BLOCK_T, SCAN, SLOT32, ONE_CHUNK)
+    return slot, pslot2, hit2, any_pre
+
+
+@triton.jit
+def _writer_rows(
+    pslot2, sval, sval_next, srows, slot_ptr, num_tokens, num_slots,
+    WP: tl.constexpr, BLOCK_T: tl.constexpr, SCAN: tl.constexpr, SLOT32: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
+):
+    """The hazard rule's writer row of every usable pre-forward slot of the tile
+    (``pslot2`` >= 0; -1: none), ``slot_mapping`` scanned SCAN rows at a time (its
+    first two chunks already loaded: ``sval``, ``sval_next``)."""
+    # Slots compare as int32 when every slot fits (half the work); -2 never equals a
+    # (masked) written slot.
+    if SLOT32:
+        key2 = tl.where(pslot2 >= 0, pslot2.to(tl.int32), -2)
+        cur = tl.where((sval >= 0) & (sval < num_slots), sval, -1).to(tl.int32)  # only real writes
+    else:
+        key2 = tl.where(pslot2 >= 0, pslot2, -2)
+        cur = tl.where((sval >= 0) & (sval < num_slots), sval, -1).to(tl.int64)
+    hit2 = tl.full([BLOCK_T, WP], -1, tl.int32)
+    if ONE_CHUNK and BLOCK_T == 1:
+        # The whole slot_mapping against the row's keys, no branch.
+        hit2 = match_last_writer(tl.max(key2, axis=0), cur, srows)[None, :]
+    else:
+        rid = tl.arange(0, BLOCK_T)
+        # One row at a time, and only rows that need it; the first two chunks stay in
+        # registers for every row, so a batch of T <= 2*SCAN rows loads nothing more.
+        for j in range(BLOCK_T):
+            key = tl.max(tl.where((rid == j)[:, None], key2, -2), axis=0)  # [WP]
+            if tl.max(key, axis=0) >= 0:
+                hit = match_last_writer(key, cur, srows)
+                if not ONE_CHUNK:
                     nxt = sval_next
                     crows = srows
-                    # (a while loop: the interpreter cannot range() over a
-                    # runtime int with NumPy >= 2.4)
-                    s0 = 0
+                    # (a while loop: the interpreter cannot range() over a runtime
+                    # int with NumPy >= 2.4)
+                    s0 = SCAN
                     while s0 < num_tokens:
+                        crows = s0 + tl.arange(0, SCAN)
                         if SLOT32:
-                            cmp = cur.to(tl.int32)
+                            cmp = tl.where((nxt >= 0) & (nxt < num_slots), nxt, -1).to(tl.int32)
                         else:
-                            cmp = cur.to(tl.int64)
+                            cmp = tl.where((nxt >= 0) & (nxt < num_slots), nxt, -1).to(tl.int64)
+                        # two chunks in flight: load the one after this
+                        nxt = tl.load(slot_ptr + SCAN + crows, mask=SCAN + crows < num_tokens, other=-1)
                         hit = tl.maximum(hit, match_last_writer(key, cmp, crows))
                         s0 += SCAN
-                        crows = s0 + tl.arange(0, SCAN)
-                        cur = nxt
-                        # two chunks in flight: load the one after next
-                        nxt = tl.load(slot_ptr + SCAN + crows, mask=SCAN + crows < num_tokens, other=-1)
-                        nxt = tl.where((nxt >= 0) & (nxt < num_slots), nxt, -1)
-                    hit2 = tl.where((rid == j)[:, None], hit[None, :], hit2)
-
-    return slot, pslot2, hit2, any_pre
+                hit2 = tl.where((rid == j)[:, None], hit[None, :], hit2)
+    return hit2
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
@@ -160,17 +190,26 @@ def _fused_sconv_kernel(
     HAZARD_SCAN: tl.constexpr,
     SLOT32: tl.constexpr,
     EARLY_SCAN_LOADS: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
+    HPT: tl.constexpr,
     USE_MAP: tl.constexpr,
 ):
     # Channel chunks vary fastest: the programs of one row block run together
     # (shared shifted-row reads in L2; a row block that scans never trails).
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
-    head = pid_c // CHUNKS
-    d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = d < WS
-    chan = head * WS + d  # channel in x / weight
-    ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
+    if HPT == 1:
+        head = pid_c // CHUNKS
+        d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = d < WS
+        chan = head * WS + d  # channel in x / weight
+        ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
+    else:
+        # HPT whole heads per tile (BLOCK_C = HPT * WS): fewer programs per row, so
+        # fewer copies of the row's prologue.
+        chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = chan < channels
+        ccol = (chan // WS).to(tl.int64) * stride_ch + stream_offset + chan % WS
 
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < num_tokens
@@ -191,7 +230,7 @@ def _fused_sconv_kernel(
         slot, pslot2, hit2, any_pre = _mapless_taps(
             rows, rows64, rmask, pos, qs, table_ptr, seq_ptr, slot_ptr,
             num_tokens, num_slots, num_reqs, max_blocks, stride_table,
-            N, W, WP, BLOCK_T, SCAN, HAZARD_SCAN, SLOT32, EARLY_SCAN_LOADS,
+            N, W, WP, BLOCK_T, SCAN, HAZARD_SCAN, SLOT32, EARLY_SCAN_LOADS, ONE_CHUNK,
         )
 
     # -- Main phase: one x tile, its slot store, W taps, fp32 accumulation.
@@ -293,7 +332,9 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     copy bandwidth for T >= 2048.
 
     Without a map the in-kernel prologue (block table + hazard search) dominates
-    small batches: one or two rows per one-warp program spread the gathers; large
+    small batches: one or two rows per one-warp program spread the gathers, and a
+    narrow power-of-two head (< 256 channels) shares its tile with the next heads, up
+    to 512 channels (decode 256 x K 128-channel heads: 7.2 -> 6.3 µs with 512); large
     batches take ~2k-element tiles on four warps (eight warps measured far slower).
     """
     if stream_width % 32 == 0:
@@ -308,8 +349,14 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
                 return SconvConfig(block_t=4, block_c=block_c, num_warps=2)
             return SconvConfig(block_t=1, block_c=block_c, num_warps=1)
         return SconvConfig(block_t=32 if work >= 16 * 2**20 else 8, block_c=block_c, num_warps=4)
-    chunks = num_heads * -(-stream_width // block_c)
     if num_tokens <= 1024:
+        if block_c == stream_width < 256:
+            # Narrow power-of-two heads: one tile spans up to 512 channels (whole
+            # heads), so a row's prologue and hazard scan run in fewer programs.
+            block_c = min(512, pow2_ceil(num_heads * stream_width))
+            chunks = -(-num_heads * stream_width // block_c)
+        else:
+            chunks = num_heads * -(-stream_width // block_c)
         block_t = 2 if num_tokens * chunks >= 4096 else 1
         return SconvConfig(block_t=block_t, block_c=block_c, num_warps=1)
     block_c = min(block_c, 128)
@@ -328,6 +375,7 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
 #: Launches moving at least this many elements (T * C) without a tap map build one
 #: for the call (see the module docstring for the measurements).
 MAP_MIN_WORK = 2**20
+
 
 
 def launch_fused_sconv(
@@ -364,11 +412,18 @@ def launch_fused_sconv(
     scan = cfg.scan or _scan_chunk(cfg, taps_p2)
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
         raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
-    chunks = -(-stream_width // cfg.block_c)
+    # A launch of at most SCAN rows scans slot_mapping as one chunk, sized to T.
+    one_chunk = tap_map is None and prob.num_tokens <= scan
+    if one_chunk:
+        scan = max(16, min(scan, pow2_ceil(prob.num_tokens)))
+    # Tiles wider than a (power-of-two) head cover whole heads.
+    hpt = cfg.block_c // stream_width if cfg.block_c > stream_width and cfg.block_c % stream_width == 0 else 1
+    chunks = 1 if hpt > 1 else -(-stream_width // cfg.block_c)
     block_t = cfg.block_t
     while triton.cdiv(prob.num_tokens, block_t) > 65535:  # grid axis-1 limit
         block_t *= 2
-    grid = (prob.num_heads * chunks, triton.cdiv(prob.num_tokens, block_t))
+    heads_grid = -(-prob.num_heads // hpt) if hpt > 1 else prob.num_heads * chunks
+    grid = (heads_grid, triton.cdiv(prob.num_tokens, block_t))
     w2 = prob.weight2d
     table = batch.block_table
     _fused_sconv_kernel[grid](
@@ -385,7 +440,8 @@ def launch_fused_sconv(
         BLOCK_T=block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
         SILU=activation == "silu", RESIDUAL=residual,
         HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
-        EARLY_SCAN_LOADS=block_t * cfg.block_c <= 1024,
+        EARLY_SCAN_LOADS=block_t * cfg.block_c <= 1024 or one_chunk,
+        ONE_CHUNK=one_chunk, HPT=hpt,
         USE_MAP=tap_map is not None,
         num_warps=cfg.num_warps,
     )

@@ -129,7 +129,7 @@ def _sconv_add_rmsnorm_kernel(
         live = rmask[:, None] & (kidx < W - 1)[None, :]
         trow, in_fwd, pslot = resolve_taps(
             pos, rows64, qs, seq, live, (W - 1 - kidx).to(tl.int64),
-            table_ptr, num_reqs, max_blocks, stride_table, num_slots, N,
+            table_ptr, num_reqs, max_blocks, stride_table, num_slots, N, True,
         )
         ok = pslot >= 0
         # Row of d each tap reads (-1: none); pre-forward taps first look for a writer.
