@@ -177,20 +177,13 @@ def _spec(block_size: int = 4) -> SlidingWindowSpec:
     )
 
 
-@pytest.mark.parametrize(
-    ("model_config", "kernel_size"),
-    [
-        (dict(hf_config=SimpleNamespace(conv_kernel_size=4)), 4),
-        (dict(hf_config=SimpleNamespace(conv_kernel_size=None, sconv_kernel_size=3)), 3),
-        (dict(hf_config=SimpleNamespace(), hf_text_config=SimpleNamespace(conv_kernel_size=5)), 5),
-        (dict(hf_config=SimpleNamespace(text_config=SimpleNamespace(sconv_kernel_size=6))), 6),
-        (dict(hf_config=SimpleNamespace(hidden_size=8)), None),
-        ({}, None),
-    ],
-)
-def test_builder_reads_the_conv_kernel_size_of_the_model(model_config: dict[str, Any], kernel_size: int | None) -> None:
-    vllm_config = fake_vllm_config(**model_config)
-    builder = conv_state.InklingSconvMetadataBuilder(_spec(), ["x"], vllm_config, torch.device("cpu"))
+@pytest.mark.parametrize("kernel_size", [2, 3, 4, 5])
+def test_builder_takes_the_conv_kernel_size_from_the_groups_spec(kernel_size: int) -> None:
+    # one source: the layers declare W (their layout's kernel size) as the sliding window
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=2, head_size=256, head_size_v=0, dtype=torch.float32,
+                             sliding_window=kernel_size)
+    vllm_config = fake_vllm_config(hf_config=SimpleNamespace(conv_kernel_size=7))  # not read
+    builder = conv_state.InklingSconvMetadataBuilder(spec, ["x"], vllm_config, torch.device("cpu"))
     assert builder._builder.kernel_size == kernel_size
     # Auto mode: the map is a CUDA-kernel aid, never built on CPU.
     assert not builder._builder.builds_tap_map

@@ -75,9 +75,9 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
     ``inkling_kernels.SconvBatch`` (through ``inkling_model.SconvMetadataBuilder``),
     once per step for the group; every conv launch of its layers reads it. The
     seq_idx/query_start buffers are allocated once (for the most tokens one forward may
-    hold) so their addresses survive across steps (CUDA-graph replay). On CUDA, when
-    the model config names the conv kernel size, the batch also carries the step's tap
-    map (``inkling_kernels.sconv_tap_map``, one persistent buffer).
+    hold) so their addresses survive across steps (CUDA-graph replay). On CUDA the
+    batch also carries the step's tap map (``inkling_kernels.sconv_tap_map``, one
+    persistent buffer), for the kernel size the group's spec declares as its window.
     """
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
@@ -98,7 +98,9 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         self._builder = SconvMetadataBuilder(
             _max_forward_tokens(vllm_config),
             device,
-            kernel_size=_conv_kernel_size(vllm_config),  # None: no tap map
+            # the group's W, which the layers declared as the sliding window (their
+            # layout's kernel size, from inkling_cache.conv_kernel_size)
+            kernel_size=int(kv_cache_spec.sliding_window),
         )
         # The group's block size after vLLM's page-size unification (often > W);
         # the layers check it against their bound cache's shape[2].
@@ -169,25 +171,6 @@ def padded_token_count(cm: CommonAttentionMetadata, num_actual: int) -> int:
     """Rows of the forward (pad rows included): vLLM sizes ``slot_mapping`` (and
     ``num_actual_tokens``, despite its name) to the padded batch."""
     return max(int(cm.num_actual_tokens), int(cm.slot_mapping.shape[0]), num_actual)
-
-
-def _conv_kernel_size(vllm_config: VllmConfig) -> int | None:
-    """The conv kernel size ``W`` of the served Inkling config, or ``None`` when the
-    config does not name one (then the metadata carries no tap map)."""
-    model_config = getattr(vllm_config, "model_config", None)
-    candidates = [
-        getattr(model_config, "hf_config", None),
-        getattr(model_config, "hf_text_config", None),
-    ]
-    candidates.append(getattr(candidates[0], "text_config", None))
-    for config in candidates:
-        if config is None:
-            continue
-        for name in ("conv_kernel_size", "sconv_kernel_size"):
-            value = getattr(config, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
-                return value
-    return None
 
 
 def _config_int(vllm_config: VllmConfig, name: str, default: int) -> int:
