@@ -323,7 +323,7 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
     @property
     def row_bytes(self) -> int:
         """Bytes of one conv row on this rank: ``H * D * dtype bytes``."""
-        return self.layout.num_heads * self.layout.head_size * torch.empty((), dtype=self.dtype).element_size()
+        return self.layout.slot_bytes(str(self.dtype))
 
     def forward(self) -> None:  # vLLM never calls it; nn.Module wants one
         return None
