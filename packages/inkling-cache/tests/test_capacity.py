@@ -163,18 +163,84 @@ def test_plan_defaults_follow_config() -> None:
 # --- the two conv-state managers side by side ---------------------------------------------
 
 
-@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 7), (2, 3, 13)])
+@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 5), (2, 3, 7)])
 def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int) -> None:
     from inkling_cache import tail_conv_admission_blocks
 
-    # (B + 1) tails of cdiv(3 + k, 4) + 1 blocks, + one prompt-end checkpoint block
+    # W = N = 4, + one prompt-end checkpoint block. A lone 3-row chunk tail touches 2 blocks.
+    # k = 0: B + 1 lone tails, 2 blocks each: 4 / 6 (+1).
+    # B = 1, k = 3: decode tails reach 3 + 3 = 6 rows; two chunk tails: 4; a chunk tail
+    #   and a decode step (one run of 6 + 4 = 10 rows): 4; two decode steps: 10 rows, 4.
+    # B = 2, k = 3: decode tails reach 3 + 6 = 9 rows; three chunk tails: 6; two and a
+    #   decode step: 2 + (9 + 4 = 13 rows: 4) = 6; one and two decode steps: 17 rows, 5.
     for budget in (2048, 8192):
         got = tail_conv_admission_blocks(4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k)
-        assert got == (batches + 1) * (-(-(3 + k * batches) // 4) + 1) + 1 == expected
+        assert got == expected
     # never above the plain window's reserve (tiny max_model_len)
     assert tail_conv_admission_blocks(4, 4, 8192, 5, max_concurrent_batches=batches) == min(expected, 3)
     # retention checkpoints: one block per 1024 tokens of each unrun chunk
     assert tail_conv_admission_blocks(4, 4, 8192, 131072, retention_tokens=1024) == 5 + (8 + 1)
+
+
+def _live_tail_blocks_of_a_schedule(
+    w: int, n: int, k: int, b: int, look: int, prompt: int, chunks: list[int], decode: list[tuple[int, int]]
+) -> int:
+    """Brute force, independent of the bound's derivation: play one request's schedule
+    the way vLLM's scheduler counts (chunks of the prompt, then decode steps of 1 + d
+    tokens, ``b`` steps in flight, a settled step's rejected drafts taken back from
+    the computed count) and return the most blocks the ``b + 1`` newest tails touch
+    together (a tail: ``W - 1`` rows before a step without drafts ends, ``W - 1 + k b``
+    before a decode step's end, plus the lookahead slots)."""
+    computed, steps, in_flight, worst = 0, [], [], 0
+    plan = [(size, 0) for size in chunks] + [(1 + d, r) for d, r in decode]
+    for size, rejected in plan:
+        if computed < prompt:
+            size = min(size, prompt - computed)
+            rejected = 0
+        end = computed + size
+        drafts = end > prompt and size <= 1 + k  # what the manager may assume
+        rows = w - 1 + k * b if drafts else w - 1
+        steps.append((end - rows, end + look))
+        in_flight.append((size, rejected if end > prompt else 0))
+        computed = end
+        live = set()
+        for lo, hi in steps[-(b + 1):]:
+            live.update(range(max(0, lo) // n, -(-hi // n)))
+        worst = max(worst, len(live))
+        if len(in_flight) >= b:
+            done_size, done_rejected = in_flight.pop(0)
+            computed -= min(done_rejected, done_size - 1)
+    return worst
+
+
+@given(
+    w=st.integers(2, 6), n=st.integers(1, 16), k=st.integers(0, 4), b=st.integers(1, 3),
+    look=st.integers(0, 3), prompt=st.integers(1, 300),
+    chunks=st.lists(st.integers(1, 120), min_size=1, max_size=8),
+    decode=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=10),
+)
+def test_live_tail_bound_holds_for_any_schedule(
+    w: int, n: int, k: int, b: int, look: int, prompt: int, chunks: list[int], decode: list[tuple[int, int]]
+) -> None:
+    from inkling_cache import tail_conv_live_blocks
+
+    decode = [(min(d, k), min(r, d, k)) for d, r in decode]
+    worst = _live_tail_blocks_of_a_schedule(w, n, k, b, look, prompt, chunks, decode)
+    assert worst <= tail_conv_live_blocks(
+        w, n, max_concurrent_batches=b, spec_tokens=k, lookahead_tokens=look
+    )
+
+
+def test_live_tail_bound_is_reached() -> None:
+    # the bound is not loose at W = N = 4, B = 2, k = 3: some schedule touches all 6
+    from inkling_cache import tail_conv_live_blocks
+
+    bound = tail_conv_live_blocks(4, 4, max_concurrent_batches=2, spec_tokens=3)
+    seen = max(
+        _live_tail_blocks_of_a_schedule(4, 4, 3, 2, 0, prompt, [c1, c2, 64], [(3, r), (3, 0), (3, 0)])
+        for prompt in range(60, 80) for c1 in range(1, 9) for c2 in range(1, 9) for r in range(4)
+    )
+    assert (seen, bound) == (6, 6)
 
 
 def test_in_flight_tokens_scale_the_window_reserve_not_the_tail() -> None:

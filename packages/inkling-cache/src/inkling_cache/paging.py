@@ -155,6 +155,57 @@ def admission_reserve_blocks(
     return cdiv(tokens, block_size) + 1
 
 
+def tail_conv_live_blocks(
+    kernel_size: int,
+    block_size: int,
+    *,
+    max_concurrent_batches: int = 1,
+    spec_tokens: int = 0,
+    lookahead_tokens: int = 0,
+) -> int:
+    """Most blocks one request's live tails touch together under the tail-rows
+    conv-state manager (``inkling_vllm.conv_manager``), per conv layer.
+
+    With ``B`` batches in flight ``B + 1`` tails are live: the one the first unrun
+    step reads and each unrun step's own. A tail ends at its step's end plus the
+    lookahead slots ``L``. It reaches back ``W - 1`` rows for a step without drafts (a
+    chunk ending inside the prefill, or scheduling more than ``1 + k`` tokens: the
+    next step starts at its end) and ``R = W - 1 + k * B`` rows otherwise (a decode
+    step with up to ``k`` drafts: rejections move the next start back by up to ``k``
+    per step in flight). Once a request decodes, every later step is a decode step,
+    so the live tails are some chunk tails followed by some decode tails.
+
+    A run of ``r`` consecutive rows touches at most ``cdiv(r - 1, N) + 1`` blocks. Chunk
+    tails are runs of ``W - 1 + L`` rows. A decode step schedules at most ``1 + k``
+    tokens past the scheduler's count, which is at most the previous step's end, and
+    its ``R >= 1 + k`` rows reach back over that end: the ``l`` decode tails and the
+    tail before them form one run of at most ``R + l * (1 + k) + L`` rows (their ends
+    lie within ``l * (1 + k)`` of each other). The bound is the most blocks over the
+    ``B + 2`` ways to split the ``B + 1`` tails into chunk and decode tails.
+    """
+    _int("kernel_size", kernel_size, 2)
+    _int("block_size", block_size, 1)
+    batches = _int("max_concurrent_batches", max_concurrent_batches, 1)
+    _int("spec_tokens", spec_tokens, 0)
+    _int("lookahead_tokens", lookahead_tokens, 0)
+
+    def run(rows: int) -> int:
+        return cdiv(rows - 1, block_size) + 1
+
+    chunk_tail = run(kernel_size - 1 + lookahead_tokens)
+    reach = kernel_size - 1 + spec_tokens * batches + lookahead_tokens
+
+    def decode_run(decode_tails: int) -> int:  # with the tail before them (if live)
+        return run(reach + decode_tails * (1 + spec_tokens))
+
+    best = decode_run(batches)  # every live tail a decode step's
+    for decode_tails in range(batches + 1):  # the oldest live tail a chunk's
+        chunk_tails = batches + 1 - decode_tails
+        last = decode_run(decode_tails) if decode_tails else chunk_tail
+        best = max(best, (chunk_tails - 1) * chunk_tail + last)
+    return best
+
+
 def tail_conv_admission_blocks(
     kernel_size: int,
     block_size: int,
@@ -169,27 +220,23 @@ def tail_conv_admission_blocks(
     """Blocks per request and conv layer under the tail-rows conv-state manager
     (``inkling_vllm.conv_manager``): its admission cap and startup-sizing bound.
 
-    A chunk's tail is the ``W - 1 + k * B`` rows (``k`` draft tokens, ``B`` batches in
-    flight: rejections can move the next start back by ``k`` per step in flight) before
-    its end plus the lookahead slots: ``cdiv(W - 1 + k * B + lookahead, N) + 1`` blocks. With ``B``
-    batches in flight ``B + 1`` tails are live (the one the next unrun step reads and
-    each unrun step's own), plus the prompt-end prefix-cache checkpoint
-    (``cdiv(W - 1, N)`` blocks) and, with a retention interval ``R > 0``, the
-    checkpoints of the ``B`` unrun chunks (``max_num_batched_tokens // R + 1`` each).
-    Never more than vLLM's plain sliding-window reserve
-    (:func:`admission_reserve_blocks` with ``B * max_num_batched_tokens`` in flight).
+    The live tails (:func:`tail_conv_live_blocks`), plus the prompt-end prefix-cache
+    checkpoint (``cdiv(W - 1, N)`` blocks: its boundary is block-aligned) and, with a
+    retention interval ``R > 0``, the checkpoints of the ``B`` unrun chunks
+    (``max_num_batched_tokens // R + 1`` each). Never more than vLLM's plain
+    sliding-window reserve (:func:`admission_reserve_blocks` with
+    ``B * max_num_batched_tokens`` in flight).
     """
-    _int("kernel_size", kernel_size, 2)
-    _int("block_size", block_size, 1)
     _int("max_num_batched_tokens", max_num_batched_tokens, 1)
     _int("max_model_len", max_model_len, 1)
-    batches = _int("max_concurrent_batches", max_concurrent_batches, 1)
-    _int("spec_tokens", spec_tokens, 0)
-    _int("lookahead_tokens", lookahead_tokens, 0)
     _int("retention_tokens", retention_tokens, 0)
-    per_tail = cdiv(kernel_size - 1 + spec_tokens * batches + lookahead_tokens, block_size) + 1
+    batches = max_concurrent_batches
+    blocks = tail_conv_live_blocks(
+        kernel_size, block_size, max_concurrent_batches=batches,
+        spec_tokens=spec_tokens, lookahead_tokens=lookahead_tokens,
+    )
     per_checkpoint = cdiv(kernel_size - 1, block_size)
-    blocks = (batches + 1) * per_tail + per_checkpoint
+    blocks += per_checkpoint
     if retention_tokens:
         blocks += batches * (max_num_batched_tokens // retention_tokens + 1) * per_checkpoint
     plain = admission_reserve_blocks(kernel_size, block_size, batches * max_num_batched_tokens, max_model_len)

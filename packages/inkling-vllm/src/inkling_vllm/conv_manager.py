@@ -12,10 +12,13 @@ sizing reserve ``cdiv(W - 1 + max_in_flight_tokens, N) + 1`` blocks per request.
 the worker's slot mapping do not change) but give a real block only to table
 entries that hold a row some later step may read:
 
-* the *tail* of each scheduled chunk: rows ``[end - (W - 1) - k * B, end + lookahead)``
-  (``k`` speculative tokens: a rejected draft moves the next step's start back by
-  up to ``k``, per step in flight; a chunk ending inside the prompt has no drafts and
-  keeps ``W - 1`` rows); it is released once the step after it has run;
+* the *tail* of each scheduled step: rows ``[end - (W - 1), end + lookahead)`` for a
+  step without drafts (a chunk ending inside the prefill, or scheduling more than
+  ``1 + k`` tokens: the next step starts at its end), ``[end - (W - 1) - k * B, ...)``
+  for a decode step (``k`` speculative tokens: a rejected draft moves the next start
+  back by up to ``k``, per step in flight); it is released once the step after it
+  has run, and rows below ``settled - (W - 1)`` are dropped before that (no unrun
+  step starts below the settled tokens: vLLM's sliding window frees on that rule);
 * *checkpoints* for prefix caching: the ``W - 1`` rows before the prompt's last
   hit-aligned boundary (so resending a conversation hits), and, with a retention
   interval ``R > 0``, before every multiple of ``R``; released once their chunk has
@@ -25,16 +28,17 @@ entries that hold a row some later step may read:
 Every other entry is the null block; the metadata builder turns slots in it into
 ``-1`` ("do not store"), which the kernels honour. A real block is always real from
 the step that first covers it, so every row in it was stored: a cached block is
-complete, and a prefix hit (``cdiv(W - 1, N)`` cached blocks ending at the hit, the
+complete, and a prefix hit (``cdiv(W - 1, N)`` cached blocks ending at it, the
 sliding-window rule) reads only stored rows.
 
 Per request at most ``B + 1`` tails are live (``B`` = batches in flight: the one
-the next unrun step reads, each unrun step's own), plus checkpoints, so the
-admission cap and ``max_memory_usage_bytes`` are
-``(B + 1) * (cdiv(W - 1 + k * B + lookahead, N) + 1) + checkpoints``: 5 blocks at
-``W = N = 4``, one batch in flight, no speculation, whatever the prompt length. The
-conv block (before vLLM's page unification scales it) is :func:`tail_block_size`, the
-smallest power of two holding ``W - 1`` rows, so pages unify without padding.
+the next unrun step reads, each unrun step's own), plus checkpoints. The admission
+cap and ``max_memory_usage_bytes`` are ``inkling_cache.tail_conv_admission_blocks``
+(the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 5
+blocks with one batch in flight and 7 with two, with or without ``k = 3`` drafts,
+whatever the prompt length. The conv block (before vLLM's page unification scales
+it) is :func:`tail_block_size`, the smallest power of two holding ``W - 1`` rows,
+so pages unify without padding.
 
 Not supported: KV-connector (external) tokens; select the plain spec for those.
 
@@ -56,6 +60,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inkling_cache import tail_conv_admission_blocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
@@ -191,31 +196,24 @@ class ConvStateSpec(SlidingWindowSpec):
 
     @property
     def tail_rows(self) -> int:
-        """Rows before a chunk's end that a later step may read: ``W - 1 + k * B``
+        """Rows before a decode step's end that a later step may read: ``W - 1 + k * B``
         (a step's rejected drafts move the next start back by up to ``k``; with ``B``
         steps in flight, corrections of the steps before it can add up)."""
         return self.sliding_window - 1 + self.spec_tokens * self.concurrent_batches
 
-    def blocks_per_tail(self) -> int:
-        """Blocks one tail can touch (``+1``: it need not start on a block boundary)."""
-        return _cdiv(self.tail_rows + self.lookahead_tokens, self.block_size) + 1
-
-    def blocks_per_checkpoint(self) -> int:
-        """Blocks one checkpoint holds (its boundary is block-aligned)."""
-        return _cdiv(self.sliding_window - 1, self.block_size)
-
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         """The most real blocks one request holds at any step (admission cap and,
-        through ``max_memory_usage_bytes``, startup sizing): ``B + 1`` tails, the
-        prompt-end checkpoint and, with ``R > 0``, the checkpoints of the ``B``
-        unrun chunks. Never more than the plain sliding window would reserve."""
+        through ``max_memory_usage_bytes``, startup sizing):
+        ``inkling_cache.tail_conv_admission_blocks`` (the live tails, the prompt-end
+        checkpoint and, with ``R > 0``, the unrun chunks' checkpoints), which is never
+        more than the plain sliding window would reserve."""
         batches = self.concurrent_batches
-        blocks = (batches + 1) * self.blocks_per_tail() + self.blocks_per_checkpoint()
-        if self.retention_tokens > 0:
-            per_step = max(1, max_in_flight_tokens // batches)
-            blocks += batches * (per_step // self.retention_tokens + 1) * self.blocks_per_checkpoint()
-        plain = super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
-        return min(blocks, plain)
+        blocks = tail_conv_admission_blocks(
+            self.sliding_window, self.block_size, max(1, max_in_flight_tokens // batches), max_model_len,
+            max_concurrent_batches=batches, spec_tokens=self.spec_tokens,
+            lookahead_tokens=self.lookahead_tokens, retention_tokens=self.retention_tokens,
+        )
+        return min(blocks, super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len))
 
 
 _Window = tuple[int, int, int]  # (first row, end row, released once processed >= this)
@@ -254,6 +252,8 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         # the prompt length, from remove_skipped_blocks (vLLM's allocate_slots passes it
         # there before asking for blocks): where the prompt-end checkpoint goes
         self._prompt_len: dict[str, int] = {}
+        # where the prefill ends (vLLM's admission call: prompt, or a resumed request's recompute)
+        self._prefill_end: dict[str, int] = {}
 
     # -- which rows must be real ------------------------------------------------
 
@@ -275,11 +275,18 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             ends.update(range(first, upto + 1, step))
         return sorted(ends)
 
-    def _step_windows(self, start: int, num_tokens: int, main_end: int, prompt_len: int) -> list[_Window]:
-        """Windows a step adds: its tail, then its chunk's checkpoints. A chunk that
-        ends inside the prompt carries no drafts and its successor starts exactly at
-        its end: its tail is ``W - 1`` rows."""
-        rows = self.reach if 0 < main_end <= prompt_len else self.tail_rows
+    def _step_windows(self, request_id: str, start: int, num_tokens: int, main_end: int) -> list[_Window]:
+        """Windows a step adds: its tail, then its chunk's checkpoints.
+
+        A step that carries no drafts keeps ``W - 1`` rows (its successor starts exactly
+        at its end): one ending inside the prefill (the prompt, or for a resumed
+        request the tokens it recomputes, as vLLM's admission call reports), or one
+        scheduling more than ``1 + k`` tokens (a decode step schedules at most that).
+        A decode step keeps ``W - 1 + k * B`` rows."""
+        prompt_len = self._prompt_len.get(request_id, 0)
+        prefill_end = max(prompt_len, self._prefill_end.get(request_id, 0))
+        no_drafts = main_end <= prefill_end or main_end - start > 1 + self.conv_spec.spec_tokens
+        rows = self.reach if no_drafts else self.tail_rows
         windows = [(max(0, main_end - rows), num_tokens, main_end + 1)]
         for end in self._checkpoint_ends(start, main_end, prompt_len):
             windows.append((max(0, end - self.reach), end, main_end))
@@ -306,6 +313,10 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
+        if prefill_end > 0:
+            # where the request's prefill (its prompt, or a resumed request's
+            # recompute) ends; vLLM passes it on every call before allocating
+            self._prefill_end[request_id] = int(prefill_end)
         if apply_admission_cap:
             # the sliding-window admission count, capped by this spec's small bound
             return int(
@@ -315,7 +326,6 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
                     apply_admission_cap=True, prefill_end=prefill_end,
                 )
             )
-        pend = self._prompt_len.get(request_id, 0)
         end_index = _cdiv(num_tokens, self.block_size)
         if request_id in self.num_cached_block:  # running: no new hits
             start_index = len(self.req_to_blocks.get(request_id, ()))
@@ -329,7 +339,7 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             start = hit
             skipped = self.get_num_skipped_tokens(hit) // self.block_size
             evictable = self._get_num_evictable_blocks(new_computed_blocks[skipped:])
-        windows += self._step_windows(start, num_tokens, num_tokens_main_model, pend)
+        windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
         live = self._indices(windows)
         return evictable + sum(1 for b in range(start_index, end_index) if b in live)
 
@@ -369,9 +379,7 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         real = self._real.setdefault(request_id, set())
         windows = self._windows.setdefault(request_id, [])
         start = self._extent.get(request_id, 0)
-        windows += self._step_windows(
-            start, num_tokens, num_tokens_main_model, self._prompt_len.get(request_id, 0)
-        )
+        windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
         self._extent[request_id] = max(start, num_tokens_main_model)
         first, end_index = len(blocks), _cdiv(num_tokens, self.block_size)
         if end_index <= first:
@@ -404,7 +412,16 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             self._prompt_len[request_id] = int(num_prompt_tokens)
         if request_id not in self.req_to_blocks:
             return
-        windows = [w for w in self._windows.get(request_id, ()) if processed_computed_tokens < w[2]]
+        # Every unsettled or later step starts at or after the settled tokens, so no
+        # step reads a row below ``processed - (W - 1)`` again (vLLM's sliding window
+        # frees on the same rule). Checkpoints of unrun chunks end above ``processed``
+        # and a hit's rows end at it: trimming only cuts tails' rows that are past.
+        floor = processed_computed_tokens - self.reach
+        windows = [
+            (max(lo, floor), hi, release)
+            for lo, hi, release in self._windows.get(request_id, ())
+            if processed_computed_tokens < release
+        ]
         self._windows[request_id] = windows
         live = self._indices(windows)
         real = self._real.get(request_id, set())
@@ -420,7 +437,7 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self.block_pool.free_blocks(freed)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        for state in (self._windows, self._real, self._extent, self._prompt_len):
+        for state in (self._windows, self._real, self._extent, self._prompt_len, self._prefill_end):
             state.pop(request_id, None)
         return list(super().pop_blocks_for_free(request_id))
 

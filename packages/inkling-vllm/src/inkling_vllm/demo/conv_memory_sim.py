@@ -144,6 +144,9 @@ class SimResult:
     # before each in-flight step, and the W-1 (+k after a decode step with k drafts)
     # before the end of the last scheduled step; prefix-cache checkpoints not counted
     needed: list[int] = field(default_factory=list)
+    # the fewest blocks that hold those rows (the blocks they sit in): what any
+    # position-indexed cache with this block size must hold at that step
+    needed_blocks: list[int] = field(default_factory=list)
     phase: list[str] = field(default_factory=list)  # "prefill" / "decode"
     admission: int = 0  # blocks the admission gate asked the conv group for
     cap: int = 0  # the spec's admission cap
@@ -204,7 +207,7 @@ class Worker:
             self.store[table[b] * self.n + p % self.n] = (p, digest)
 
 
-def _rows_still_read(inflight: deque[tuple[int, int, bool]], reach: int, spec_k: int) -> int:
+def _rows_still_read(inflight: deque[tuple[int, int, bool]], reach: int, spec_k: int) -> set[int]:
     """How many positions some step still reads: those before each in-flight step
     (``reach`` = W-1 rows) and those the step after the last one may read (its start
     is not known under drafts: up to ``spec_k`` rows earlier)."""
@@ -214,7 +217,7 @@ def _rows_still_read(inflight: deque[tuple[int, int, bool]], reach: int, spec_k:
     start, n, is_decode = inflight[-1]
     end = start + n
     rows.update(range(max(0, end - reach - (spec_k if is_decode else 0)), end))
-    return len(rows)
+    return rows
 
 
 def run_sim(
@@ -256,6 +259,7 @@ def run_sim(
     res.admission = conv.get_num_blocks_to_allocate(
         rid, min(req.num_tokens, cfg.max_model_len), computed_blocks.blocks[0], num_hit, num_hit,
         min(req.num_tokens, cfg.max_model_len), apply_admission_cap=True,
+        prefill_end=max(req.num_prompt_tokens, req.num_tokens - 1),  # as vLLM's allocate_slots passes it
     )
     inflight: deque[tuple[int, int, bool]] = deque()  # (start, n, is_decode)
     decode_done = 0
@@ -312,7 +316,9 @@ def run_sim(
         req.num_in_flight_tokens += n
         inflight.append((start, n, not prefill))
         res.held.append(sum(1 for b in conv.req_to_blocks.get(rid, []) if not b.is_null))
-        res.needed.append(_rows_still_read(inflight, cfg.kernel - 1, cfg.spec_k))
+        still_read = _rows_still_read(inflight, cfg.kernel - 1, cfg.spec_k)
+        res.needed.append(len(still_read))
+        res.needed_blocks.append(len({row // cfg.block_size for row in still_read}))
         res.phase.append("prefill" if prefill else "decode")
         if len(inflight) >= cfg.batches:
             settle()
