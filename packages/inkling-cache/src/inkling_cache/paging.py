@@ -178,7 +178,8 @@ def tail_conv_live_blocks(
     A run of ``r`` consecutive rows touches at most ``cdiv(r - 1, N) + 1`` blocks. Chunk
     tails are runs of ``W - 1 + L`` rows. A decode step schedules at most ``1 + k``
     tokens past the scheduler's count, which is at most the previous step's end, and
-    its ``R >= 1 + k`` rows reach back over that end: the ``l`` decode tails and the
+    its tail reaches back over that end (``R >= 1 + k`` rows with drafts; without, one
+    token and ``W - 1 >= 1`` rows): the ``l`` decode tails and the
     tail before them form one run of at most ``R + l * (1 + k) + L`` rows (their ends
     lie within ``l * (1 + k)`` of each other). The bound is the most blocks over the
     ``B + 2`` ways to split the ``B + 1`` tails into chunk and decode tails.

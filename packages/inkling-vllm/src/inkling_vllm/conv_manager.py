@@ -279,13 +279,16 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         """Windows a step adds: its tail, then its chunk's checkpoints.
 
         A step that carries no drafts keeps ``W - 1`` rows (its successor starts exactly
-        at its end): one ending inside the prefill (the prompt, or for a resumed
-        request the tokens it recomputes, as vLLM's admission call reports), or one
-        scheduling more than ``1 + k`` tokens (a decode step schedules at most that).
-        A decode step keeps ``W - 1 + k * B`` rows."""
+        at its end); a step with drafts keeps ``W - 1 + k * B``. vLLM reports, on every
+        allocation, ``prefill_end = max(prompt, tokens - 1)``: a step ending at most one
+        past it carries no drafts (a prompt chunk; the last chunk of a resumed request's
+        recompute, which ends at ``tokens``; a decode step of the last sampled token
+        alone, whose predecessors are settled, since the scheduler's count would be ahead
+        of ``tokens`` otherwise), and neither does a step scheduling more than ``1 + k``
+        tokens (a decode step schedules at most that)."""
         prompt_len = self._prompt_len.get(request_id, 0)
         prefill_end = max(prompt_len, self._prefill_end.get(request_id, 0))
-        no_drafts = main_end <= prefill_end or main_end - start > 1 + self.conv_spec.spec_tokens
+        no_drafts = main_end <= prefill_end + 1 or main_end - start > 1 + self.conv_spec.spec_tokens
         rows = self.reach if no_drafts else self.tail_rows
         windows = [(max(0, main_end - rows), num_tokens, main_end + 1)]
         for end in self._checkpoint_ends(start, main_end, prompt_len):

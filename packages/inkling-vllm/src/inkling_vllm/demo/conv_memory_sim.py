@@ -135,6 +135,9 @@ class SimConfig:
     seed: int = 0
     enable_caching: bool = True
     spec_cls: type[ConvStateSpec] = ConvStateSpec
+    # preempt the request after this many decode steps (vLLM frees its blocks and
+    # recomputes prompt + output as a new prefill, drafts cleared); None: never
+    preempt_after: int | None = None
 
 
 @dataclass
@@ -264,6 +267,8 @@ def run_sim(
     inflight: deque[tuple[int, int, bool]] = deque()  # (start, n, is_decode)
     decode_done = 0
     first = True
+    prefill_target = req.num_prompt_tokens  # the prompt; after a preemption, every token
+    preempted = False
 
     def settle() -> None:
         nonlocal decode_done
@@ -271,7 +276,7 @@ def run_sim(
         req.num_in_flight_tokens -= n
         if not is_decode:
             worker.run(req, start, list(req.all_token_ids[start:start + n]))
-            if start + n == req.num_prompt_tokens:
+            if start + n == prefill_target:
                 req.append_output_token_ids(rng.randrange(1, 30000))
             return
         # decode: the input token plus n - 1 drafts; accept a seeded prefix
@@ -284,10 +289,21 @@ def run_sim(
         decode_done += 1
 
     while decode_done < cfg.decode_steps:
+        if cfg.preempt_after is not None and not preempted and decode_done >= cfg.preempt_after:
+            # vLLM's preemption: settle what is in flight, free every block, restart
+            # from zero (a prefix hit may shorten the recompute), drafts dropped
+            while inflight:
+                settle()
+            manager.free(req)
+            req.num_computed_tokens = 0
+            prefill_target = req.num_tokens
+            computed_blocks, num_hit, _ = manager.get_computed_blocks(req)
+            first, preempted = True, True
+            continue
         done = req.num_computed_tokens + (num_hit if first else 0)
-        prefill = done < req.num_prompt_tokens
+        prefill = done < prefill_target
         if prefill:
-            n = min(cfg.budget, req.num_prompt_tokens - done)
+            n = min(cfg.budget, prefill_target - done)
         else:
             # drafts need the previous step's output: spec decode waits for it (a
             # plain decode step runs after its predecessor and reads its token then)
