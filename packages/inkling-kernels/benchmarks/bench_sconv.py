@@ -97,7 +97,7 @@ class Inputs:
         return self.batch.with_tap_map(self.tap_map)
 
 
-def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, list[Inputs]]:
+def build(case: Case, num_sets: int, gen: torch.Generator, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor, list[Inputs]]:
     heads, head_size, off, width = case.stream
     c = heads * width
     per_req = []
@@ -107,7 +107,7 @@ def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor
         per_req.append((first, last))
     blocks_per_set = sum(last - first + 1 for first, last in per_req)
     num_blocks = 1 + num_sets * blocks_per_set
-    cache = torch.randn(num_blocks, heads, N, head_size, device="cuda", dtype=DTYPE)
+    cache = torch.randn(num_blocks, heads, N, head_size, device=device, dtype=DTYPE)
     perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()  # block 0: null block
     max_blocks = max(last for _, last in per_req) + 1
     sets = []
@@ -126,18 +126,18 @@ def build(case: Case, num_sets: int, gen: torch.Generator) -> tuple[torch.Tensor
             slots.append(table[r, p // N].long() * N + p % N)
             qs.append(torch.full((n,), row0, dtype=torch.int32))
         t = sum(len(a) for a in pos)
-        tap_map = torch.empty(t, W - 1, dtype=torch.int64, device="cuda")
+        tap_map = torch.empty(t, W - 1, dtype=torch.int64, device=device)
         sets.append(Inputs(
-            x=torch.randn(t, c, device="cuda", dtype=DTYPE),
-            positions=torch.cat(pos).cuda(),
-            table=table.cuda(),
-            seq=torch.cat(seq).cuda(),
-            slots=torch.cat(slots).cuda(),
-            qs=torch.cat(qs).cuda(),
+            x=torch.randn(t, c, device=device, dtype=DTYPE),
+            positions=torch.cat(pos).to(device),
+            table=table.to(device),
+            seq=torch.cat(seq).to(device),
+            slots=torch.cat(slots).to(device),
+            qs=torch.cat(qs).to(device),
             tap_map=tap_map,
         ))
         sconv_tap_map(sets[-1].batch, tap_map)
-    weight = (torch.randn(c, W, device="cuda", generator=None) * 0.5).float()
+    weight = (torch.randn(c, W, device=device, generator=None) * 0.5).float()
     return cache, weight, sets
 
 
