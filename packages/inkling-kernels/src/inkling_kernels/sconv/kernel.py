@@ -169,9 +169,6 @@ def _fused_sconv_kernel(
     w_ptr,
     cache_ptr,
     out_ptr,
-    x2_ptr,
-    w2_ptr,
-    out2_ptr,
     pos_ptr,
     table_ptr,
     seq_ptr,
@@ -183,17 +180,22 @@ def _fused_sconv_kernel(
     num_slots,
     num_reqs,
     max_blocks,
-    stride_x,
     stride_wc,
     stride_wk,
-    stride_x2,
-    stride_w2c,
-    stride_w2k,
     stride_cb,
     stride_ch,
     stride_cn,
     stride_table,
     stream_offset,
+    # the two-stream launch only (after the one-stream kernel's arguments, which keep
+    # their order): the first stream's x row stride, then the second stream
+    stride_x,
+    x2_ptr,
+    w2_ptr,
+    out2_ptr,
+    stride_x2,
+    stride_w2c,
+    stride_w2k,
     stream_offset2,
     WS: tl.constexpr,
     N: tl.constexpr,
@@ -222,13 +224,13 @@ def _fused_sconv_kernel(
         d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = d < WS
         chan = head * WS + d  # channel in x / weight
-        cbase = head.to(tl.int64) * stride_ch + d  # column inside a cache row, less the stream offset
+        ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
     else:
         # HPT whole heads per tile (BLOCK_C = HPT * WS): fewer programs per row, so
         # fewer copies of the row's prologue.
         chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = chan < channels
-        cbase = (chan // WS).to(tl.int64) * stride_ch + chan % WS
+        ccol = (chan // WS).to(tl.int64) * stride_ch + stream_offset + chan % WS
 
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < num_tokens
@@ -254,20 +256,28 @@ def _fused_sconv_kernel(
 
     # -- Main phase, per stream (two: the K+V launch of sconv_kv, sharing the tap
     # resolution above): one x tile, its slot store, W taps, fp32 accumulation.
+    # STREAMS == 1 compiles to the one-stream kernel as it was before the K+V launch
+    # existed (x rows contiguous: row stride = channels, no second stream's values
+    # live; benchmarks/compare_codegen.py checks the PTX): the general form cost
+    # 4-9 % on small launches (benchmarks/RESULTS_sconv_kv.md).
     for s in tl.static_range(STREAMS):
         if s == 0:
             xs_ptr, ws_ptr, outs_ptr = x_ptr, w_ptr, out_ptr
-            sx, swc, swk, soff = stride_x, stride_wc, stride_wk, stream_offset
+            swc, swk, scol = stride_wc, stride_wk, ccol
+            if STREAMS == 1:
+                sx = channels
+            else:
+                sx = stride_x
         else:
             xs_ptr, ws_ptr, outs_ptr = x2_ptr, w2_ptr, out2_ptr
-            sx, swc, swk, soff = stride_x2, stride_w2c, stride_w2k, stream_offset2
-        ccol = cbase + soff  # column inside a cache row
+            sx, swc, swk = stride_x2, stride_w2c, stride_w2k
+            scol = ccol + (stream_offset2 - stream_offset)
         xmask = rmask[:, None] & cmask[None, :]
         x_tile = tl.load(xs_ptr + rows64[:, None] * sx + chan[None, :], mask=xmask, other=0.0)
         wmask = rmask & (slot >= 0) & (slot < num_slots)
         wslot = tl.where(wmask, slot, 0)
         dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
-        tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None] & cmask[None, :])
+        tl.store(cache_ptr + dst[:, None] + scol[None, :], x_tile, mask=wmask[:, None] & cmask[None, :])
 
         w_cur = tl.load(ws_ptr + chan * swc + (W - 1) * swk, mask=cmask, other=0.0).to(tl.float32)
         acc = w_cur[None, :] * x_tile.to(tl.float32)
@@ -287,7 +297,7 @@ def _fused_sconv_kernel(
                     other=0.0,
                 ).to(tl.float32)
                 tap += tl.load(
-                    cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + ccol[None, :],
+                    cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + scol[None, :],
                     mask=from_cache[:, None] & cmask[None, :],
                     other=0.0,
                 ).to(tl.float32)
@@ -305,7 +315,7 @@ def _fused_sconv_kernel(
                     from_cache = (ps_k >= 0) & (hit_k < 0)
                     ps_k = tl.where(from_cache, ps_k, 0)
                     tap += tl.load(
-                        cache_ptr + ((ps_k // N) * stride_cb + (ps_k % N) * stride_cn)[:, None] + ccol[None, :],
+                        cache_ptr + ((ps_k // N) * stride_cb + (ps_k % N) * stride_cn)[:, None] + scol[None, :],
                         mask=from_cache[:, None] & cmask[None, :],
                         other=0.0,
                     ).to(tl.float32)
@@ -463,16 +473,18 @@ def launch_conv_streams(
     table = batch.block_table
     _fused_sconv_kernel[grid](
         first.x, first.weight2d, cache, first.out,
-        second.x, second.weight2d, second.out,
         batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
         batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
         prob.num_tokens, prob.channels, prob.num_slots,
         table.shape[0], table.shape[1],
-        first.x.stride(0), first.weight2d.stride(0), first.weight2d.stride(1),
-        second.x.stride(0), second.weight2d.stride(0), second.weight2d.stride(1),
+        first.weight2d.stride(0), first.weight2d.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         table.stride(0),
-        first.offset, second.offset,
+        first.offset,
+        first.x.stride(0),
+        second.x, second.weight2d, second.out,
+        second.x.stride(0), second.weight2d.stride(0), second.weight2d.stride(1),
+        second.offset,
         WS=stream_width, N=batch.block_size, W=prob.kernel_size, WP=taps_p2,
         BLOCK_T=block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
         SILU=activation == "silu", RESIDUAL=residual,
