@@ -37,9 +37,14 @@ def main() -> int:
     args = ap.parse_args()
     old, new = (json.loads(p.read_text()) for p in (args.before, args.after))
     by_name = {r["case"]: r for r in old["cases"]}
+    def copies(run: dict) -> str:  # runs before issue 14 have only the graph-timed copy, as copy_GBps
+        if run.get("copy_method") == "events":
+            return f"{run['copy_GBps']:.0f} (events loop), {run.get('copy_graph_GBps', 0):.0f} (graph)"
+        return f"{run.get('copy_GBps', 0):.0f} (graph)"
+
     lines = [
         f"device: {new.get('device')}; torch {new.get('torch')}, triton {new.get('triton')}; "
-        f"copy bandwidth before {old.get('copy_GBps', 0):.0f} GB/s, after {new.get('copy_GBps', 0):.0f} GB/s",
+        f"copy GB/s before {copies(old)}, after {copies(new)}",
         "",
         "| case | T | C | " + " | ".join(f"{name} µs before / after (new/old)" for name, _ in COLUMNS) + " |",
         "|---|---|---|" + "---|" * len(COLUMNS),

@@ -241,6 +241,34 @@ class PagedWorld:
         assert bool((got[rows:] == 12345).all()), "tap map wrote beyond its rows"
         return got
 
+    def prefix_hit_batch(self, hit: int, hit_first: bool, prompt_len: int = 22) -> Batch:
+        """docs/design.md §3.2: request A computes a prompt; request B, the same prompt,
+        hits A's first blocks (registered as cached when allocated) and computes the
+        rest in the same call, B's rows first (``hit_first``) or A's. B's pre-forward
+        taps name slots that A writes in this call; they are NaN before it, in every
+        stream. Needs a world with no requests yet."""
+        prompt = {s: self.randn(prompt_len, self.channels(s)).to(self.dtype) for s in range(len(self.streams))}
+        self.add_request(0, 0)  # A
+        a = self.reqs[0]
+        self._ensure_blocks(a, prompt_len - 1)
+        self.add_request(1, 0)  # B: prefix hit on A's first blocks
+        b = self.reqs[1]
+        b.table = list(a.table[: -(-hit // self.N)])
+        b.values = {s: prompt[s][:hit].clone() for s in prompt}
+        values = {0: prompt, 1: {s: prompt[s][hit:] for s in prompt}}
+        items = [(1, prompt_len - hit), (0, prompt_len)] if hit_first else [(0, prompt_len), (1, prompt_len - hit)]
+        batch = self.make_batch(items, num_pad=1, values=values)
+        for off, width in self.streams:
+            for p in range(hit - (self.W - 1), hit):
+                slot = self.slot(b, p)
+                self.cache[slot // self.N, :, slot % self.N, off : off + width] = float("nan")
+        return batch
+
+    def _ref_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A private copy of the storage and its cache view (for the reference op)."""
+        ref_storage = self.storage.clone()
+        return ref_storage, ref_storage[:, : self.cache[0].numel()].view(self.cache.shape)
+
     def run(
         self,
         batch: Batch,
@@ -257,8 +285,7 @@ class PagedWorld:
         sb = batch.sconv()
         before = self.storage.clone()
         # The reference op on a private copy of the cache.
-        ref_storage = self.storage.clone()
-        ref_cache = ref_storage[:, : self.cache[0].numel()].view(self.cache.shape)
+        ref_storage, ref_cache = self._ref_cache()
         ref_out = fused_sconv_ref(x, self.weights[s], ref_cache, sb, off, width, activation=activation, residual=residual)
 
         if impl == "reference":
@@ -283,28 +310,92 @@ class PagedWorld:
             )
         else:
             raise AssertionError(impl)
+        self.verify(batch, {s: (out, ref_out)}, before, ref_storage, activation, residual)
+        return out
 
+    def run_kv(
+        self,
+        batch: Batch,
+        impl: str,
+        *,
+        streams: tuple[int, int] = (0, 1),
+        q_cols: int = 24,
+        config: object = None,
+        activation: str | None = None,
+        residual: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One fused_sconv_kv call for the streams (K, V), with every check of
+        :meth:`run` for both, against two fused_sconv reference calls. k and v are
+        column slices of one qkv tensor ``[T, q_cols + 2C]`` (no copy; ``q_cols=0``
+        and K, V swapped in ``streams`` give other layouts)."""
+        from inkling_kernels import fused_sconv_kv
+        from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
+
+        sk, sv = streams
+        (k_off, width), (v_off, _) = self.streams[sk], self.streams[sv]
+        channels = self.channels(sk)
+        rows = batch.positions.shape[0]
+        qkv = torch.cat([self.randn(rows, q_cols).to(self.dtype), batch.x[sk], batch.x[sv]], dim=1)
+        k, v = qkv[:, q_cols : q_cols + channels], qkv[:, q_cols + channels :]
+        assert rows < 2 or k.stride() == (qkv.shape[1], 1)  # a slice of qkv, not a copy
+        sb = batch.sconv()
+        before = self.storage.clone()
+        ref_storage, ref_cache = self._ref_cache()
+        refs = [
+            fused_sconv_ref(batch.x[s], self.weights[s], ref_cache, sb, self.streams[s][0], width,
+                            activation=activation, residual=residual)
+            for s in (sk, sv)
+        ]
+        args = (k, v, self.weights[sk], self.weights[sv], self.cache)
+        epilogue = dict(activation=activation, residual=residual)
+        if impl == "reference":
+            outs = fused_sconv_kv(*args, sb, k_off, v_off, width, **epilogue)
+        elif impl in ("triton", "triton_map"):
+            poisoned = (torch.full_like(batch.x[sk], float("nan")), torch.full_like(batch.x[sv], float("nan")))
+            mapped = batch.sconv(tap_map=self.tap_map(batch)) if impl == "triton_map" else sb
+            outs = fused_sconv_kv_triton(*args, mapped, k_off, v_off, width, **epilogue, config=config,
+                                         out=poisoned, auto_map=False)
+            assert outs[0] is poisoned[0] and outs[1] is poisoned[1]
+        else:
+            raise AssertionError(impl)
+        self.verify(batch, {sk: (outs[0], refs[0]), sv: (outs[1], refs[1])}, before, ref_storage, activation, residual)
+        return outs
+
+    def verify(
+        self,
+        batch: Batch,
+        outs: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        before: torch.Tensor,
+        ref_storage: torch.Tensor,
+        activation: str | None,
+        residual: bool,
+    ) -> None:
+        """The checks of one call that convolved the streams in ``outs`` (stream ->
+        (output, the reference op's output)); ``before``: the storage before the call,
+        ``ref_storage``: after the reference op ran on a copy of it."""
         tol = TOL[self.dtype]
-        assert out.shape == x.shape and out.dtype == x.dtype
-        assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) output rows"
-        torch.testing.assert_close(out, ref_out, **tol)
-        # Oracle: the full-sequence causal conv of each request's inputs.
-        idx, exp = self.expected(batch, s, activation, residual)
-        torch.testing.assert_close(out[idx], exp, **tol)
-        # Cache: written slots hold x exactly; everything else is bit-identical.
         written = torch.zeros_like(before, dtype=torch.bool)
         wview = written[:, : self.cache[0].numel()].view(self.cache.shape)
         slots = batch.slot_mapping
         valid = (slots >= 0) & (slots < self.cache.shape[0] * self.N)
         vs = slots[valid]
-        wview[vs // self.N, :, vs % self.N, off : off + width] = True
+        for s, (out, ref_out) in outs.items():
+            x = batch.x[s]
+            off, width = self.streams[s]
+            assert out.shape == x.shape and out.dtype == x.dtype
+            assert not torch.isnan(out).any(), f"stream {s}: unwritten (NaN-poisoned) output rows"
+            torch.testing.assert_close(out, ref_out, **tol)
+            # Oracle: the full-sequence causal conv of each request's inputs.
+            idx, exp = self.expected(batch, s, activation, residual)
+            torch.testing.assert_close(out[idx], exp, **tol)
+            # Cache: written slots hold x exactly; everything else is bit-identical.
+            wview[vs // self.N, :, vs % self.N, off : off + width] = True
+            got = self.cache[vs // self.N, :, vs % self.N, off : off + width].reshape(-1, self.H * width)
+            assert torch.equal(bits(got.contiguous()), bits(x[valid])), f"stream {s}: written slots differ from x"
         assert torch.equal(bits(self.storage)[~written], bits(before)[~written]), (
             "cache elements outside the written slots' stream range changed"
         )
-        got = self.cache[vs // self.N, :, vs % self.N, off : off + width].reshape(-1, self.H * width)
-        assert torch.equal(bits(got.contiguous()), bits(x[valid])), "written slots differ from x"
         assert torch.equal(bits(self.storage), bits(ref_storage)), "cache differs from the reference op's"
-        return out
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -181,25 +181,9 @@ def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool) -> None:
     alignment of the hit on every path (an unaligned hit shares A's partial block)."""
     from inkling_kernels.sconv.kernel import SconvConfig
 
-    dtype = torch.bfloat16
-    world = PagedWorld(dtype=dtype, block_size=4, num_blocks=40, seed=99)
-    prompt_len = 22
-    prompt = {s: world.randn(prompt_len, world.channels(s)).to(dtype) for s in range(len(world.streams))}
-    world.add_request(0, 0)  # A
-    a = world.reqs[0]
-    world._ensure_blocks(a, prompt_len - 1)
-    world.add_request(1, 0)  # B: prefix hit on A's first hit // N blocks
-    b = world.reqs[1]
-    b.table = list(a.table[: -(-hit // world.N)])
-    b.values = {s: prompt[s][:hit].clone() for s in prompt}
-    values = {0: prompt, 1: {s: prompt[s][hit:] for s in prompt}}
-    items = [(1, prompt_len - hit), (0, prompt_len)] if hit_first else [(0, prompt_len), (1, prompt_len - hit)]
-    batch = world.make_batch(items, num_pad=1, values=values)
+    world = PagedWorld(dtype=torch.bfloat16, block_size=4, num_blocks=40, seed=99)
+    batch = world.prefix_hit_batch(hit, hit_first)
     for s in range(len(world.streams)):
-        off, width = world.streams[s]
-        for p in range(hit - (world.W - 1), hit):
-            slot = world.slot(b, p)
-            world.cache[slot // world.N, :, slot % world.N, off : off + width] = float("nan")
         # Small tiles, so A's and B's rows sit in different programs.
         cfg = SconvConfig(block_t=4, block_c=8, num_warps=1, scan=8)
         world.run(batch, s, impl, config=cfg if impl != "reference" else None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -113,6 +114,28 @@ def test_inkling_shapes_vs_reference(
     assert torch.equal(bits(storage.cpu()), bits(world.storage))
 
 
+def _replay_step(world: PagedWorld, rng: random.Random, st: dict[str, torch.Tensor], rows: int, reqs: int) -> Any:
+    """A new random batch of ``rows`` rows (decodes, short chunks, pad rows) from new
+    requests with long histories; its metadata copied into the static buffers ``st``."""
+    items = []
+    rid = len(world.reqs)
+    n_left = rows - rng.randint(0, 8)
+    while n_left > 0 and len(items) < reqs:
+        n = min(n_left, rng.choice([1, 1, 1, 4, 17]))
+        world.add_request(rid, rng.randint(0, 2000))
+        items.append((rid, n))
+        rid += 1
+        n_left -= n
+    batch = world.make_batch(items, num_pad=rows - sum(n for _, n in items))
+    st["positions"].copy_(batch.positions)
+    st["table"].zero_()
+    st["table"][: batch.block_table.shape[0], : batch.block_table.shape[1]].copy_(batch.block_table)
+    st["seq"].copy_(batch.seq_idx)
+    st["slots"].copy_(batch.slot_mapping)
+    st["qs"].copy_(batch.query_start)
+    return batch
+
+
 @pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
 def test_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
     """Capture one launch with static buffers; replay it over different batches
@@ -150,25 +173,9 @@ def test_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
     with torch.cuda.graph(graph):
         static_out = launch()
     for step in range(6):
-        items = []
-        rid = len(world.reqs)
-        n_left = T - rng.randint(0, 8)
-        while n_left > 0 and len(items) < R:
-            n = min(n_left, rng.choice([1, 1, 1, 4, 17]))
-            world.add_request(rid, rng.randint(0, 2000))
-            items.append((rid, n))
-            rid += 1
-            n_left -= n
-        used = sum(n for _, n in items)
-        batch = world.make_batch(items, num_pad=T - used)
+        batch = _replay_step(world, rng, st, T, R)
         storage.copy_(world.storage)  # same pre-state as the CPU world
         st["x"].copy_(batch.x[0])
-        st["positions"].copy_(batch.positions)
-        st["table"].zero_()
-        st["table"][: batch.block_table.shape[0], : batch.block_table.shape[1]].copy_(batch.block_table)
-        st["seq"].copy_(batch.seq_idx)
-        st["slots"].copy_(batch.slot_mapping)
-        st["qs"].copy_(batch.query_start)
         graph.replay()
         torch.cuda.synchronize()
         ref = world.run(batch, 0, "reference")
@@ -256,3 +263,127 @@ def test_fused_sconv_ref_on_cuda_matches() -> None:
     batch = _batch([d["positions"], d["table"], d["seq"], d["slots"], d["qs"]], d["n"])
     out = fused_sconv_ref(d["x"], d["weight"], d["cache"], batch, d["off"], d["width"])
     torch.testing.assert_close(out.float(), d["expected"].float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+# --- fused_sconv_kv: K and V in one launch, on the slices of a qkv tensor ---------
+
+# (name, KV heads per rank, D, q heads per rank): 975B attention layers, K at 0 and V
+# at 128 (head_dim 128).
+KV_SHAPES = [("global", 8, 2048, 64), ("sliding", 16, 1024, 64), ("global-tp8", 1, 2048, 8),
+             ("sliding-tp8", 2, 1024, 8)]
+KV_STREAMS = ((0, 128), (128, 128))
+
+
+def _kv_conv(path: str, qkv: torch.Tensor, q_cols: int, world: PagedWorld, cache: torch.Tensor,
+             meta: list[torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused_sconv_kv launch on GPU copies: the map-less kernel (forced), the public
+    op without a map (auto) or on the batch carrying the step's map."""
+    from inkling_kernels import fused_sconv_kv
+    from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
+
+    c = world.channels(0)
+    k, v = qkv[:, q_cols : q_cols + c], qkv[:, q_cols + c :]
+    weights = (world.weights[0].cuda(), world.weights[1].cuda())
+    if path == "no-map":
+        return fused_sconv_kv_triton(k, v, *weights, cache, _batch(meta, n), 0, 128, 128, auto_map=False)
+    batch = _gpu_map(meta, n) if path == "map" else _batch(meta, n)
+    return fused_sconv_kv(k, v, *weights, cache, batch, 0, 128, 128)
+
+
+def _qkv(world: PagedWorld, batch: Any, q_cols: int) -> torch.Tensor:
+    rows = batch.positions.shape[0]
+    return torch.cat([torch.randn(rows, q_cols).to(world.dtype), batch.x[0], batch.x[1]], dim=1).cuda()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", KV_SHAPES, ids=[s[0] for s in KV_SHAPES])
+def test_kv_inkling_shapes_vs_reference(shape: tuple, dtype: torch.dtype, path: str,
+                                        case_seed: Callable[..., int]) -> None:
+    name, heads, head_size, q_heads = shape
+    rng = random.Random(case_seed(name, str(dtype)) % 10_000)
+    world = PagedWorld(num_heads=heads, head_size=head_size, streams=KV_STREAMS, dtype=dtype,
+                       num_blocks=400, page_pad=64, seed=rng.randint(0, 999))
+    batch = world.make_batch(_mixed(world, rng), num_pad=5)
+    storage, cache = _gpu_copy(world)
+    meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
+    outs = _kv_conv(path, _qkv(world, batch, q_heads * 128), q_heads * 128, world, cache, meta, 4)
+    torch.cuda.synchronize()
+    refs = world.run_kv(batch, "reference")  # CPU: two fused_sconv references + oracle
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
+    assert torch.equal(bits(storage.cpu()), bits(world.storage))
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
+def test_kv_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
+    """One captured K+V launch (with the map build when ``mapped``) on static buffers,
+    k and v slices of a static qkv buffer; replayed over different batches."""
+    from inkling_kernels import fused_sconv_kv
+
+    rng = random.Random(8)
+    heads, head_size, q_cols = 8, 2048, 64 * 128
+    world = PagedWorld(num_heads=heads, head_size=head_size, streams=KV_STREAMS, dtype=torch.bfloat16,
+                       num_blocks=3000, seed=8)
+    T, R, max_blocks, c = 96, 48, 1024, heads * 128
+    storage, cache = _gpu_copy(world)
+    st = dict(
+        qkv=torch.zeros(T, q_cols + 2 * c, dtype=torch.bfloat16, device="cuda"),
+        positions=torch.zeros(T, dtype=torch.int64, device="cuda"),
+        table=torch.zeros(R, max_blocks, dtype=torch.int32, device="cuda"),
+        seq=torch.zeros(T, dtype=torch.int32, device="cuda"),
+        slots=torch.full((T,), -1, dtype=torch.int64, device="cuda"),
+        qs=torch.zeros(T, dtype=torch.int32, device="cuda"),
+    )
+    weights = (world.weights[0].cuda(), world.weights[1].cuda())
+    tap_map = torch.zeros(T, 3, dtype=torch.int64, device="cuda")
+
+    def launch() -> tuple[torch.Tensor, torch.Tensor]:
+        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
+        if mapped:
+            batch = sconv_tap_map(batch, tap_map)
+        _, k, v = st["qkv"].split([q_cols, c, c], dim=-1)
+        return fused_sconv_kv(k, v, *weights, cache, batch, 0, 128, 128)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch()  # warm-up/compile outside capture (pad rows only: slot -1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_k, static_v = launch()
+    for step in range(6):
+        batch = _replay_step(world, rng, st, T, R)
+        storage.copy_(world.storage)
+        st["qkv"].copy_(torch.cat([torch.randn(T, q_cols).to(torch.bfloat16), batch.x[0], batch.x[1]], dim=1))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_k, ref_v = world.run_kv(batch, "reference")
+        torch.testing.assert_close(static_k.cpu(), ref_k, **TOL[torch.bfloat16])
+        torch.testing.assert_close(static_v.cpu(), ref_v, **TOL[torch.bfloat16])
+        assert torch.equal(bits(storage.cpu()), bits(world.storage)), f"cache differs at step {step}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
+@pytest.mark.parametrize("hit", [512, 513], ids=["aligned", "unaligned"])
+def test_kv_same_step_hazard_many_launches(b_first: bool, hit: int, path: str) -> None:
+    """A computes a 1024-token prompt, B hits its first ``hit`` tokens in the same
+    launch; B's pre-forward K and V slots are NaN before every launch."""
+    world = PagedWorld(num_heads=8, head_size=2048, streams=KV_STREAMS, dtype=torch.bfloat16,
+                       num_blocks=600, seed=hit)
+    batch = world.prefix_hit_batch(hit, b_first, prompt_len=1024)
+    poisoned = world.storage.clone()
+    qkv = _qkv(world, batch, 0)
+    meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
+    refs = world.run_kv(batch, "reference", q_cols=0)
+    storage, cache = _gpu_copy(world)
+    stale = 0
+    for _ in range(100):
+        storage.copy_(poisoned)
+        outs = _kv_conv(path, qkv, 0, world, cache, meta, 4)
+        stale += int(any(
+            (~torch.isclose(o.float().cpu(), r.float(), rtol=1.6e-2, atol=1.6e-2)).any() for o, r in zip(outs, refs)
+        ))
+    assert stale == 0, f"{stale} of 100 launches had a stale tap"

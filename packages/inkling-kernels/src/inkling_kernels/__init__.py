@@ -7,6 +7,7 @@ Public API:
 - :class:`SconvBatch` — the step's per-token metadata, built and validated once per
   step and KV-cache group, handed to every conv launch;
 - :func:`fused_sconv`, :func:`fused_sconv_add_rmsnorm` — the conv ops, on a batch;
+  :func:`fused_sconv_kv` — the K and V convs of a layer in one launch;
   :func:`fused_sconv_vllm` — the drop-in with vLLM's in-tree signature;
 - :func:`sconv_seq_metadata`, :func:`sconv_tap_map` — the per-step metadata ops;
 - the references (``*_ref``, :func:`causal_conv_ref`) and the relative-logit
@@ -14,7 +15,7 @@ Public API:
 
 Every op is a ``torch.ops.inkling.*`` custom op; CPU tensors run the reference, CUDA
 tensors the Triton kernel (:func:`uses_triton`). One folder per op (``sconv/``,
-``sconv_add_rmsnorm/``, ``tap_map/``, ``seq_metadata/``, ``rel_attention/``: the
+``sconv_add_rmsnorm/``, ``sconv_kv/``, ``tap_map/``, ``seq_metadata/``, ``rel_attention/``: the
 public function in ``__init__.py``, ``kernel.py``, ``reference.py``); host checks in
 :mod:`inkling_kernels.checks`; shared Triton helpers in ``_triton_common.py`` and their
 PyTorch twins in ``_reference_common.py``.
@@ -26,6 +27,7 @@ from .checks import ACTIVATION_DTYPES as SUPPORTED_DTYPES
 from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
 from .sconv import causal_conv_ref, fused_sconv, fused_sconv_ref, fused_sconv_vllm
 from .sconv_add_rmsnorm import fused_sconv_add_rmsnorm, fused_sconv_add_rmsnorm_ref
+from .sconv_kv import fused_sconv_kv, fused_sconv_kv_ref
 from .seq_metadata import sconv_seq_metadata, sconv_seq_metadata_ref
 from .tap_map import sconv_tap_map, sconv_tap_map_ref
 
@@ -38,6 +40,8 @@ __all__ = [
     "fused_sconv",
     "fused_sconv_add_rmsnorm",
     "fused_sconv_add_rmsnorm_ref",
+    "fused_sconv_kv",
+    "fused_sconv_kv_ref",
     "fused_sconv_ref",
     "fused_sconv_vllm",
     "paged_rel_attention",

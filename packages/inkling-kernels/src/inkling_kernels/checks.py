@@ -7,7 +7,8 @@ Two kinds, run at two rates:
 - :func:`check_conv_call` validates what one launch adds to the batch (``x``, the
   weight, the cache, the stream range) and checks the cache against the batch (its
   block dimension, the token count, the device): once per launch. The fused
-  conv + norm op adds :func:`check_norm_extras`.
+  conv + norm op adds :func:`check_norm_extras`; the K+V launch (``fused_sconv_kv``)
+  runs :func:`check_kv_call` instead, the same checks per stream plus the pair's.
 
 Nothing here reads tensor values or synchronises with the device, so every check is
 safe inside CUDA-graph capture. Values (slots, positions) are not inspected; the
@@ -165,55 +166,77 @@ def check_tap_map_call(batch: object, tap_map_out: object) -> int:
     return batch.kernel_size
 
 
-def check_conv_call(
-    x: object,
-    weight: object,
-    cache: object,
-    batch: object,
-    stream_offset: object,
-    stream_width: object,
-    activation: object = None,
-    residual: object = True,
-) -> SconvProblem:
-    """Validate one conv launch on a (valid) batch; raise TypeError/ValueError saying
-    what to change. The cache's block dimension is N: it must be the batch's."""
-    from .batch import SconvBatch
-
-    if not isinstance(batch, SconvBatch):
-        raise TypeError(f"batch must be an inkling_kernels.SconvBatch, got {type(batch).__name__}")
-    x = need_tensor("x", x)
-    weight = need_tensor("weight", weight)
-    cache = need_tensor("cache", cache)
-    stream_offset = need_int("stream_offset", stream_offset)
-    stream_width = need_int("stream_width", stream_width, 1)
+def _check_epilogue(activation: object, residual: object) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be None or 'silu', got {activation!r}")
     if not isinstance(residual, bool):
         raise TypeError(f"residual must be a bool, got {type(residual).__name__}")
 
+
+def _need_batch(batch: object) -> SconvBatch:
+    from .batch import SconvBatch
+
+    if not isinstance(batch, SconvBatch):
+        raise TypeError(f"batch must be an inkling_kernels.SconvBatch, got {type(batch).__name__}")
+    return batch
+
+
+def _check_stream(
+    x_name: str,
+    x: object,
+    w_name: str,
+    weight: object,
+    cache: object,
+    batch: SconvBatch,
+    offset_name: str,
+    stream_offset: object,
+    stream_width: int,
+    *,
+    row_strided: bool,
+) -> SconvProblem:
+    """One stream of a conv launch: its input rows, its weight, its range inside the
+    cache's D, and the cache against the batch. ``row_strided``: ``x`` may be a
+    column slice of a wider tensor (unit column stride, rows that do not overlap);
+    otherwise it must be contiguous."""
+    x = need_tensor(x_name, x)
+    weight = need_tensor(w_name, weight)
+    cache = need_tensor("cache", cache)
+    stream_offset = need_int(offset_name, stream_offset)
+
     if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [T, H*stream_width], got shape {tuple(x.shape)}")
+        raise ValueError(f"{x_name} must be 2-D [T, H*stream_width], got shape {tuple(x.shape)}")
     if x.dtype not in ACTIVATION_DTYPES:
-        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
-    if not x.is_contiguous():
-        raise ValueError("x must be contiguous: pass x.contiguous()")
+        raise TypeError(f"{x_name} must be bfloat16, float16 or float32, got {x.dtype}")
+    if not row_strided:
+        if not x.is_contiguous():
+            raise ValueError(f"{x_name} must be contiguous: pass {x_name}.contiguous()")
+    elif x.shape[0] > 0 and x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(
+            f"{x_name} must have unit column stride (a column slice of the projection "
+            f"output is fine), got strides {tuple(x.stride())}: pass {x_name}.contiguous()"
+        )
+    elif x.shape[0] > 1 and x.stride(0) < x.shape[1]:
+        raise ValueError(
+            f"{x_name}'s rows overlap: row stride {x.stride(0)} < its {x.shape[1]} columns; "
+            f"pass {x_name}.contiguous()"
+        )
     if x.shape[0] != batch.num_tokens:
         raise ValueError(
-            f"x has {x.shape[0]} rows but the batch describes {batch.num_tokens} tokens: "
-            "pad x to the batch's (padded) token count"
+            f"{x_name} has {x.shape[0]} rows but the batch describes {batch.num_tokens} tokens: "
+            f"pad {x_name} to the batch's (padded) token count"
         )
     if x.device != batch.device:
-        raise ValueError(f"x is on {x.device} but the batch is on {batch.device}")
+        raise ValueError(f"{x_name} is on {x.device} but the batch is on {batch.device}")
 
     if cache.dim() != 4:
         raise ValueError(f"cache must be 4-D [num_blocks, H, N, D], got shape {tuple(cache.shape)}")
     if cache.dtype != x.dtype:
         raise TypeError(
-            f"cache dtype {cache.dtype} differs from x dtype {x.dtype}: the cache stores "
+            f"cache dtype {cache.dtype} differs from {x_name} dtype {x.dtype}: the cache stores "
             "the conv inputs, so both must have the same dtype"
         )
     if cache.device != x.device:
-        raise ValueError(f"cache is on {cache.device} but x is on {x.device}")
+        raise ValueError(f"cache is on {cache.device} but {x_name} is on {x.device}")
     num_blocks, num_heads, cache_block, head_size = cache.shape
     if head_size > 1 and cache.stride(3) != 1:
         raise ValueError(
@@ -228,43 +251,104 @@ def check_conv_call(
         )
     if stream_offset < 0 or stream_offset + stream_width > head_size:
         raise ValueError(
-            f"stream range [{stream_offset}, {stream_offset + stream_width}) lies outside "
-            f"the cache's head size D = {head_size}"
+            f"stream range [{stream_offset}, {stream_offset + stream_width}) ({offset_name}) lies "
+            f"outside the cache's head size D = {head_size}"
         )
     channels = x.shape[1]
     if channels != num_heads * stream_width:
         raise ValueError(
-            f"x has {channels} channels but the cache has H = {num_heads} heads of stream "
+            f"{x_name} has {channels} channels but the cache has H = {num_heads} heads of stream "
             f"width {stream_width} (H*stream_width = {num_heads * stream_width})"
         )
 
     if weight.dim() == 3 and weight.shape[1] != 1:
-        raise ValueError(f"a 3-D weight must be (dim, 1, W), got shape {tuple(weight.shape)}")
+        raise ValueError(f"a 3-D {w_name} must be (dim, 1, W), got shape {tuple(weight.shape)}")
     if weight.dim() not in (2, 3):
-        raise ValueError(f"weight must be (dim, W) or (dim, 1, W), got shape {tuple(weight.shape)}")
+        raise ValueError(f"{w_name} must be (dim, W) or (dim, 1, W), got shape {tuple(weight.shape)}")
     if weight.shape[0] != channels:
         raise ValueError(
-            f"weight has {weight.shape[0]} channels but x has {channels}: pass this "
-            "rank's shard of the weight"
+            f"{w_name} has {weight.shape[0]} channels but {x_name} has {channels}: pass this "
+            f"rank's shard of the weight"
         )
     kernel_size = int(weight.shape[-1])
     if kernel_size < 2:
-        raise ValueError(f"kernel size W (weight.shape[-1]) must be >= 2, got {kernel_size}")
+        raise ValueError(f"kernel size W ({w_name}.shape[-1]) must be >= 2, got {kernel_size}")
     if batch.kernel_size is not None and kernel_size != batch.kernel_size:
         raise ValueError(
-            f"the weight's kernel size {kernel_size} differs from the batch's kernel_size "
+            f"{w_name}'s kernel size {kernel_size} differs from the batch's kernel_size "
             f"{batch.kernel_size}: build the batch for this layer group's W"
         )
     if weight.dtype not in (torch.float32, x.dtype):
-        raise TypeError(f"weight must be float32 or x's dtype {x.dtype}, got {weight.dtype}")
+        raise TypeError(f"{w_name} must be float32 or {x_name}'s dtype {x.dtype}, got {weight.dtype}")
     if weight.device != x.device:
-        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+        raise ValueError(f"{w_name} is on {weight.device} but {x_name} is on {x.device}")
     if batch.tap_map is not None and num_blocks * cache_block > TAP_MAP_MAX_SLOTS:
         raise ValueError(
             f"the cache has {num_blocks * cache_block} slots; a tap_map addresses at most "
             "2**31: build the batch without a tap map"
         )
     return SconvProblem.of(x, weight, cache)
+
+
+def check_conv_call(
+    x: object,
+    weight: object,
+    cache: object,
+    batch: object,
+    stream_offset: object,
+    stream_width: object,
+    activation: object = None,
+    residual: object = True,
+) -> SconvProblem:
+    """Validate one conv launch on a (valid) batch; raise TypeError/ValueError saying
+    what to change. The cache's block dimension is N: it must be the batch's."""
+    batch = _need_batch(batch)
+    stream_width = need_int("stream_width", stream_width, 1)
+    _check_epilogue(activation, residual)
+    return _check_stream(
+        "x", x, "weight", weight, cache, batch, "stream_offset", stream_offset, stream_width, row_strided=False
+    )
+
+
+def check_kv_call(
+    k: object,
+    v: object,
+    k_weight: object,
+    v_weight: object,
+    cache: object,
+    batch: object,
+    k_offset: object,
+    v_offset: object,
+    head_dim: object,
+    activation: object = None,
+    residual: object = True,
+) -> tuple[SconvProblem, SconvProblem]:
+    """Validate one launch of the K and V convs together (``fused_sconv_kv``): each
+    stream as :func:`check_conv_call` checks one, except that ``k`` and ``v`` may be
+    column slices of the projection output (unit column stride, any row stride); then
+    that they are the K and V of the same heads: one shape, dtype and kernel size,
+    disjoint ranges of the cache's D. Returns the two streams' problems."""
+    batch = _need_batch(batch)
+    head_dim = need_int("head_dim", head_dim, 1)
+    k_offset = need_int("k_offset", k_offset)
+    v_offset = need_int("v_offset", v_offset)
+    _check_epilogue(activation, residual)
+    # Each stream's rows, dtype and width are checked against the batch and the cache,
+    # so k and v have one shape and dtype once both pass.
+    pk = _check_stream("k", k, "k_weight", k_weight, cache, batch, "k_offset", k_offset, head_dim, row_strided=True)
+    pv = _check_stream("v", v, "v_weight", v_weight, cache, batch, "v_offset", v_offset, head_dim, row_strided=True)
+    if pk.kernel_size != pv.kernel_size:
+        raise ValueError(
+            f"k_weight has kernel size {pk.kernel_size} but v_weight has {pv.kernel_size}: the K "
+            "and V convs of a layer share W"
+        )
+    if abs(k_offset - v_offset) < head_dim:
+        raise ValueError(
+            f"the K range [{k_offset}, {k_offset + head_dim}) and the V range [{v_offset}, "
+            f"{v_offset + head_dim}) overlap inside D: pass the layout's K and V offsets "
+            "(0 and head_dim in the packed layout)"
+        )
+    return pk, pv
 
 
 def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_weight: object, eps: object) -> None:

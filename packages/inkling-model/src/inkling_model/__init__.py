@@ -14,7 +14,7 @@ from .checkpoint import (
 from .fused_norm import InklingShortConvAddRMSNorm, paged_short_conv_add_rmsnorm
 from .metadata import RelAttentionMetadata, SconvMetadata, SconvMetadataBuilder
 from .runtime import BlockAllocator, OutOfBlocksError, PagedConvRuntime, RuntimeStep, ScheduledChunk
-from .sconv import InklingShortConv, paged_short_conv
+from .sconv import InklingShortConv, paged_short_conv, paged_short_conv_kv, short_conv_kv
 from .state import (
     ConvStateOwner,
     MetadataProvider,
@@ -57,8 +57,10 @@ __all__ = [
     "paged_rel_attention",
     "paged_short_conv",
     "paged_short_conv_add_rmsnorm",
+    "paged_short_conv_kv",
     "release_to_transformers",
     "set_metadata_provider",
+    "short_conv_kv",
     "transformers_to_release",
     "weight_kind",
 ]

@@ -9,6 +9,11 @@ The call goes through the custom op ``torch.ops.inkling_model.paged_short_conv``
 which finds the owner (by name) and the current metadata (through the provider) when
 it *runs*, not when it is traced: an engine that traces the model on its profiling
 pass (no metadata, no cache) gets a graph that still convolves on later passes.
+
+:func:`short_conv_kv` runs a layer's K and V convs together, in one launch
+(``inkling_kernels.fused_sconv_kv``), on k and v as they come out of a fused QKV
+projection (column slices, no copy); its custom op is
+``torch.ops.inkling_model.paged_short_conv_kv``.
 """
 
 # No ``from __future__ import annotations``: torch.library infers the op schema
@@ -19,11 +24,11 @@ import torch
 from torch import nn
 
 from inkling_cache import Stream
-from inkling_kernels import fused_sconv
+from inkling_kernels import fused_sconv, fused_sconv_kv
 
 from .state import ConvStateOwner, live_state
 
-__all__ = ["InklingShortConv", "paged_short_conv"]
+__all__ = ["InklingShortConv", "paged_short_conv", "paged_short_conv_kv", "short_conv_kv"]
 
 
 @torch.library.custom_op("inkling_model::paged_short_conv", mutates_args=())
@@ -167,3 +172,82 @@ class InklingShortConv(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kernel_size={self.kernel_size}, stream={self.stream.name}, owner={self.owner.name!r}"
+
+
+def _unit_columns(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its columns are adjacent (a column slice of the projection
+    output; any row stride), else a contiguous copy."""
+    return x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
+
+
+@torch.library.custom_op("inkling_model::paged_short_conv_kv", mutates_args=())
+def paged_short_conv_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_weight: torch.Tensor,
+    v_weight: torch.Tensor,
+    owner_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged short convs of ``k`` and ``v`` (``[T, C]`` each, any row stride) for owner
+    ``owner_name``'s K and V streams, in one launch.
+
+    Writes both into the owner's cache and returns ``(k + conv(k), v + conv(v))`` as
+    new contiguous tensors, on the step's batch from the metadata provider; with no
+    batch for this owner or no bound cache, contiguous copies of ``k`` and ``v``.
+    """
+    state = live_state(owner_name)
+    if state is None:
+        like = dict(memory_format=torch.contiguous_format)
+        return k.clone(**like), v.clone(**like)
+    owner, batch = state
+    k_offset, width = owner.stream_range(Stream.K)
+    v_offset, _ = owner.stream_range(Stream.V)
+    return fused_sconv_kv(
+        _unit_columns(k), _unit_columns(v), k_weight, v_weight, owner.cache, batch, k_offset, v_offset, width
+    )
+
+
+@paged_short_conv_kv.register_fake
+def _paged_short_conv_kv_fake(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_weight: torch.Tensor,
+    v_weight: torch.Tensor,
+    owner_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def short_conv_kv(
+    k_conv: InklingShortConv,
+    v_conv: InklingShortConv,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's K and V short convs in one launch: equal to ``(k_conv(k), v_conv(v))``.
+
+    ``k_conv``, ``v_conv``: the layer's :class:`InklingShortConv` of ``Stream.K`` and
+    ``Stream.V`` on one owner (they hold the weights; loading is unchanged). ``k``, ``v``:
+    ``[T, dim]`` each, in one dtype; column slices of a fused QKV projection output
+    (``qkv.split([q_size, kv_size, kv_size], -1)``) go in as they are, without a copy.
+    Returns two new contiguous ``[T, dim]`` tensors. ``positions`` is accepted for the
+    decoder layers' calling convention and not read (the batch carries them).
+    """
+    for conv, want in ((k_conv, Stream.K), (v_conv, Stream.V)):
+        if not isinstance(conv, InklingShortConv) or conv.stream != want:
+            raise ValueError(
+                f"short_conv_kv takes the layer's InklingShortConv of Stream.K, then of Stream.V; "
+                f"got {conv!r} where {want.name} belongs"
+            )
+    if k_conv.owner is not v_conv.owner:
+        raise ValueError(
+            f"the K conv is on owner {k_conv.owner.name!r} and the V conv on {v_conv.owner.name!r}: "
+            "both streams of one launch live in one layer's cache"
+        )
+    for name, x in (("k", k), ("v", v)):
+        if x.dim() != 2 or x.shape[1] != k_conv.dim:
+            raise ValueError(f"{name} must be [num_tokens, {k_conv.dim}], got {tuple(x.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}: one row per token each")
+    return paged_short_conv_kv(k, v, k_conv.weight, v_conv.weight, k_conv.owner.name)

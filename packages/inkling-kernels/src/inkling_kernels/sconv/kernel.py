@@ -13,6 +13,13 @@ accumulation. The grid is ``(H * cdiv(stream_width, BLOCK_C), cdiv(T, BLOCK_T))`
 it depends only on T, nothing is allocated besides ``out`` and nothing syncs with
 the host, so the launch replays under CUDA graphs.
 
+Two streams in one launch (``STREAMS=2``: ``inkling_kernels.sconv_kv``, the K and V
+convs of a layer): every program resolves its rows' taps once (the prologue, or the
+map's codes) and then runs the main phase for each stream at its own offset in D,
+reading each stream's rows through its own row stride (column slices of the QKV
+projection output, no copy). The same grid, tiles and map decision as one stream of
+that shape.
+
 Same-step hazard (docs/design.md §3.2): a request that prefix-hit blocks which another
 request writes in this very launch reads those slots as pre-forward taps, and program
 order on the GPU is undefined. With the step's tap map (``batch.tap_map``) the map says
@@ -46,7 +53,10 @@ from .._triton_common import decode_tap_codes, match_last_writer, pow2_ceil, res
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 
-__all__ = ["MAP_MIN_WORK", "SconvConfig", "choose_config", "fused_sconv_triton", "launch_fused_sconv"]
+__all__ = [
+    "MAP_MIN_WORK", "ConvStream", "SconvConfig", "choose_config", "fused_sconv_triton", "launch_conv_streams",
+    "launch_fused_sconv",
+]
 
 
 @triton.jit
@@ -177,6 +187,16 @@ def _fused_sconv_kernel(
     stride_cn,
     stride_table,
     stream_offset,
+    # the two-stream launch only (after the one-stream kernel's arguments, which keep
+    # their order): the first stream's x row stride, then the second stream
+    stride_x,
+    x2_ptr,
+    w2_ptr,
+    out2_ptr,
+    stride_x2,
+    stride_w2c,
+    stride_w2k,
+    stream_offset2,
     WS: tl.constexpr,
     N: tl.constexpr,
     W: tl.constexpr,
@@ -193,6 +213,7 @@ def _fused_sconv_kernel(
     ONE_CHUNK: tl.constexpr,
     HPT: tl.constexpr,
     USE_MAP: tl.constexpr,
+    STREAMS: tl.constexpr,
 ):
     # Channel chunks vary fastest: the programs of one row block run together
     # (shared shifted-row reads in L2; a row block that scans never trails).
@@ -233,72 +254,89 @@ def _fused_sconv_kernel(
             N, W, WP, BLOCK_T, SCAN, HAZARD_SCAN, SLOT32, EARLY_SCAN_LOADS, ONE_CHUNK,
         )
 
-    # -- Main phase: one x tile, its slot store, W taps, fp32 accumulation.
-    xmask = rmask[:, None] & cmask[None, :]
-    x_tile = tl.load(x_ptr + rows64[:, None] * channels + chan[None, :], mask=xmask, other=0.0)
-    wmask = rmask & (slot >= 0) & (slot < num_slots)
-    wslot = tl.where(wmask, slot, 0)
-    dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
-    tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None] & cmask[None, :])
-
-    w_cur = tl.load(w_ptr + chan * stride_wc + (W - 1) * stride_wk, mask=cmask, other=0.0).to(tl.float32)
-    acc = w_cur[None, :] * x_tile.to(tl.float32)
-    for k in tl.static_range(W - 1):
-        dist = k + 1  # constexpr: k comes from static_range
-        wv = tl.load(w_ptr + chan * stride_wc + (W - 1 - dist) * stride_wk, mask=cmask, other=0.0).to(tl.float32)
-        if USE_MAP:
-            code = tl.sum(tl.where(kk[None, :] == k, codes, 0), axis=1)  # column k
-            xrow, cslot = decode_tap_codes(code, num_slots)
-            from_x = xrow >= 0
-            from_cache = cslot >= 0
-            xrow = tl.where(from_x, xrow, 0)
-            cslot = tl.where(from_cache, cslot, 0)
-            tap = tl.load(
-                x_ptr + xrow[:, None] * channels + chan[None, :],
-                mask=from_x[:, None] & cmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            tap += tl.load(
-                cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + ccol[None, :],
-                mask=from_cache[:, None] & cmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
+    # -- Main phase, per stream (two: the K+V launch of sconv_kv, sharing the tap
+    # resolution above): one x tile, its slot store, W taps, fp32 accumulation.
+    # STREAMS == 1 compiles to the one-stream kernel as it was before the K+V launch
+    # existed (x rows contiguous: row stride = channels, no second stream's values
+    # live; benchmarks/compare_codegen.py checks the PTX): the general form cost
+    # 4-9 % on small launches (benchmarks/RESULTS_sconv_kv.md).
+    for s in tl.static_range(STREAMS):
+        if s == 0:
+            xs_ptr, ws_ptr, outs_ptr = x_ptr, w_ptr, out_ptr
+            swc, swk, scol = stride_wc, stride_wk, ccol
+            if STREAMS == 1:
+                sx = channels
+            else:
+                sx = stride_x
         else:
-            trow = rows64 - dist
-            in_fwd = rmask & (pos - dist >= 0) & (trow >= qs) & (trow >= 0)
-            tap = tl.load(
-                x_ptr + trow[:, None] * channels + chan[None, :],
-                mask=in_fwd[:, None] & cmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            if any_pre:
-                ps_k = tl.max(tl.where(kk[None, :] == k, pslot2, -1), axis=1)
-                hit_k = tl.max(tl.where(kk[None, :] == k, hit2, -1), axis=1)
-                from_cache = (ps_k >= 0) & (hit_k < 0)
-                ps_k = tl.where(from_cache, ps_k, 0)
+            xs_ptr, ws_ptr, outs_ptr = x2_ptr, w2_ptr, out2_ptr
+            sx, swc, swk = stride_x2, stride_w2c, stride_w2k
+            scol = ccol + (stream_offset2 - stream_offset)
+        xmask = rmask[:, None] & cmask[None, :]
+        x_tile = tl.load(xs_ptr + rows64[:, None] * sx + chan[None, :], mask=xmask, other=0.0)
+        wmask = rmask & (slot >= 0) & (slot < num_slots)
+        wslot = tl.where(wmask, slot, 0)
+        dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
+        tl.store(cache_ptr + dst[:, None] + scol[None, :], x_tile, mask=wmask[:, None] & cmask[None, :])
+
+        w_cur = tl.load(ws_ptr + chan * swc + (W - 1) * swk, mask=cmask, other=0.0).to(tl.float32)
+        acc = w_cur[None, :] * x_tile.to(tl.float32)
+        for k in tl.static_range(W - 1):
+            dist = k + 1  # constexpr: k comes from static_range
+            wv = tl.load(ws_ptr + chan * swc + (W - 1 - dist) * swk, mask=cmask, other=0.0).to(tl.float32)
+            if USE_MAP:
+                code = tl.sum(tl.where(kk[None, :] == k, codes, 0), axis=1)  # column k
+                xrow, cslot = decode_tap_codes(code, num_slots)
+                from_x = xrow >= 0
+                from_cache = cslot >= 0
+                xrow = tl.where(from_x, xrow, 0)
+                cslot = tl.where(from_cache, cslot, 0)
+                tap = tl.load(
+                    xs_ptr + xrow[:, None] * sx + chan[None, :],
+                    mask=from_x[:, None] & cmask[None, :],
+                    other=0.0,
+                ).to(tl.float32)
                 tap += tl.load(
-                    cache_ptr + ((ps_k // N) * stride_cb + (ps_k % N) * stride_cn)[:, None] + ccol[None, :],
+                    cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + scol[None, :],
                     mask=from_cache[:, None] & cmask[None, :],
                     other=0.0,
                 ).to(tl.float32)
-                if HAZARD_SCAN:
-                    hrow = tl.where(hit_k >= 0, hit_k, 0).to(tl.int64)
+            else:
+                trow = rows64 - dist
+                in_fwd = rmask & (pos - dist >= 0) & (trow >= qs) & (trow >= 0)
+                tap = tl.load(
+                    xs_ptr + trow[:, None] * sx + chan[None, :],
+                    mask=in_fwd[:, None] & cmask[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+                if any_pre:
+                    ps_k = tl.max(tl.where(kk[None, :] == k, pslot2, -1), axis=1)
+                    hit_k = tl.max(tl.where(kk[None, :] == k, hit2, -1), axis=1)
+                    from_cache = (ps_k >= 0) & (hit_k < 0)
+                    ps_k = tl.where(from_cache, ps_k, 0)
                     tap += tl.load(
-                        x_ptr + hrow[:, None] * channels + chan[None, :],
-                        mask=(hit_k >= 0)[:, None] & cmask[None, :],
+                        cache_ptr + ((ps_k // N) * stride_cb + (ps_k % N) * stride_cn)[:, None] + scol[None, :],
+                        mask=from_cache[:, None] & cmask[None, :],
                         other=0.0,
                     ).to(tl.float32)
-        acc += wv[None, :] * tap
+                    if HAZARD_SCAN:
+                        hrow = tl.where(hit_k >= 0, hit_k, 0).to(tl.int64)
+                        tap += tl.load(
+                            xs_ptr + hrow[:, None] * sx + chan[None, :],
+                            mask=(hit_k >= 0)[:, None] & cmask[None, :],
+                            other=0.0,
+                        ).to(tl.float32)
+            acc += wv[None, :] * tap
 
-    if SILU:
-        acc = acc / (1.0 + tl.exp(-acc))
-    if RESIDUAL:
-        acc += x_tile.to(tl.float32)
-    tl.store(
-        out_ptr + rows64[:, None] * channels + chan[None, :],
-        acc.to(out_ptr.dtype.element_ty),
-        mask=xmask,
-    )
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        if RESIDUAL:
+            acc += x_tile.to(tl.float32)
+        tl.store(
+            outs_ptr + rows64[:, None] * channels + chan[None, :],  # out: contiguous
+            acc.to(outs_ptr.dtype.element_ty),
+            mask=xmask,
+        )
 
 
 @dataclass(frozen=True)
@@ -377,6 +415,87 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
 MAP_MIN_WORK = 2**20
 
 
+@dataclass(frozen=True)
+class ConvStream:
+    """One stream of a launch: its input rows (unit column stride, any row stride),
+    its ``[C, W]`` weight view, its contiguous output and its offset inside D."""
+
+    x: torch.Tensor
+    weight2d: torch.Tensor
+    out: torch.Tensor
+    offset: int
+
+
+def launch_conv_streams(
+    streams: tuple[ConvStream, ...],
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    prob: SconvProblem,
+    stream_width: int,
+    activation: str | None,
+    residual: bool,
+    *,
+    config: SconvConfig | None = None,
+    auto_map: bool = True,
+) -> None:
+    """One launch of the fused kernel over one stream, or two of equal width whose
+    programs share the tap resolution (``sconv_kv``: K and V), on checked arguments
+    (``prob``: the first stream's; every stream has its T, C, H and W). The map
+    decision and the tiles are those of one stream of the launch's shape."""
+    if prob.num_tokens == 0:
+        return
+    if not 1 <= len(streams) <= 2:
+        raise ValueError(f"the kernel convolves one or two streams per launch, got {len(streams)}")
+    tap_map = batch.tap_map
+    if tap_map is None and auto_map and prob.num_tokens * prob.channels >= MAP_MIN_WORK and prob.num_slots <= TAP_MAP_MAX_SLOTS:
+        from ..tap_map.kernel import launch_sconv_tap_map
+
+        tap_map = torch.empty(prob.num_tokens, prob.kernel_size - 1, dtype=torch.int64, device=cache.device)
+        launch_sconv_tap_map(batch, prob.kernel_size, tap_map)
+    cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None)
+    taps_p2 = pow2_ceil(prob.kernel_size - 1)
+    scan = cfg.scan or _scan_chunk(cfg, taps_p2)
+    if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
+        raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
+    # A launch of at most SCAN rows scans slot_mapping as one chunk, sized to T.
+    one_chunk = tap_map is None and prob.num_tokens <= scan
+    if one_chunk:
+        scan = max(16, min(scan, pow2_ceil(prob.num_tokens)))
+    # Tiles wider than a (power-of-two) head cover whole heads.
+    hpt = cfg.block_c // stream_width if cfg.block_c > stream_width and cfg.block_c % stream_width == 0 else 1
+    chunks = 1 if hpt > 1 else -(-stream_width // cfg.block_c)
+    block_t = cfg.block_t
+    while triton.cdiv(prob.num_tokens, block_t) > 65535:  # grid axis-1 limit
+        block_t *= 2
+    heads_grid = -(-prob.num_heads // hpt) if hpt > 1 else prob.num_heads * chunks
+    grid = (heads_grid, triton.cdiv(prob.num_tokens, block_t))
+    first, second = streams[0], streams[-1]  # (one stream: the second is unused)
+    table = batch.block_table
+    _fused_sconv_kernel[grid](
+        first.x, first.weight2d, cache, first.out,
+        batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
+        batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
+        prob.num_tokens, prob.channels, prob.num_slots,
+        table.shape[0], table.shape[1],
+        first.weight2d.stride(0), first.weight2d.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
+        table.stride(0),
+        first.offset,
+        first.x.stride(0),
+        second.x, second.weight2d, second.out,
+        second.x.stride(0), second.weight2d.stride(0), second.weight2d.stride(1),
+        second.offset,
+        WS=stream_width, N=batch.block_size, W=prob.kernel_size, WP=taps_p2,
+        BLOCK_T=block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
+        SILU=activation == "silu", RESIDUAL=residual,
+        HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
+        EARLY_SCAN_LOADS=block_t * cfg.block_c <= 1024 or one_chunk,
+        ONE_CHUNK=one_chunk, HPT=hpt,
+        USE_MAP=tap_map is not None,
+        STREAMS=len(streams),
+        num_warps=cfg.num_warps,
+    )
+
 
 def launch_fused_sconv(
     x: torch.Tensor,
@@ -399,51 +518,9 @@ def launch_fused_sconv(
     (benchmarks measure that path)."""
     if out is None:
         out = torch.empty_like(x)
-    if prob.num_tokens == 0:
-        return out
-    tap_map = batch.tap_map
-    if tap_map is None and auto_map and prob.num_tokens * prob.channels >= MAP_MIN_WORK and prob.num_slots <= TAP_MAP_MAX_SLOTS:
-        from ..tap_map.kernel import launch_sconv_tap_map
-
-        tap_map = torch.empty(prob.num_tokens, prob.kernel_size - 1, dtype=torch.int64, device=x.device)
-        launch_sconv_tap_map(batch, prob.kernel_size, tap_map)
-    cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None)
-    taps_p2 = pow2_ceil(prob.kernel_size - 1)
-    scan = cfg.scan or _scan_chunk(cfg, taps_p2)
-    if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
-        raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
-    # A launch of at most SCAN rows scans slot_mapping as one chunk, sized to T.
-    one_chunk = tap_map is None and prob.num_tokens <= scan
-    if one_chunk:
-        scan = max(16, min(scan, pow2_ceil(prob.num_tokens)))
-    # Tiles wider than a (power-of-two) head cover whole heads.
-    hpt = cfg.block_c // stream_width if cfg.block_c > stream_width and cfg.block_c % stream_width == 0 else 1
-    chunks = 1 if hpt > 1 else -(-stream_width // cfg.block_c)
-    block_t = cfg.block_t
-    while triton.cdiv(prob.num_tokens, block_t) > 65535:  # grid axis-1 limit
-        block_t *= 2
-    heads_grid = -(-prob.num_heads // hpt) if hpt > 1 else prob.num_heads * chunks
-    grid = (heads_grid, triton.cdiv(prob.num_tokens, block_t))
-    w2 = prob.weight2d
-    table = batch.block_table
-    _fused_sconv_kernel[grid](
-        x, w2, cache, out,
-        batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
-        batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
-        prob.num_tokens, prob.channels, prob.num_slots,
-        table.shape[0], table.shape[1],
-        w2.stride(0), w2.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2),
-        table.stride(0),
-        stream_offset,
-        WS=stream_width, N=batch.block_size, W=prob.kernel_size, WP=taps_p2,
-        BLOCK_T=block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
-        SILU=activation == "silu", RESIDUAL=residual,
-        HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
-        EARLY_SCAN_LOADS=block_t * cfg.block_c <= 1024 or one_chunk,
-        ONE_CHUNK=one_chunk, HPT=hpt,
-        USE_MAP=tap_map is not None,
-        num_warps=cfg.num_warps,
+    launch_conv_streams(
+        (ConvStream(x, prob.weight2d, out, stream_offset),), cache, batch, prob, stream_width,
+        activation, residual, config=config, auto_map=auto_map,
     )
     return out
 

@@ -1,0 +1,170 @@
+"""Compile ``fused_sconv``'s one-stream launches for an H200 (sm_90) on the CPU, no GPU
+needed, and compare the generated PTX of two trees (issue 14: the K+V kernel must leave
+the one-stream code as it was).
+
+Every launch of bench_sconv.py's cases (map, map-less, map-less without the hazard scan)
+is intercepted at ``_fused_sconv_kernel[grid](...)``, specialised exactly as Triton's
+launcher would (the same binder, so the same divisibility and constexprs), and compiled
+to PTX for ``GPUTarget("cuda", 90, 32)``. The comparison drops what cannot matter: line
+info and debug sections, the kernel's parameter declarations (parameters are named by
+argument, not by position: the K+V kernel has more of them), and the STREAMS constexpr.
+
+    PYTHONPATH=.scratch/before/packages/inkling-kernels/src \\
+        python3 packages/inkling-kernels/benchmarks/compare_codegen.py --dump old.json
+    PYTHONPATH=packages/inkling-kernels/src \\
+        python3 packages/inkling-kernels/benchmarks/compare_codegen.py --dump new.json
+    python3 packages/inkling-kernels/benchmarks/compare_codegen.py --compare old.json new.json
+
+Exit status of --compare: 1 when a launch's PTX or constexprs differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import hashlib
+import json
+import pathlib
+import re
+import sys
+from typing import Any
+
+
+def _normalise_ptx(ptx: str, param_names: list[str]) -> str:
+    ptx = ptx.split("\t.section\t.debug", 1)[0]
+    out = []
+    in_params = False
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith(".entry") or s.startswith(".visible .entry"):
+            in_params = True
+            out.append(".entry KERNEL(")
+            continue
+        if in_params:
+            if s.startswith(")"):
+                in_params = False
+                out.append(")")
+            continue
+        if not s or s.startswith(".loc") or s.startswith(".file") or s.startswith("//") or re.fullmatch(r"\$L__tmp\d+:", s):
+            continue
+        def name(m: re.Match[str]) -> str:
+            i = int(m.group(1))
+            return f"PARAM[{param_names[i]}]" if i < len(param_names) else f"PARAM[extra{i - len(param_names)}]"
+        out.append(re.sub(r"\w+_param_(\d+)", name, line.rstrip()))
+    return "\n".join(out) + "\n"
+
+
+def dump(path: pathlib.Path, only: str | None) -> int:
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource, compile, make_backend
+    from triton import knobs
+    from triton.runtime.jit import create_function_from_signature
+
+    import inkling_kernels.sconv.kernel as K
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import bench_sconv as B
+
+    B.sconv_tap_map = lambda batch, out: out  # the map's contents do not change the code
+    real = K._fused_sconv_kernel
+    captured: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    class _Grab:
+        def __getitem__(self, grid: Any) -> Any:
+            return lambda *a, **kw: captured.append((grid, a, kw))
+
+    K._fused_sconv_kernel = _Grab()
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(real.signature, real.params, backend)
+    gen = torch.Generator().manual_seed(0)
+    results: dict[str, Any] = {}
+    for case in B.cases():
+        if only and only not in case.name:
+            continue
+        cache, weight, sets = B.build(case, 1, gen, device="cpu")
+        s = sets[0]
+        _, _, off, width = case.stream
+        t = s.x.shape[0]
+        heads = case.stream[0]
+        heur = K.choose_config(t, heads, width)
+        variants = {
+            "map": lambda: K.fused_sconv_triton(s.x, weight, cache, s.mapped, off, width),
+            "map-less": lambda: K.fused_sconv_triton(s.x, weight, cache, s.batch, off, width, auto_map=False),
+            "map-less, no hazard scan": lambda: K.fused_sconv_triton(
+                s.x, weight, cache, s.batch, off, width, config=dataclasses.replace(heur, hazard_scan=False),
+                auto_map=False),
+        }
+        for vname, launch in variants.items():
+            captured.clear()
+            launch()
+            assert len(captured) == 1, f"{case.name} {vname}: {len(captured)} launches"
+            grid, args, kwargs = captured[0]
+            kwargs = dict(kwargs, debug=bool(real.debug or knobs.runtime.debug),
+                          instrumentation_mode=knobs.compilation.instrumentation_mode)
+            bound, spec, opts = binder(*args, **kwargs)
+            options, signature, constexprs, attrs = real._pack_args(backend, kwargs, bound, spec, opts)
+            kernel = compile(ASTSource(real, signature, constexprs, attrs), target=target, options=options.__dict__)
+            params = [k for k, v in signature.items() if v != "constexpr"]
+            ptx = _normalise_ptx(kernel.asm["ptx"], params)
+            consts = {real.arg_names[k[0]]: (v.value if hasattr(v, "value") else v) for k, v in constexprs.items()}
+            consts.pop("STREAMS", None)
+            used = sorted({m for m in re.findall(r"PARAM\[(\w+)\]", ptx)})
+            key = f"{case.name} | {vname}"
+            results[key] = dict(grid=list(grid), constexprs={k: repr(v) for k, v in consts.items()},
+                                ptx_sha256=hashlib.sha256(ptx.encode()).hexdigest(), ptx_lines=ptx.count("\n"),
+                                params_used=used, ptx=ptx)
+            print(f"{key}: {results[key]['ptx_lines']} PTX lines, sha {results[key]['ptx_sha256'][:12]}", flush=True)
+        del cache, sets
+    path.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def compare(old_path: pathlib.Path, new_path: pathlib.Path, md: pathlib.Path | None) -> int:
+    old, new = (json.loads(p.read_text()) for p in (old_path, new_path))
+    lines = ["| launch | grid | PTX lines old / new | same constexprs | same PTX |", "|---|---|---|---|---|"]
+    bad = 0
+    for key, n in new.items():
+        o = old.get(key)
+        if o is None:
+            lines.append(f"| {key} | {n['grid']} | — / {n['ptx_lines']} | — | (no old launch) |")
+            continue
+        common = o["constexprs"].keys() & n["constexprs"].keys()  # (new: the unused second stream's)
+        same_c = all(o["constexprs"][k] == n["constexprs"][k] for k in common) and o["grid"] == n["grid"]
+        same_c = same_c and set(o["constexprs"]) <= set(n["constexprs"])
+        same_p = o["ptx_sha256"] == n["ptx_sha256"]
+        bad += not (same_c and same_p)
+        lines.append(f"| {key} | {n['grid']} | {o['ptx_lines']} / {n['ptx_lines']} | {same_c} | {same_p} |")
+        if not same_p:
+            diff = list(difflib.unified_diff(o["ptx"].splitlines(), n["ptx"].splitlines(), "old", "new", lineterm="", n=1))
+            print(f"--- {key}: first PTX differences\n" + "\n".join(diff[:40]))
+        if not same_c:
+            print(f"--- {key}: constexprs/grid old {o['constexprs']} {o['grid']} new {n['constexprs']} {n['grid']}")
+    lines.append("")
+    lines.append(f"launches compared: {len(new)}; differing: {bad}")
+    text = "\n".join(lines)
+    if md:
+        md.write_text(text + "\n")
+    print(text)
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dump", type=pathlib.Path)
+    ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--compare", type=pathlib.Path, nargs=2)
+    ap.add_argument("--md", type=pathlib.Path, default=None)
+    args = ap.parse_args()
+    if args.compare:
+        return compare(*args.compare, args.md)
+    if args.dump:
+        return dump(args.dump, args.only)
+    ap.error("--dump or --compare")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
