@@ -4,7 +4,8 @@ Built from vLLM's parallel linear / norm / embedding layers and fused MoE, and t
 project's lower packages: ``inkling_model.InklingShortConv`` (four short convs per
 layer over one paged conv-state cache per layer, :mod:`inkling_vllm.conv_state`) and
 ``inkling_model.InklingRelAttention`` (relative-logit attention over a paged KV cache,
-:mod:`inkling_vllm.attention`). It loads both checkpoint layouts: transformers' format
+:mod:`inkling_vllm.attention`); a layer's K and V convs run in one launch
+(``inkling_model.short_conv_kv``). It loads both checkpoint layouts: transformers' format
 (``model_type: inkling_text``) and the original release layout (``inkling_mm_model``
 with the text model under ``text_config`` and ``model.llm.*`` tensors; the vision and
 audio towers and the multi-token-prediction heads are skipped with one log line each).
@@ -62,7 +63,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.sequence import IntermediateTensors
 
 from inkling_cache import InklingTextSpec, Stream, text_spec
-from inkling_model import InklingRelAttention, InklingShortConv
+from inkling_model import InklingRelAttention, InklingShortConv, short_conv_kv
 from inkling_model.checkpoint import iter_text_weights
 
 from .attention import InklingAttentionLayer
@@ -206,8 +207,9 @@ class InklingAttention(nn.Module):
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         r, _ = self.r_proj(hidden_states)
-        k = self.k_sconv(k.contiguous(), positions)
-        v = self.v_sconv(v.contiguous(), positions)
+        # K and V straight from the projection output (column slices), both convs in
+        # one launch (inkling_kernels.fused_sconv_kv); the weights stay on k_sconv/v_sconv.
+        k, v = short_conv_kv(self.k_sconv, self.v_sconv, k, v)
         q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.q_size)
         k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.kv_size)
         out = self.attn(q, k, v, r, positions)
