@@ -154,6 +154,25 @@ def sc_preemption(llm: Any) -> dict[str, Any]:
     }
 
 
+def sc_preempt_spec(llm: Any) -> dict[str, Any]:
+    # repetitive prompts (n-gram drafts, mostly rejected by the random model) in a KV
+    # cache too small for the batch: requests are preempted mid-decode and recompute
+    # prompt + output, then decode with drafts again
+    base = prompts(12, [9, 7, 11, 5, 8, 10, 6, 13])
+    ps = [(b * 30)[: 150 + 7 * i] for i, b in enumerate(base)]
+    pre0 = _metric(llm, "vllm:num_preemptions")
+    drafts0 = _metric(llm, "vllm:spec_decode_num_draft_tokens")
+    accepted0 = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
+    out = _run(llm, ps, greedy(48))
+    return {
+        "prompts": ps,
+        "tokens": _tokens(out),
+        "preemptions": _metric(llm, "vllm:num_preemptions") - pre0,
+        "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
+        "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+    }
+
+
 def sc_spec_decode(llm: Any) -> dict[str, Any]:
     # repetitive prompts give the n-gram proposer drafts; the random model mostly
     # rejects them, so rejected positions must be overwritten, never read
@@ -273,6 +292,21 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["inspect", "preemption", "concurrent"],
     ),
+    # the tail manager (the default) under preemption and recompute with n-gram drafts
+    # and prefix caching: a KV cache too small for the batch, admission by chunk
+    "preempt_tail": (
+        dict(
+            enforce_eager=True,
+            block_size=32,
+            max_model_len=256,
+            max_num_batched_tokens=64,
+            num_gpu_blocks_override=36,
+            scheduler_reserve_full_isl=False,
+            max_num_seqs=8,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+        ),
+        ["preempt_spec"],
+    ),
     # the unpadded-D checkpoint under the tail manager: conv blocks sized so that
     # vLLM's page unification pads nothing (the attention blocks grow instead)
     "unpadded_tail": (
@@ -352,6 +386,7 @@ SCENARIOS = {
     "preemption": sc_preemption,
     "inspect": sc_inspect,
     "spec_decode": sc_spec_decode,
+    "preempt_spec": sc_preempt_spec,
     "small_mix": sc_small_mix,
 }
 

@@ -161,6 +161,17 @@ def test_preemption_and_recompute(engines: Any, hf: dict[str, Any]) -> None:
     assert_greedy_parity(hf["padded"], scenario)
 
 
+def test_preemption_with_drafts_under_the_tail_manager(engines: Any, hf: dict[str, Any]) -> None:
+    # the default conv-state manager frees a preempted request's blocks, recomputes
+    # prompt + output in chunks (tails of W - 1 rows up to vLLM's prefill end) and
+    # decodes with drafts again (tails of W - 1 + k rows)
+    scenario = engines("preempt_tail", "default")["preempt_spec"]
+    assert scenario["preemptions"] > 0, "the KV cache was meant to be too small for the batch"
+    drafts, accepted = scenario["draft_tokens"], scenario["accepted_tokens"]
+    assert drafts > 0 and accepted < drafts, (drafts, accepted)
+    assert_greedy_parity(hf["default"], scenario)
+
+
 @pytest.mark.parametrize("variant", ["default", "release"])
 def test_tiny_checkpoint_has_every_feature_on(checkpoints: dict[str, Any], variant: str) -> None:
     """The parity runs mean something only if the tiny model uses every part of
