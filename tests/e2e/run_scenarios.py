@@ -211,8 +211,8 @@ def sc_inspect(llm: Any) -> dict[str, Any]:
 
 
 LAUNCHES = {
-    "fused_sconv": 0, "fused_sconv_mapped": 0, "sconv_tap_map": 0,
-    "rel_attention": 0, "rel_attention_engine_meta": 0, "write_kv": 0,
+    "fused_sconv": 0, "fused_sconv_mapped": 0, "fused_sconv_kv": 0, "fused_sconv_kv_mapped": 0,
+    "sconv_tap_map": 0, "rel_attention": 0, "rel_attention_engine_meta": 0, "write_kv": 0,
 }
 
 
@@ -222,15 +222,22 @@ def _count_triton_launches() -> None:
     took the GPU code path with the step's tap map."""
     from inkling_kernels.rel_attention import kernel as attention
     from inkling_kernels.sconv import kernel as sconv_kernel
+    from inkling_kernels.sconv_kv import kernel as sconv_kv_kernel
     from inkling_kernels.tap_map import kernel as tap_map_kernel
 
     real_conv, real_map = sconv_kernel.launch_fused_sconv, tap_map_kernel.launch_sconv_tap_map
+    real_kv = sconv_kv_kernel.launch_fused_sconv_kv
     real_attend, real_write = attention.paged_rel_attention_triton, attention.write_kv_triton
 
     def conv(x: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         LAUNCHES["fused_sconv"] += 1
         LAUNCHES["fused_sconv_mapped"] += batch.tap_map is not None
         return real_conv(x, cache, batch, *args, **kwargs)
+
+    def conv_kv(k: Any, v: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        LAUNCHES["fused_sconv_kv"] += 1
+        LAUNCHES["fused_sconv_kv_mapped"] += batch.tap_map is not None
+        return real_kv(k, v, cache, batch, *args, **kwargs)
 
     def build(*args: Any, **kwargs: Any) -> Any:
         LAUNCHES["sconv_tap_map"] += 1
@@ -247,6 +254,7 @@ def _count_triton_launches() -> None:
         return real_write(*args, **kwargs)
 
     sconv_kernel.launch_fused_sconv = conv
+    sconv_kv_kernel.launch_fused_sconv_kv = conv_kv
     tap_map_kernel.launch_sconv_tap_map = build
     attention.paged_rel_attention_triton = attend
     attention.write_kv_triton = write

@@ -276,8 +276,11 @@ def test_triton_kernels_with_tap_map_under_real_scheduling(engines: Any, hf: dic
     for name in ("same_step", "spec_decode", "concurrent"):
         launches = result[name]["triton_launches"]
         assert launches["fused_sconv"] > 0 and launches["fused_sconv_mapped"] == launches["fused_sconv"], launches
-        # 4 streams x 4 layers per step; 2 KV-cache groups (global, sliding) per step
-        assert launches["fused_sconv"] == 8 * launches["sconv_tap_map"], launches
+        assert launches["fused_sconv_kv_mapped"] == launches["fused_sconv_kv"], launches
+        # per layer and step: the ATTN and MLP convs, and K+V in one launch; 4 layers,
+        # 2 KV-cache groups (global, sliding), one map per group and step
+        assert launches["fused_sconv"] == 4 * launches["sconv_tap_map"], launches
+        assert launches["fused_sconv_kv"] == 2 * launches["sconv_tap_map"], launches
         # the attention stays on its PyTorch path here (INKLING_KERNELS_CPU_ATTENTION)
         assert launches["rel_attention"] == launches["write_kv"] == 0, launches
     same = result["same_step"]
