@@ -77,6 +77,25 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
         return RelAttentionConfig(**{**d.__dict__, **kw})
 
     out = {"default": d}
+    if case.kind == "decode" and len(case.mix) <= 4:  # few long requests: the split sizing
+        for fused in (True, False):
+            tag = "fused" if fused else "2 launches"
+            for s in (32, 40, 44, 48, 56, 64, 96, 128):
+                out[f"s{s} {tag}"] = alt(num_splits=s, fused_combine=fused)
+        for s in (48, 64, 128):
+            out[f"s{s} st3"] = alt(num_splits=s, num_stages=3)
+            out[f"s{s} st1"] = alt(num_splits=s, num_stages=1)
+            out[f"s{s} bn32"] = alt(num_splits=s, block_n=32)
+            out[f"s{s} w2"] = alt(num_splits=s, num_warps=2)
+        out["s96 bn32 st3"] = alt(num_splits=96, block_n=32, num_stages=3)
+        out["s64 near cost 6"] = alt(num_splits=64, near_cost=6)
+        out["s48 near cost 6"] = alt(num_splits=48, near_cost=6)
+        return out
+    if case.kind == "decode" and d.num_splits > 1:
+        out["2 launches"] = alt(fused_combine=False)
+        out["splits x2"] = alt(num_splits=2 * d.num_splits)
+        out["splits x2, 2 launches"] = alt(num_splits=2 * d.num_splits, fused_combine=False)
+        return out
     if case.kind == "decode":
         out["w4" if d.num_warps != 4 else "w2"] = alt(num_warps=4 if d.num_warps != 4 else 2)
         out["stages 3"] = alt(num_stages=3)
@@ -129,7 +148,10 @@ def time_graph(fn: Callable[[], Any], target_ms: float = 20.0, samples: int = 9)
             fn()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # captured on the stream that ran the warm-up call (the fused split combine
+        # keeps its ticket counters per stream; a stream new to it would capture a
+        # zeroing of fresh counters into the graph)
+        with torch.cuda.graph(graph, stream=stream):
             for _ in range(iters):
                 fn()
         graph.replay()
@@ -261,11 +283,21 @@ def build(case: Case, seed: int = 0, device: str = "cuda") -> World:
 # ----------------------------------------------------------------------------- ops
 
 
-def triton_fn(w: World, config: RelAttentionConfig | None) -> Callable[[], Any]:
+def triton_fn(w: World, config: Any, op: Callable[..., Any] | None = None) -> Callable[[], Any]:
+    """``op``: another build of ``paged_rel_attention_triton`` (``--baseline``)."""
     max_len = int(w.sl_cpu.max())
     args = (w.q, w.r, w.rel_proj, w.kc, w.vc, w.positions, w.table, w.qsl, w.sl)
     kw = w.kwargs()
-    return lambda: paged_rel_attention_triton(*args, **kw, out=w.out, max_seq_len=max_len, config=config)
+    run = op or paged_rel_attention_triton
+    return lambda: run(*args, **kw, out=w.out, max_seq_len=max_len, config=config)
+
+
+def load_baseline(module: str) -> Any:
+    """``module.kernel`` of a copy of the op under another package name (e.g. the
+    main branch's ``rel_attention`` copied to ``relattn_main`` on the PYTHONPATH)."""
+    import importlib
+
+    return importlib.import_module(f"{module}.kernel")
 
 
 def torch_fn(w: World) -> Callable[[], Any]:
@@ -510,7 +542,8 @@ def run_case(case: Case, args: argparse.Namespace, t_start: float) -> dict[str, 
     default = choose_rel_attention_config(prob, w.q.device, int(w.sl_cpu.max()))
     res["default_config"] = default.__dict__
     configs = {"default": default}
-    if not args.no_sweep and time.time() - t_start < args.budget_s:
+    sweep_ok = args.sweep_only is None or case.name in args.sweep_only.split("|")
+    if not args.no_sweep and sweep_ok and time.time() - t_start < args.budget_s:
         configs = sweep_configs(case, default)
     want = None
     if not args.no_torch:
@@ -522,7 +555,36 @@ def run_case(case: Case, args: argparse.Namespace, t_start: float) -> dict[str, 
             res["torch_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             print("  torch path failed:", res["torch_error"], flush=True)
     res["triton"] = {}
+    if args.baseline:
+        # before/after in the same run: the baseline build's default and ours,
+        # alternating `rounds` times; the value is the median of the round medians
+        base = load_baseline(args.baseline)
+        bprob = base.check_paged_rel_attention_triton_args(
+            w.q, w.r, w.rel_proj, w.kc, w.vc, w.positions, w.table, w.qsl, w.sl, 1.0 / DH, case.window,
+            w.kwargs()["log_scaling"], None, 1 << 24)
+        bcfg = base.choose_rel_attention_config(bprob, w.q.device, int(w.sl_cpu.max()))
+        pair = {"baseline": (triton_fn(w, bcfg, base.paged_rel_attention_triton), bcfg),
+                "default": (triton_fn(w, default), default)}
+        rounds: dict[str, list[float]] = {"baseline": [], "default": []}
+        errs: dict[str, Any] = {}
+        try:
+            for _ in range(args.rounds):
+                for name, (fn, _cfg) in pair.items():
+                    fn()
+                    errs[name] = _err(w.out, want, rows) if want is not None else None
+                    rounds[name].append(time_graph(fn)[0])
+            for name, (_fn, cfg) in pair.items():
+                res["triton"][name] = {"ms": statistics.median(rounds[name]), "rounds_ms": rounds[name],
+                                       "timing": "graph", "max_err_vs_torch": errs[name], "config": cfg.__dict__}
+                print(f"  triton {name:12s} {res['triton'][name]['ms']:.4f} ms  rounds "
+                      f"{[round(x, 4) for x in rounds[name]]}  err {errs[name]}", flush=True)
+            res["after_over_before"] = res["triton"]["default"]["ms"] / res["triton"]["baseline"]["ms"]
+        except Exception as exc:  # noqa: BLE001
+            res["baseline_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            print("  before/after failed:", res["baseline_error"], flush=True)
     for name, cfg in configs.items():
+        if name in res["triton"]:
+            continue
         try:
             fn = triton_fn(w, cfg)
             fn()
@@ -533,12 +595,14 @@ def run_case(case: Case, args: argparse.Namespace, t_start: float) -> dict[str, 
         except Exception as exc:  # noqa: BLE001
             res["triton"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             print(f"  triton {name} failed: {exc}", flush=True)
-    ok = {k: v["ms"] for k, v in res["triton"].items() if "ms" in v}
+    ok = {k: v["ms"] for k, v in res["triton"].items() if "ms" in v and k != "baseline"}
     if ok:
         res["triton_ms"] = ok.get("default", min(ok.values()))
         res["triton_best"] = min(ok, key=ok.get)
         res["triton_best_ms"] = ok[res["triton_best"]]
     try:
+        if args.no_sdpa:
+            raise RuntimeError("skipped (--no-sdpa)")
         fn, res["sdpa_backend"] = sdpa_fn(w)
         res["sdpa_ms"], res["sdpa_timing"] = time_graph(fn)
         print(f"  sdpa (no bias, {res['sdpa_backend']}) {res['sdpa_ms']:.4f} ms", flush=True)
@@ -578,6 +642,11 @@ def main() -> None:
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sweeps once this much time has passed")
+    ap.add_argument("--sweep-only", default=None, help="sweep tilings only in these cases (names ('|'-separated)")
+    ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--baseline", default=None,
+                    help="package holding another build of the op (its .kernel module), timed against ours")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating before/after rounds (--baseline)")
     args = ap.parse_args()
     t_start = time.time()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -645,6 +714,20 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             f"{_f(t / r['sdpa_ms'] if t and r.get('sdpa_ms') else None, '{:.2f}x')} | "
             f"{_f(gbs, '{:.0f}')} | {_f(share, '{:.2f}')} |"
         )
+    if any("baseline" in r.get("triton", {}) for r in results):
+        lines += ["", "| case | before (baseline) ms | after (default) ms | after / before | after share of copy "
+                  "| before rounds | after rounds |", "|---|---|---|---|---|---|---|"]
+        for r in results:
+            b, a = r["triton"].get("baseline", {}), r["triton"].get("default", {})
+            if "ms" not in b or "ms" not in a:
+                continue
+            share = r["kv_bytes"] / (a["ms"] * 1e-3) / 1e9 / copy if copy else None
+            lines.append(f"| {r['case']} | {b['ms']:.4f} | {a['ms']:.4f} | {a['ms'] / b['ms']:.3f} | "
+                         f"{_f(share, '{:.2f}')} | {b.get('rounds_ms')} | {a.get('rounds_ms')} |")
+    lines += ["", "All timed tilings (ms):", ""]
+    for r in results:
+        rows_ = ", ".join(f"{k} {v['ms']:.4f}" for k, v in r.get("triton", {}).items() if "ms" in v)
+        lines.append(f"- {r['case']}: {rows_}")
     head = [f"- {k}: {v}" for k, v in meta.items()]
     return "\n".join(head) + "\n\n" + "\n".join(lines) + "\n"
 

@@ -119,6 +119,38 @@ def test_cost_weighted_key_splits(near_cost: int) -> None:
     _check_close(got.cpu(), w.reference(), torch.float32, f"seed {seed} near_cost {near_cost}")
 
 
+def _tickets_zero() -> bool:
+    from inkling_kernels.rel_attention import kernel
+
+    return all(int(b.count_nonzero()) == 0 for b in kernel._TICKETS.values())
+
+
+@pytest.mark.parametrize(
+    ("fused", "flat", "splits", "group", "layer"),
+    [(True, True, 3, 4, "global_log"), (True, False, 7, 2, "sliding_small"), (False, True, 5, 4, "global_log"),
+     (True, True, 2, 1, "global_plain")],
+    ids=["fused-flat-s3-g4", "fused-s7-g2-sliding", "2launch-flat-s5-g4", "fused-flat-s2-g1"],
+)
+def test_split_combine_single_launch(fused: bool, flat: bool, splits: int, group: int, layer: str) -> None:
+    """Key splits (any count, not only powers of two) merged by the last split of each
+    query block and KV head in the same launch (``fused_combine``), or by the second
+    launch: against the reference, on a batch whose blocks use 1..splits splits (long
+    decode, spec verify, prefill, pad rows). The ticket counters must be back at zero
+    after the call, and a second call on the same counters with other contexts (other
+    split counts per block) must be right too."""
+    seed = 2170 + splits + 10 * group
+    cfg = _cfg(group, block_n=16 if CUDA else 8, splits=splits, fused_combine=fused, flat_grid=flat)
+    for step, mix in enumerate(([(61, 1), (30, 4), (0, 9), (7, 1)], [(13, 1), (70, 4), (2, 9), (44, 1)])):
+        w = build_world(seed=seed + step, mix=mix, layer=layer, group=group, n=4)
+        want = w.reference()
+        d = _on(w, DEV)
+        out = torch.full_like(d.q, float("nan"))
+        got = _run(d, cfg, out=out)
+        assert torch.equal(got[w.num_rows:].cpu(), torch.zeros_like(want[w.num_rows:])), f"seed {seed}: pad rows"
+        _check_close(got.cpu(), want, torch.float32, f"seed {seed + step} fused {fused} splits {splits}")
+        assert _tickets_zero(), f"seed {seed + step}: ticket counters not reset"
+
+
 @pytest.mark.parametrize("n", [1, 64], ids=["N1", "N64"])
 def test_block_sizes(n: int) -> None:
     seed = 2200 + n
@@ -381,6 +413,69 @@ def test_gpu_975b_shapes(name: str) -> None:
                                  num_warps=4, num_stages=2)
         alt = paged_rel_attention_triton(*w.args(), **w.kwargs(), config=cfg)
         _compare_big(alt, want, w, f"seed {seed} {name} table/split")
+
+
+@gpu
+@pytest.mark.parametrize("warm", [True, False], ids=["stream-warm", "stream-cold"])
+def test_gpu_fused_split_graph_replay(warm: bool) -> None:
+    """Long-context decode with the keys split (default tiling with ``fused_combine``:
+    one launch, the last split merges) captured in a CUDA graph and replayed with other contexts (other
+    split counts per block), then run eagerly again: the ticket counters must reset
+    themselves in every launch. ``warm``: the capture stream ran the op before (its
+    persistent counters); cold: the graph gets its own zeroed counters."""
+    seed = 3300 + warm
+    mix_a = [(32000, 1), (9000, 1), (500, 1), (20000, 1)]
+    mix_b = [(7000, 1), (31000, 1), (16000, 1), (3, 1)]
+    wa = big_world(mix_a, hkv=8, n=16, seed=seed, num_pad=3)
+    wb = big_world(mix_b, hkv=8, n=16, seed=seed + 1, num_pad=3)
+    page = torch.cat([wa.page, wb.page])
+    kv = page.unflatten(-1, (2, 128)).transpose(1, 2)
+    kc, vc = kv[..., 0, :], kv[..., 1, :]
+    table_b = wb.block_table + wa.page.shape[0]
+    width = max(wa.block_table.shape[1], table_b.shape[1])
+    tables = [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in (wa.block_table, table_b)]
+    q, r, pos = wa.q.clone(), wa.r.clone(), wa.positions.clone()
+    bt, qsl, sl = tables[0].clone(), wa.qsl_cpu.cuda(), wa.sl_cpu.cuda()
+    out = torch.empty_like(q)
+    prob = check_paged_rel_attention_triton_args(q, r, wa.rel_proj, kc, vc, pos, bt, qsl, sl, 1.0 / 128, None,
+                                                 wa.log_scaling, None, 1 << 24)
+    from inkling_kernels.rel_attention import choose_rel_attention_config
+
+    default = choose_rel_attention_config(prob, q.device, 32768)
+    assert default.num_splits > 2 and default.flat_grid, default
+    cfg = RelAttentionConfig(**{**default.__dict__, "fused_combine": True})  # opt-in single launch
+
+    def step() -> None:
+        paged_rel_attention_triton(q, r, wa.rel_proj, kc, vc, pos, bt, qsl, sl, **wa.kwargs(), out=out,
+                                   config=cfg)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    if warm:
+        with torch.cuda.stream(stream):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        step()
+    for i, (w, table) in enumerate(((wb, tables[1]), (wa, tables[0]), (wb, tables[1]))):
+        q.copy_(w.q)
+        r.copy_(w.r)
+        pos.copy_(w.positions)
+        bt.copy_(table)
+        qsl.copy_(w.qsl_cpu)
+        sl.copy_(w.sl_cpu)
+        out.fill_(float("nan"))
+        if i < 2:
+            graph.replay()
+        else:
+            step()  # eager on the default stream after the replays
+        want = paged_rel_attention(w.q, w.r, wa.rel_proj, w.key_cache, w.value_cache, w.positions,
+                                   w.block_table, w.qsl_cpu, w.sl_cpu, **wa.kwargs())
+        _compare_big(out, want, w, f"seed {seed} fused graph replay {i}")
+    torch.cuda.synchronize()
+    assert _tickets_zero(), "ticket counters not reset"
 
 
 @gpu

@@ -39,7 +39,12 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   ``min_split_tiles`` tiles) that write unnormalised partial results to an fp32
   workspace; :func:`_combine_kernel` merges them. A block that needs no split writes
   its output directly, so short requests in the batch cost no workspace traffic.
-  This is what fills the GPU for decode batches of a few long requests.
+  This is what fills the GPU for decode batches of a few long requests; for those
+  the grid is flat, split fastest (``RelAttentionConfig.flat_grid``). Opt-in
+  ``fused_combine``: no second launch, the last split of each query block and KV
+  head (an atomic ticket in a persistent per-stream buffer, reset by that program)
+  merges the partials; measured slower on the H200 at many splits (see
+  ``benchmarks/RESULTS_rel_attention.md``), so off by default.
 
 Query positions are derived from the metadata (request ``i``'s rows are positions
 ``seq_lens[i] - qlen_i ..`` in order, the contract of :func:`paged_rel_attention`);
@@ -208,9 +213,40 @@ def _key_loop(
     return m_i, l_i, acc
 
 
+@triton.jit
+def _merge_partials(
+    m_i, l_i, acc, ws_ptr, wml_ptr, own, used, num_rows, rows64, heads, row_ok, offs_d,
+    NUM_Q_HEADS: tl.constexpr, BLOCK_M: tl.constexpr, DP: tl.constexpr, CH: tl.constexpr,
+):
+    """Fold the partial states of splits ``0 .. used - 1`` except ``own`` (already in
+    ``m_i, l_i, acc``) into it, ``CH`` splits per step (their loads in flight
+    together). Loads bypass L1 (``.cg``): other SMs wrote them during this launch."""
+    offs_s = tl.arange(0, CH)
+    s0 = used * 0
+    while s0 < used:  # (a while loop: the interpreter cannot range() over runtime ints)
+        s_idx = s0 + offs_s
+        ok = (s_idx < used) & (s_idx != own)
+        slot = (s_idx.to(tl.int64)[:, None] * num_rows + rows64[None, :]) * NUM_Q_HEADS + heads[None, :]
+        okm = ok[:, None] & row_ok[None, :]  # [CH, BLOCK_M]
+        m_s = tl.load(wml_ptr + slot * 2, mask=okm, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(wml_ptr + slot * 2 + 1, mask=okm, other=0.0, cache_modifier=".cg")
+        a_s = tl.load(ws_ptr + slot[:, :, None] * DP + offs_d[None, None, :], mask=okm[:, :, None], other=0.0,
+                      cache_modifier=".cg")  # [CH, BLOCK_M, DP]
+        m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w_own = tl.math.exp2(m_i - ref)
+        w_s = tl.math.exp2(m_s - ref[None, :])  # splits that saw nothing weigh 0
+        l_i = l_i * w_own + tl.sum(w_s * l_s, axis=0)
+        acc = acc * w_own[:, None] + tl.sum(w_s[:, :, None] * a_s, axis=0)
+        m_i = m_new
+        s0 += CH
+    return m_i, l_i, acc
+
+
 @triton.jit(do_not_specialize=["num_rows", "num_reqs", "max_blocks", "extent", "window"])
 def _rel_attention_kernel(
     q_ptr, r_ptr, rp_ptr, rl_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr, nsp_ptr,
+    tk_ptr,
     num_rows, num_reqs, max_blocks, extent, window,
     scale, ls_inv_floor, ls_alpha,
     stride_qt, stride_qh, stride_qd,
@@ -225,12 +261,22 @@ def _rel_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEAR_BN: tl.constexpr,
     DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr, FUSED: tl.constexpr,
+    MIN_SPLIT_TILES: tl.constexpr,
+    NEAR_COST: tl.constexpr, COMBINE_CH: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
 ):
-    pid_b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    if FLAT:
+        # one flat grid, split fastest, query block slowest: a single long request's
+        # programs are dispatched first, its spare query block's after them
+        pid = tl.program_id(0)
+        split = pid % NUM_SPLITS
+        kvh = (pid // NUM_SPLITS) % (NUM_Q_HEADS // GROUP)
+        pid_b = pid // NUM_SPLITS // (NUM_Q_HEADS // GROUP)
+    else:
+        pid_b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
 
     # request of this query block: the largest i in [0, R] with
     # query_start_loc[i] // BLOCK_Q + i <= pid_b (i == R: the pad rows)
@@ -351,14 +397,34 @@ def _rel_attention_kernel(
         split_m = split + rows * 0
         direct = (used_m == 1) & (split_m == 0)
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask & direct[:, None])
-        # how many splits the combine merges for these rows (1: none, out is final)
-        tl.store(nsp_ptr + rows64, used_m, mask=(rows < q_end) & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
+        if not FUSED:
+            # how many splits the combine merges for these rows (1: none, out is final)
+            tl.store(nsp_ptr + rows64, used_m,
+                     mask=(rows < q_end) & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
         # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
         part = row_ok & (split_m < used_m) & (used_m > 1)
         slot = (split.to(tl.int64) * num_rows + rows64) * NUM_Q_HEADS + heads
         tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], acc, mask=part[:, None])
         tl.store(wml_ptr + slot * 2, m_i, mask=part)
         tl.store(wml_ptr + slot * 2 + 1, l_i, mask=part)
+        if FUSED:
+            # single launch: the split that finishes last (a ticket per query block
+            # and KV head, in a persistent buffer) merges the others' partials into
+            # its own state and writes `out`; it then resets the ticket to 0, so the
+            # buffer is zero again at the end of every launch (CUDA-graph replays).
+            if (used > 1) & (split < used):
+                tl.debug_barrier()  # every thread's partial stores precede the release
+                tk = tk_ptr + pid_b.to(tl.int64) * (NUM_Q_HEADS // GROUP) + kvh
+                ticket = tl.atomic_add(tk, 1, sem="acq_rel", scope="gpu")
+                if ticket == used - 1:
+                    m_c, l_c, acc_c = _merge_partials(
+                        m_i, l_i, acc, ws_ptr, wml_ptr, split, used, num_rows, rows64, heads, row_ok, offs_d,
+                        NUM_Q_HEADS, BLOCK_M, DP, COMBINE_CH)
+                    has_c = l_c > 0.0
+                    o_c = acc_c / tl.where(has_c, l_c, 1.0)[:, None]
+                    o_c = tl.where(has_c[:, None], o_c, 0.0)
+                    tl.store(o_ptrs, o_c.to(out_ptr.dtype.element_ty), mask=o_mask)
+                    tl.atomic_xchg(tk, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -455,7 +521,13 @@ class RelAttentionConfig:
     its output directly). Tiles that need the bias or a mask (the last ``extent``
     keys before a query block, the diagonal, the window) are processed
     ``near_block_n`` keys at a time (default ``block_n``). Key splits divide a query
-    block's work counting a near tile as ``near_cost`` far tiles."""
+    block's work counting a near tile as ``near_cost`` far tiles. ``fused_combine``
+    (split mode): the last split of each query block and KV head to finish merges
+    the partial results in the same launch (a ticket counter per block and head in
+    a persistent buffer that the merging program resets); off: a second launch
+    merges them. ``flat_grid`` (split mode): a 1-D grid, split fastest, query block
+    slowest (else ``(blocks, kv heads, splits)``). ``num_splits`` need not be a power
+    of two."""
 
     block_q: int
     block_n: int
@@ -466,8 +538,13 @@ class RelAttentionConfig:
     min_split_tiles: int = 4
     near_block_n: int | None = None
     near_cost: int = 4
+    fused_combine: bool = False
+    flat_grid: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("fused_combine", "flat_grid"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RelAttentionConfig.{name} must be a bool, got {getattr(self, name)!r}")
         nb = self.near_block_n
         if nb is not None and (isinstance(nb, bool) or not isinstance(nb, int) or nb < 1 or nb & (nb - 1)
                                or nb > self.block_n):
@@ -598,6 +675,11 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
+# decode with few long requests: key splits for about this many programs per SM
+DECODE_FEW_PER_SM = 2
+MAX_SPLITS = 128
+
+
 def choose_rel_attention_config(
     problem: RelAttentionProblem, device: torch.device, max_seq_len: int | None = None
 ) -> RelAttentionConfig:
@@ -624,6 +706,16 @@ def choose_rel_attention_config(
     splits = 1
     while splits < 64 and blocks * hkv * splits * 2 <= target:
         splits *= 2
+    flat = False
+    if decode and splits >= 16 and device.type == "cuda":
+        # few long requests: about DECODE_FEW_PER_SM programs per SM (a power of two),
+        # flat grid (measured on the H200, 1 x 32k: 32 splits 48.6 us, 64 splits 50.7,
+        # 48 splits 58.0; see benchmarks/RESULTS_rel_attention.md, 2026-12-01)
+        splits = 1
+        while splits < MAX_SPLITS and blocks * hkv * splits * 2 <= DECODE_FEW_PER_SM * _num_sms(device):
+            splits *= 2
+        splits = max(2, splits)
+        flat = True
     if max_seq_len is not None:
         while splits > 1 and -(-max_seq_len // block_n) < 4 * splits:
             splits //= 2
@@ -639,7 +731,39 @@ def choose_rel_attention_config(
     elif device.type != "cpu" and block_n >= 32:
         near_bn = block_n // 2  # bias/mask tiles: half the band (fewer registers)
     return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias="band",
-                              num_warps=warps, num_stages=stages, near_block_n=near_bn)
+                              num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=flat)
+
+
+# Ticket counters of the fused combine, per (device, stream): int32 zeros that every
+# launch leaves at zero. Buffers are never freed (a CUDA graph captured on a stream
+# keeps the address of that stream's buffer), only replaced by larger ones.
+_TICKETS: dict[tuple[str, int], torch.Tensor] = {}
+_TICKETS_KEEP: list[torch.Tensor] = []
+
+
+def _ticket_buffer(dev: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters (at least ``count``) for a launch on the current stream.
+
+    Launches on one stream run in order, so they can share the counters; another
+    stream gets its own. During CUDA-graph capture a stream without a large enough
+    buffer (no eager call on it before) gets a fresh zeroed one that the graph owns
+    (its zeroing is captured with the launch) rather than a shared one. Replays of
+    graphs captured on one stream share that stream's buffer: do not run them at the
+    same time on two streams (or use ``fused_combine=False``)."""
+    if dev.type == "cuda":
+        key = (str(dev), torch.cuda.current_stream(dev).cuda_stream)
+        capturing = torch.cuda.is_current_stream_capturing()
+    else:
+        key, capturing = (str(dev), 0), False
+    buf = _TICKETS.get(key)
+    if buf is not None and buf.numel() >= count:
+        return buf
+    if capturing:
+        return torch.zeros(count, dtype=torch.int32, device=dev)
+    buf = torch.zeros(max(1024, _next_pow2(count)), dtype=torch.int32, device=dev)
+    _TICKETS[key] = buf
+    _TICKETS_KEEP.append(buf)
+    return buf
 
 
 def _is_interpreter() -> bool:
@@ -728,17 +852,30 @@ def paged_rel_attention_triton(
         rl = torch.matmul(r.float(), rel_proj.float())  # [T, Hq, E] fp32
     else:
         rl = q  # unused
+    num_blocks = -(-t_rows // block_q) + prob.num_reqs
+    fused = False
+    tickets = result  # unused
     if splits > 1:
         ws = torch.empty((splits, t_rows, prob.num_q_heads, dp), dtype=torch.float32, device=dev)
         wml = torch.empty((splits, t_rows, prob.num_q_heads, 2), dtype=torch.float32, device=dev)
-        nsp = torch.empty((t_rows,), dtype=torch.int32, device=dev)
+        if config.fused_combine:
+            tickets, fused = _ticket_buffer(dev, num_blocks * prob.num_kv_heads), True
+        nsp = result if fused else torch.empty((t_rows,), dtype=torch.int32, device=dev)
+        if config.flat_grid:
+            grid: tuple[int, ...] = (num_blocks * prob.num_kv_heads * splits,)
+        else:
+            grid = (num_blocks, prob.num_kv_heads, splits)
     else:
         ws = wml = nsp = result  # unused
+        grid = (num_blocks, prob.num_kv_heads, 1)
     inv_floor, alpha = (0.0, 0.0) if prob.log_scaling is None else (1.0 / prob.log_scaling[0], prob.log_scaling[1])
-    grid = (-(-t_rows // block_q) + prob.num_reqs, prob.num_kv_heads, splits)
+    block_m_dp = block_m * dp
+    combine_ch = 1
+    while combine_ch < 8 and 2 * combine_ch * block_m_dp <= 8192:
+        combine_ch *= 2
     kc, vc = key_cache, value_cache
     _rel_attention_kernel[grid](
-        q, r, rel_proj, rl, kc, vc, block_table, qsl, sl, result, ws, wml, nsp,
+        q, r, rel_proj, rl, kc, vc, block_table, qsl, sl, result, ws, wml, nsp, tickets,
         t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0,
         prob.scale, inv_floor, alpha,
         q.stride(0), q.stride(1), q.stride(2),
@@ -753,12 +890,13 @@ def paged_rel_attention_triton(
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
         DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
         LOG_SCALE=prob.log_scaling is not None, BIAS_TABLE=use_table, NUM_SPLITS=splits,
-        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost,
+        FLAT=config.flat_grid and splits > 1, FUSED=fused,
+        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, COMBINE_CH=combine_ch,
         INTERPRET=_is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if splits > 1:
+    if splits > 1 and not fused:
         sp = _next_pow2(splits)
         hb = 1  # heads per program: about 8K partial values in registers
         while hb < 16 and hb < prob.num_q_heads and 2 * hb * sp * dp <= 8192:
