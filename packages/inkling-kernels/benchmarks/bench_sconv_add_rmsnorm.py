@@ -472,6 +472,24 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
             row["old_us"] = graph_time_us(lambda: OLD.sconv_add_rmsnorm_triton(*p.args()), args.iters, args.replays)
             row["old_map_us"] = graph_time_us(
                 lambda: OLD.sconv_add_rmsnorm_triton(*p.args(tap_map)), args.iters, args.replays)
+        if OLD is not None and args.rounds > 1:
+            # new and old alternating, `rounds` times, with and without the map; each
+            # value is the median of its rounds (the single timings above are replaced)
+            pair = {
+                "fused_map_us": lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)),
+                "old_map_us": lambda: OLD.sconv_add_rmsnorm_triton(*p.args(tap_map)),
+                "fused_us": lambda: fused_sconv_add_rmsnorm(*p.args()),
+                "old_us": lambda: OLD.sconv_add_rmsnorm_triton(*p.args()),
+            }
+            got: dict[str, list[float]] = {k: [] for k in pair}
+            for _ in range(args.rounds):
+                for key, fn in pair.items():
+                    got[key].append(graph_time_us(fn, args.iters, args.replays))
+            for key, vals in got.items():
+                row[key] = statistics.median(vals)
+                row[key.replace("_us", "_rounds_us")] = vals
+            row["new_over_old_map"] = row["fused_map_us"] / row["old_map_us"]
+            row["new_over_old_nomap"] = row["fused_us"] / row["old_us"]
         sweep = {}
         configs = (SWEEP_SMALL if t <= 512 else []) + SWEEP
         for cfg in configs if args.sweep else []:
@@ -486,9 +504,19 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
         if numeric:
             best = min(numeric, key=numeric.get)
             row["best_config"], row["best_us"] = best, numeric[best]
+        if args.no_unfused:  # new vs old only
+            if "fused_map_us" not in row:
+                row["fused_map_us"] = graph_time_us(
+                    lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)), args.iters, args.replays)
+            print(f"  {case.name} T={t}: NEW map {row['fused_map_us']:.2f} | OLD map "
+                  f"{row.get('old_map_us', float('nan')):.2f} | new nomap {row['fused_us']:.2f} | OLD nomap "
+                  f"{row.get('old_us', float('nan')):.2f} | ratio map {row.get('new_over_old_map', float('nan')):.3f} "
+                  f"nomap {row.get('new_over_old_nomap', float('nan')):.3f} | {heur}", flush=True)
+            return row
         row["sconv_only_us"] = graph_time_us(lambda: fused_sconv(*p.sconv_args()), args.iters, args.replays)
-        row["fused_map_us"] = graph_time_us(
-            lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)), args.iters, args.replays)
+        if "fused_map_us" not in row:
+            row["fused_map_us"] = graph_time_us(
+                lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)), args.iters, args.replays)
         row["sconv_only_map_us"] = graph_time_us(
             lambda: fused_sconv(*p.sconv_args(tap_map)), args.iters, args.replays)
         row["unfused_eager_us"] = graph_time_us(lambda: unfused_eager(p), args.iters, args.replays)
@@ -549,10 +577,17 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=15)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--dry-run", action="store_true", help="CPU + interpreter, tiny shapes")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --old-kernel: time new and old alternating this many rounds (medians)")
+    parser.add_argument("--no-unfused", action="store_true", help="time only the new and the old kernel")
+    parser.add_argument("--extra-decode", default="",
+                        help="comma-separated batch sizes: extra decode cases (one token a request)")
     parser.add_argument("--old-kernel", help="module of an older kernel.py to time beside (e.g. main's, "
                         "copied next to kernel.py as kernel_main.py: inkling_kernels.sconv_add_rmsnorm.kernel_main)")
     args = parser.parse_args()
     global OLD
+    for n in (int(x) for x in args.extra_decode.split(",") if x.strip()):
+        CASES.append(Case(f"decode {n} reqs", [(200 + 11 * i, 1) for i in range(n)]))
     if args.old_kernel:
         import importlib
         OLD = importlib.import_module(args.old_kernel)

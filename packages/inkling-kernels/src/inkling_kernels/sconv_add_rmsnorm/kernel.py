@@ -58,6 +58,7 @@ from ..checks import SconvProblem
 __all__ = [
     "NormConfig",
     "choose_norm_config",
+    "main_norm_config",
     "launch_sconv_add_rmsnorm",
     "sconv_add_rmsnorm_triton",
 ]
@@ -149,6 +150,7 @@ def _sconv_add_rmsnorm_kernel(
     NORM_BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
     USE_MAP: tl.constexpr,
+    ROW_LOOP: tl.constexpr,
 ):
     CHANNELS: tl.constexpr = NH * WS
     NJ: tl.constexpr = (WS + BLOCK_J - 1) // BLOCK_J
@@ -218,58 +220,102 @@ def _sconv_add_rmsnorm_kernel(
     dst3 = dst[:, None, None]
     wr_on = wmask[:, None, None]
 
-    # 1. conv, residual adds, squares; the chunks' new_h stay in registers.
-    kept = ()
-    sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k in tl.static_range(CPP):
-        if SPLIT == 1:
-            ci = k
-        else:
-            ci = tl.program_id(1) + k * SPLIT
-        nh, sq = _chunk(
-            ci, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
-            row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
-            stride_wc, stride_wk, stride_ch, stream_offset,
-            NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
-        )
-        kept = kept + (nh,)
-        sumsq += sq
-
-    if SPLIT == 1:
-        # 2. the whole row is here: normalise the kept chunks.
-        rstd = (1.0 / tl.sqrt_rn(sumsq / CHANNELS + eps))[:, None, None]
-        for k in tl.static_range(CPP):
-            hh = (k // NJ) * BLOCK_H + tl.arange(0, BLOCK_H)
-            jj = (k % NJ) * BLOCK_J + tl.arange(0, BLOCK_J)
-            chan = (hh[:, None] * WS + jj[None, :])[None, :, :]
-            con = ((hh < NH)[:, None] & (jj < WS)[None, :])[None, :, :]
-            y = (kept[k].to(tl.float32) * rstd).to(d_ptr.dtype.element_ty).to(tl.float32)
-            nw = tl.load(norm_w_ptr + chan, mask=con, other=0.0).to(tl.float32)
-            tl.store(normed_ptr + row_off + chan, (nw * y).to(d_ptr.dtype.element_ty), mask=row_on & con)
+    if ROW_LOOP:
+        # main's path (SPLIT == 1): the rows' tiles in a runtime loop, squares kept as a
+        # tile and reduced once; then new_h re-read from L1/L2 after a block barrier.
+        hh0 = tl.arange(0, BLOCK_H)
+        jj0 = tl.arange(0, BLOCK_J)
+        sq3 = tl.zeros([BLOCK_T, BLOCK_H, BLOCK_J], dtype=tl.float32)
+        for h0 in range(0, NH, BLOCK_H):
+            for j0 in range(0, WS, BLOCK_J):
+                hv = h0 + hh0
+                jv = j0 + jj0
+                ch = (hv[:, None] * WS + jv[None, :])[None, :, :]
+                cm = ((hv < NH)[:, None] & (jv < WS)[None, :])[None, :, :]
+                cc = (hv.to(tl.int64)[:, None] * stride_ch + stream_offset + jv[None, :])[None, :, :]
+                lm = row_on & cm
+                dv = tl.load(d_ptr + row_off + ch, mask=lm, other=0.0)
+                hv_t = tl.load(hidden_ptr + row_off + ch, mask=lm, other=0.0)
+                tl.store(cache_ptr + dst3 + cc, dv, mask=wr_on & cm)
+                dv32 = dv.to(tl.float32)
+                wl = tl.load(w_ptr + ch * stride_wc + (W - 1) * stride_wk, mask=cm, other=0.0)
+                conv = wl.to(tl.float32) * dv32
+                for i in tl.static_range(W - 1):
+                    wl = tl.load(w_ptr + ch * stride_wc + i * stride_wk, mask=cm, other=0.0)
+                    tv = tl.load(d_ptr + d_off[i] + ch, mask=d_on[i] & cm, other=0.0).to(tl.float32)
+                    tv += tl.load(cache_ptr + c_off[i] + cc, mask=c_on[i] & cm, other=0.0).to(tl.float32)
+                    conv += wl.to(tl.float32) * tv
+                sv = (dv32 + conv).to(d_ptr.dtype.element_ty).to(tl.float32)
+                nhv = (hv_t.to(tl.float32) + sv).to(d_ptr.dtype.element_ty)
+                tl.store(new_h_ptr + row_off + ch, nhv, mask=lm)
+                nf = nhv.to(tl.float32)
+                sq3 += nf * nf
+        rs = (1.0 / tl.sqrt_rn(tl.sum(tl.sum(sq3, axis=2), axis=1) / CHANNELS + eps))[:, None, None]
+        tl.debug_barrier()  # this program's new_h stores are visible to all its threads
+        for h0 in range(0, NH, BLOCK_H):
+            for j0 in range(0, WS, BLOCK_J):
+                hv = h0 + hh0
+                jv = j0 + jj0
+                ch = (hv[:, None] * WS + jv[None, :])[None, :, :]
+                cm = ((hv < NH)[:, None] & (jv < WS)[None, :])[None, :, :]
+                lm = row_on & cm
+                nf = tl.load(new_h_ptr + row_off + ch, mask=lm, other=0.0).to(tl.float32)
+                yv = (nf * rs).to(d_ptr.dtype.element_ty).to(tl.float32)
+                wn = tl.load(norm_w_ptr + ch, mask=cm, other=0.0).to(tl.float32)
+                tl.store(normed_ptr + row_off + ch, (wn * yv).to(d_ptr.dtype.element_ty), mask=lm)
     else:
-        # 2'. one row (BLOCK_T == 1) over SPLIT programs: partial sums, then a ticket.
-        row = pid.to(tl.int64)
-        tl.store(part_ptr + row * SPLIT + tl.program_id(1), tl.sum(sumsq, axis=0))
-        tl.debug_barrier()  # every thread's new_h and partial stores precede the ticket
-        ticket = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
-        if ticket == SPLIT - 1:  # the last program of the row normalises it
-            sidx = tl.arange(0, SPLIT_P2)
-            parts = tl.load(part_ptr + row * SPLIT + sidx, mask=sidx < SPLIT, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")  # ready for the next launch
-            rstd1 = 1.0 / tl.sqrt_rn(tl.sum(parts, axis=0) / CHANNELS + eps)
-            NB: tl.constexpr = (CHANNELS + NORM_BLOCK - 1) // NORM_BLOCK
-            loaded = ()
-            for b in tl.static_range(NB):  # all loads first: one round trip
-                cc = b * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
-                cm = cc < CHANNELS
-                nh32 = tl.load(new_h_ptr + row * CHANNELS + cc, mask=cm, other=0.0, cache_modifier=".cg")
-                nw = tl.load(norm_w_ptr + cc, mask=cm, other=0.0)
-                loaded = loaded + ((nh32, nw),)
-            for b in tl.static_range(NB):
-                cc = b * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
-                y = (loaded[b][0].to(tl.float32) * rstd1).to(d_ptr.dtype.element_ty).to(tl.float32)
-                out = (loaded[b][1].to(tl.float32) * y).to(d_ptr.dtype.element_ty)
-                tl.store(normed_ptr + row * CHANNELS + cc, out, mask=cc < CHANNELS)
+        # 1. conv, residual adds, squares; the chunks' new_h stay in registers.
+        kept = ()
+        sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for k in tl.static_range(CPP):
+            if SPLIT == 1:
+                ci = k
+            else:
+                ci = tl.program_id(1) + k * SPLIT
+            nh, sq = _chunk(
+                ci, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
+                row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
+                stride_wc, stride_wk, stride_ch, stream_offset,
+                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
+            )
+            kept = kept + (nh,)
+            sumsq += sq
+
+        if SPLIT == 1:
+            # 2. the whole row is here: normalise the kept chunks.
+            rstd = (1.0 / tl.sqrt_rn(sumsq / CHANNELS + eps))[:, None, None]
+            for k in tl.static_range(CPP):
+                hh = (k // NJ) * BLOCK_H + tl.arange(0, BLOCK_H)
+                jj = (k % NJ) * BLOCK_J + tl.arange(0, BLOCK_J)
+                chan = (hh[:, None] * WS + jj[None, :])[None, :, :]
+                con = ((hh < NH)[:, None] & (jj < WS)[None, :])[None, :, :]
+                y = (kept[k].to(tl.float32) * rstd).to(d_ptr.dtype.element_ty).to(tl.float32)
+                nw = tl.load(norm_w_ptr + chan, mask=con, other=0.0).to(tl.float32)
+                tl.store(normed_ptr + row_off + chan, (nw * y).to(d_ptr.dtype.element_ty), mask=row_on & con)
+        else:
+            # 2'. one row (BLOCK_T == 1) over SPLIT programs: partial sums, then a ticket.
+            row = pid.to(tl.int64)
+            tl.store(part_ptr + row * SPLIT + tl.program_id(1), tl.sum(sumsq, axis=0))
+            tl.debug_barrier()  # every thread's new_h and partial stores precede the ticket
+            ticket = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
+            if ticket == SPLIT - 1:  # the last program of the row normalises it
+                sidx = tl.arange(0, SPLIT_P2)
+                parts = tl.load(part_ptr + row * SPLIT + sidx, mask=sidx < SPLIT, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")  # ready for the next launch
+                rstd1 = 1.0 / tl.sqrt_rn(tl.sum(parts, axis=0) / CHANNELS + eps)
+                NB: tl.constexpr = (CHANNELS + NORM_BLOCK - 1) // NORM_BLOCK
+                loaded = ()
+                for b in tl.static_range(NB):  # all loads first: one round trip
+                    cc = b * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
+                    cm = cc < CHANNELS
+                    nh32 = tl.load(new_h_ptr + row * CHANNELS + cc, mask=cm, other=0.0, cache_modifier=".cg")
+                    nw = tl.load(norm_w_ptr + cc, mask=cm, other=0.0)
+                    loaded = loaded + ((nh32, nw),)
+                for b in tl.static_range(NB):
+                    cc = b * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
+                    y = (loaded[b][0].to(tl.float32) * rstd1).to(d_ptr.dtype.element_ty).to(tl.float32)
+                    out = (loaded[b][1].to(tl.float32) * y).to(d_ptr.dtype.element_ty)
+                    tl.store(normed_ptr + row * CHANNELS + cc, out, mask=cc < CHANNELS)
 
 
 _MAX_SPLIT = 64  # programs a row at most (scratch partials per row)
@@ -279,7 +325,9 @@ _MAX_SPLIT = 64  # programs a row at most (scratch partials per row)
 class NormConfig:
     """One launch configuration: ``[block_t, block_h, block_j]`` chunks (rows, heads,
     channels of a head's stream range; powers of two) and ``split`` programs per row
-    (``split > 1`` needs ``block_t == 1``; at most the number of chunks a row has)."""
+    (``split > 1`` needs ``block_t == 1``; at most the number of chunks a row has).
+    ``row_loop``: main's path instead (``split == 1``): the tiles in a runtime loop,
+    ``new_h`` stored and re-read for the norm rather than kept in registers."""
 
     block_t: int
     block_h: int
@@ -287,6 +335,7 @@ class NormConfig:
     num_warps: int
     scan: int = 256
     split: int = 1
+    row_loop: bool = False
 
 
 def _block_j(stream_width: int) -> int:
@@ -297,28 +346,44 @@ def _block_j(stream_width: int) -> int:
     return min(256, pow2_ceil(stream_width))
 
 
-def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
-    """Tile choice (no autotuning: the grid must depend on T alone), from the H200
-    sweep with the tap map (benchmarks/RESULTS_sconv_add_rmsnorm.md, 2026-12-01).
+def main_norm_config(num_heads: int, stream_width: int) -> NormConfig:
+    """main's configuration (commit 7da5075): one row a program, ``[1, 4096 // BLOCK_J
+    heads, next_pow2(stream_width) <= 1024]`` tiles in a runtime loop, warps by tile size,
+    ``new_h`` re-read for the norm (``row_loop``)."""
+    block_j = min(pow2_ceil(stream_width), 1024)
+    block_h = max(1, min(pow2_ceil(num_heads), 4096 // block_j))
+    elems = block_h * block_j
+    num_warps = 4 if elems >= 2048 else 2 if elems >= 512 else 1
+    return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=num_warps, row_loop=True)
 
-    Chunks of ``BLOCK_J`` (:func:`_block_j`) channels of each head. T <= 16: every
-    chunk of one head on its own program (decode 1: 24 programs of 256 channels, two
-    warps each; 3.50 µs against 7.03 for the whole row on one program). T <= 128:
-    four-head chunks (1024 channels), one a program, four warps. Larger batches: one
-    row per program, the whole row in registers as 2048-element chunks, eight warps
-    up to T = 1024 (decode 256: 8.04 µs, 8.92 on four) and four warps above
-    (prefill 8192: 202.7 µs, 233.2 on eight). More rows per program lost everywhere.
+
+def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
+    """Tile choice (no autotuning: the grid must depend on T alone): per size class the
+    configuration that measured fastest in the H200 run of 2026-12-01 03:28 UTC (main's
+    kernel timed in the same run; benchmarks/RESULTS_sconv_add_rmsnorm.md).
+
+    - T <= 16: split rows, every ``BLOCK_J``-channel chunk (:func:`_block_j`) of one
+      head on its own program, two warps (decode 1: 3.50 µs; main's kernel 4.88).
+    - 16 < T <= 1024: main's configuration and path (:func:`main_norm_config`), which
+      beat every new configuration swept there (decode 64: 5.24 µs against 5.55 for the
+      best split; decode 256: 7.34 against 8.04; spec verify 64 x 4: 7.26 against 7.92).
+    - T > 1024: one row a program, the whole row in registers as 2048-element chunks,
+      four warps (prefill 8192: 203.0 µs, main's 218.1; mixed 2303 rows: 67.77, main's
+      67.80).
+
+    Class boundaries between the measured sizes (1, 64, 256, 2303, 8192) are not
+    measured.
     """
+    if 16 < num_tokens <= 1024:
+        return main_norm_config(num_heads, stream_width)
     block_j = _block_j(stream_width)
     nj = -(-stream_width // block_j)
-    if num_tokens <= 128:
-        elems = 256 if num_tokens <= 16 else 1024
-        block_h = max(1, min(pow2_ceil(num_heads), elems // block_j))
+    if num_tokens <= 16:
+        block_h = max(1, min(pow2_ceil(num_heads), 256 // block_j))
         split = max(1, min(-(-num_heads // block_h) * nj, _MAX_SPLIT))
-        return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=2 if elems == 256 else 4,
-                          split=split)
+        return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=2, split=split)
     block_h = max(1, min(pow2_ceil(num_heads), 2048 // block_j))
-    return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=8 if num_tokens <= 1024 else 4)
+    return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=4)
 
 
 # (device, stream) -> (counters int32 [rows], partials fp32 [rows * max_split]); zero
@@ -376,6 +441,8 @@ def launch_sconv_add_rmsnorm(
         if size < 1 or size & (size - 1):
             raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
     chunks = -(-prob.num_heads // cfg.block_h) * -(-stream_width // cfg.block_j)
+    if cfg.row_loop and cfg.split != 1:
+        raise ValueError(f"config split must be 1 with row_loop, got {cfg}")
     if cfg.split < 1 or cfg.split > min(chunks, _MAX_SPLIT) or (cfg.split > 1 and cfg.block_t != 1):
         raise ValueError(f"config split must be 1..{min(chunks, _MAX_SPLIT)} (the row's chunks), "
                          f"with block_t 1 when above 1, got {cfg}")
@@ -407,6 +474,7 @@ def launch_sconv_add_rmsnorm(
         SPLIT=split, SPLIT_P2=pow2_ceil(split), NORM_BLOCK=min(2048, pow2_ceil(channels)),
         SCAN=cfg.scan,
         USE_MAP=tap_map is not None,
+        ROW_LOOP=cfg.row_loop,
         num_warps=cfg.num_warps,
     )
     return new_hidden, normed
