@@ -504,9 +504,9 @@ def test_default_config_splits_small_batches() -> None:
 
 @pytest.mark.parametrize("heads,width", [(8, 512), (8, 768), (3, 20)])
 def test_default_config_per_size_class(heads: int, width: int) -> None:
-    """Default per size (H200 run of 2026-12-01): split rows up to T = 16, main's exact
+    """Default per size (H200 runs of 2026-12-01): split rows up to T = 16, main's exact
     configuration and path (one row a program, its tiles in a loop, re-read) for
-    16 < T <= 1024, the whole row in registers above."""
+    16 < T < 8192, the whole row in registers from 8192."""
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, main_norm_config
 
     block_j = min(1 << (width - 1).bit_length(), 1024)  # main's choose_norm_config, written out
@@ -515,11 +515,11 @@ def test_default_config_per_size_class(heads: int, width: int) -> None:
     main_cfg = NormConfig(block_t=1, block_h=block_h, block_j=block_j,
                           num_warps=4 if elems >= 2048 else 2 if elems >= 512 else 1, row_loop=True)
     assert main_norm_config(heads, width) == main_cfg
-    for t in (17, 64, 256, 1024):
+    for t in (17, 64, 256, 1024, 2048, 2303, 8191):
         assert choose_norm_config(t, heads, width) == main_cfg
     for t in (1, 16):
         cfg = choose_norm_config(t, heads, width)
         assert not cfg.row_loop and cfg.num_warps == 2 and (cfg.split > 1 or heads * width <= 256)
-    for t in (1025, 8192):
+    for t in (8192, 16384):
         cfg = choose_norm_config(t, heads, width)
         assert not cfg.row_loop and cfg.split == 1 and cfg.num_warps == 4

@@ -359,22 +359,22 @@ def main_norm_config(num_heads: int, stream_width: int) -> NormConfig:
 
 def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
     """Tile choice (no autotuning: the grid must depend on T alone): per size class the
-    configuration that measured fastest in the H200 run of 2026-12-01 03:28 UTC (main's
-    kernel timed in the same run; benchmarks/RESULTS_sconv_add_rmsnorm.md).
+    configuration that measured fastest on the H200 (main's kernel timed in the same
+    runs; benchmarks/RESULTS_sconv_add_rmsnorm.md, 2026-12-01 03:28 and 03:51 UTC).
 
     - T <= 16: split rows, every ``BLOCK_J``-channel chunk (:func:`_block_j`) of one
-      head on its own program, two warps (decode 1: 3.50 µs; main's kernel 4.88).
-    - 16 < T <= 1024: main's configuration and path (:func:`main_norm_config`), which
-      beat every new configuration swept there (decode 64: 5.24 µs against 5.55 for the
-      best split; decode 256: 7.34 against 8.04; spec verify 64 x 4: 7.26 against 7.92).
-    - T > 1024: one row a program, the whole row in registers as 2048-element chunks,
-      four warps (prefill 8192: 203.0 µs, main's 218.1; mixed 2303 rows: 67.77, main's
-      67.80).
+      head on its own program, two warps (decode 1: 3.53 µs, main's kernel 4.87;
+      decode 16: 4.36, main's 5.00).
+    - 16 < T < 8192: main's configuration and path (:func:`main_norm_config`): it beat
+      every new configuration at T = 64, 256 (03:28 sweep) and the whole row in
+      registers at T = 2048 (84.3 µs against 77.1) and 2303 (67.1 against 66.9).
+    - T >= 8192: one row a program, the whole row in registers as 2048-element chunks,
+      four warps (prefill 8192: 201.1 µs, main's 216.5).
 
-    Class boundaries between the measured sizes (1, 64, 256, 2303, 8192) are not
-    measured.
+    Between the measured sizes (1, 8, 16, 32, 64, 128, 256, 1024, 2048, 2303, 8192) the
+    crossovers are not measured; main's path is kept wherever it is not known to lose.
     """
-    if 16 < num_tokens <= 1024:
+    if 16 < num_tokens < 8192:
         return main_norm_config(num_heads, stream_width)
     block_j = _block_j(stream_width)
     nj = -(-stream_width // block_j)
