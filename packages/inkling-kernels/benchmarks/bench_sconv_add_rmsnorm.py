@@ -53,6 +53,13 @@ from inkling_kernels.sconv_add_rmsnorm import (
 from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, choose_norm_config, sconv_add_rmsnorm_triton
 
 DRY = "--dry-run" in sys.argv
+OLD = None  # --old-kernel's module
+try:  # vLLM's fused add + RMSNorm kernel, where vLLM is installed
+    if DRY:
+        raise ImportError
+    from vllm._custom_ops import fused_add_rms_norm as VLLM_ADD_NORM
+except Exception:
+    VLLM_ADD_NORM = None
 DEVICE = "cpu" if DRY else "cuda"
 HIDDEN = 64 if DRY else 6144
 HEAD_DIM = 8 if DRY else 128
@@ -206,7 +213,8 @@ def _graph_time_us(fn, iters: int, replays: int) -> float:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # captured on the warm-up stream: the split path's scratch is made per stream
+    with torch.cuda.graph(graph, stream=side):
         for _ in range(iters):
             fn()
     graph.replay()
@@ -223,11 +231,37 @@ def _graph_time_us(fn, iters: int, replays: int) -> float:
     return statistics.median(times)
 
 
+COPY_LOOP, COPY_LOOPS = 20, 5
+
+
 def copy_bandwidth_gbs() -> float:
-    a = torch.empty(1 << (20 if DRY else 31), dtype=torch.uint8, device=DEVICE)
-    b = torch.empty_like(a)
-    us = graph_time_us(lambda: b.copy_(a), iters=5, replays=10)
-    return 2 * a.numel() / (us * 1e-6) / 1e9
+    """Device copy rate, GB/s counting bytes read + written: CUDA events around a
+    plain loop of COPY_LOOP ``b.copy_(a)`` calls (no graph) over 1 and 2 GiB bf16
+    tensors, median of COPY_LOOPS loops per size, the larger of the two medians (the
+    method of bench_sconv.py since issue 14; a graph-timed copy reads ~2.7 TB/s)."""
+    if DRY:
+        return 1.0
+    best = 0.0
+    for nbytes in (1 << 30, 2 << 30):
+        a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=DEVICE)
+        a.view(torch.uint8).random_(0, 255)
+        b = torch.empty_like(a)
+        for _ in range(3):
+            b.copy_(a)
+        torch.cuda.synchronize()
+        rates = []
+        for _ in range(COPY_LOOPS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(COPY_LOOP):
+                b.copy_(a)
+            end.record()
+            torch.cuda.synchronize()
+            rates.append(2 * nbytes * COPY_LOOP / (start.elapsed_time(end) * 1e-3) / 1e9)
+        best = max(best, statistics.median(rates))
+        del a, b
+    torch.cuda.empty_cache()
+    return best
 
 
 def ulp_stats(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
@@ -257,7 +291,10 @@ def check(layout: ConvStateLayout, dtype: torch.dtype, report: dict) -> bool:
         p = build(case.requests, layout, dtype, seed=100 + i)
         want_h, want_n, want_cache = reference(p)
         tap_map = tap_map_of(p)
-        variants = [(None, False), (NormConfig(8, 2, 256, 8), False), (None, True)] if not DRY else [(None, False), (None, True)]
+        variants = [(None, False), (NormConfig(4, 8, 256, 8), False), (None, True),
+                    (NormConfig(1, 2, 256, 4, split=12), True), (NormConfig(1, 8, 256, 8), True)]
+        if DRY:
+            variants = [(None, False), (None, True), (NormConfig(1, 1, 8, 1, split=3), True)]
         for cfg, mapped in variants:
             args = list(p.args(tap_map if mapped else None))
             args[3] = p.cache.clone()
@@ -364,8 +401,8 @@ def unfused_eager(p: Problem):
     return new_h, p.norm_weight * y
 
 
-def unfused_frms(p: Problem):
-    s = fused_sconv(*p.sconv_args())
+def unfused_frms(p: Problem, tap_map: torch.Tensor | None = None):
+    s = fused_sconv(*p.sconv_args(tap_map))
     new_h = p.hidden + s
     return new_h, torch.nn.functional.rms_norm(new_h, (new_h.shape[-1],), p.norm_weight, EPS)
 
@@ -377,11 +414,17 @@ def _add_norm(hidden: torch.Tensor, s: torch.Tensor, w: torch.Tensor):
     return new_h, w * y
 
 
+# Swept with the tap map (what the model passes). Small batches: split rows; all
+# sizes: whole rows in registers, several rows a program.
+SWEEP_SMALL = [NormConfig(1, 1, 8, 1, split=4), NormConfig(1, 2, 8, 2, split=2)] if DRY else [
+    NormConfig(1, 1, 256, 2, split=24), NormConfig(1, 2, 256, 4, split=12), NormConfig(1, 2, 256, 4, split=6),
+    NormConfig(1, 4, 256, 4, split=6), NormConfig(1, 2, 256, 4, split=4), NormConfig(1, 4, 256, 8, split=3),
+    NormConfig(1, 2, 256, 4, split=2),
+]
 SWEEP = [NormConfig(1, 8, 8, 2), NormConfig(2, 2, 8, 1)] if DRY else [
-    NormConfig(1, 8, 1024, 8), NormConfig(1, 8, 1024, 16), NormConfig(1, 4, 1024, 4),
-    NormConfig(1, 4, 1024, 8), NormConfig(1, 2, 1024, 4),
-    NormConfig(2, 4, 1024, 8), NormConfig(4, 2, 256, 4), NormConfig(8, 1, 256, 4),
-    NormConfig(8, 2, 256, 8), NormConfig(8, 4, 256, 8), NormConfig(16, 1, 256, 8),
+    NormConfig(1, 8, 256, 4), NormConfig(1, 8, 256, 8), NormConfig(1, 4, 256, 4), NormConfig(1, 4, 256, 2),
+    NormConfig(2, 8, 256, 8), NormConfig(2, 4, 256, 4), NormConfig(4, 8, 256, 8), NormConfig(4, 8, 256, 16),
+    NormConfig(4, 4, 256, 8),
 ]
 
 
@@ -423,12 +466,36 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
         row = dict(case=case.name, T=t, C=HIDDEN, min_bytes=nbytes)
         heur = choose_norm_config(t, layout.num_heads, p.width)
         row["heuristic"] = str(heur)
+        tap_map = tap_map_of(p)
         row["fused_us"] = graph_time_us(lambda: fused_sconv_add_rmsnorm(*p.args()), args.iters, args.replays)
+        if OLD is not None:  # the kernel of the tree named by --old-kernel, same run
+            row["old_us"] = graph_time_us(lambda: OLD.sconv_add_rmsnorm_triton(*p.args()), args.iters, args.replays)
+            row["old_map_us"] = graph_time_us(
+                lambda: OLD.sconv_add_rmsnorm_triton(*p.args(tap_map)), args.iters, args.replays)
+        if OLD is not None and args.rounds > 1:
+            # new and old alternating, `rounds` times, with and without the map; each
+            # value is the median of its rounds (the single timings above are replaced)
+            pair = {
+                "fused_map_us": lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)),
+                "old_map_us": lambda: OLD.sconv_add_rmsnorm_triton(*p.args(tap_map)),
+                "fused_us": lambda: fused_sconv_add_rmsnorm(*p.args()),
+                "old_us": lambda: OLD.sconv_add_rmsnorm_triton(*p.args()),
+            }
+            got: dict[str, list[float]] = {k: [] for k in pair}
+            for _ in range(args.rounds):
+                for key, fn in pair.items():
+                    got[key].append(graph_time_us(fn, args.iters, args.replays))
+            for key, vals in got.items():
+                row[key] = statistics.median(vals)
+                row[key.replace("_us", "_rounds_us")] = vals
+            row["new_over_old_map"] = row["fused_map_us"] / row["old_map_us"]
+            row["new_over_old_nomap"] = row["fused_us"] / row["old_us"]
         sweep = {}
-        for cfg in SWEEP if args.sweep else []:
+        configs = (SWEEP_SMALL if t <= 512 else []) + SWEEP
+        for cfg in configs if args.sweep else []:
             try:
                 sweep[str(cfg)] = graph_time_us(
-                    lambda cfg=cfg: sconv_add_rmsnorm_triton(*p.args(), config=cfg), args.iters, args.replays)
+                    lambda cfg=cfg: sconv_add_rmsnorm_triton(*p.args(tap_map), config=cfg), args.iters, args.replays)
             except Exception as exc:  # e.g. out of resources for a config
                 sweep[str(cfg)] = f"error: {type(exc).__name__}"
 
@@ -437,10 +504,19 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
         if numeric:
             best = min(numeric, key=numeric.get)
             row["best_config"], row["best_us"] = best, numeric[best]
+        if args.no_unfused:  # new vs old only
+            if "fused_map_us" not in row:
+                row["fused_map_us"] = graph_time_us(
+                    lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)), args.iters, args.replays)
+            print(f"  {case.name} T={t}: NEW map {row['fused_map_us']:.2f} | OLD map "
+                  f"{row.get('old_map_us', float('nan')):.2f} | new nomap {row['fused_us']:.2f} | OLD nomap "
+                  f"{row.get('old_us', float('nan')):.2f} | ratio map {row.get('new_over_old_map', float('nan')):.3f} "
+                  f"nomap {row.get('new_over_old_nomap', float('nan')):.3f} | {heur}", flush=True)
+            return row
         row["sconv_only_us"] = graph_time_us(lambda: fused_sconv(*p.sconv_args()), args.iters, args.replays)
-        tap_map = tap_map_of(p)
-        row["fused_map_us"] = graph_time_us(
-            lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)), args.iters, args.replays)
+        if "fused_map_us" not in row:
+            row["fused_map_us"] = graph_time_us(
+                lambda: fused_sconv_add_rmsnorm(*p.args(tap_map)), args.iters, args.replays)
         row["sconv_only_map_us"] = graph_time_us(
             lambda: fused_sconv(*p.sconv_args(tap_map)), args.iters, args.replays)
         row["unfused_eager_us"] = graph_time_us(lambda: unfused_eager(p), args.iters, args.replays)
@@ -453,9 +529,29 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
                 for _ in range(2):
                     unfused_compiled()
                 row["unfused_compiled_us"] = graph_time_us(unfused_compiled, args.iters, args.replays)
+
+                def unfused_map_compiled():
+                    s = fused_sconv(*p.sconv_args(tap_map))
+                    return compiled(p.hidden, s, p.norm_weight)
+                for _ in range(2):
+                    unfused_map_compiled()
+                row["unfused_map_compiled_us"] = graph_time_us(unfused_map_compiled, args.iters, args.replays)
+            except Exception:
+                traceback.print_exc()
+        row["unfused_map_frms_us"] = graph_time_us(lambda: unfused_frms(p, tap_map), args.iters, args.replays)
+        if VLLM_ADD_NORM is not None:  # vLLM's fused add + RMSNorm kernel (in place)
+            try:
+                res = p.hidden.clone()  # (accumulates over the timed calls: timing only)
+
+                def unfused_map_vllm():
+                    s = fused_sconv(*p.sconv_args(tap_map))
+                    VLLM_ADD_NORM(s, res, p.norm_weight, EPS)
+                    return s, res
+                row["unfused_map_vllm_us"] = graph_time_us(unfused_map_vllm, args.iters, args.replays)
             except Exception:
                 traceback.print_exc()
         row["fused_gbs"] = nbytes / (row["fused_us"] * 1e-6) / 1e9
+        row["fused_map_gbs"] = nbytes / (row["fused_map_us"] * 1e-6) / 1e9
         best_unfused = min(v for k, v in row.items() if k.startswith("unfused") and isinstance(v, float))
         print(f"{case.name:34s} T={t:5d} fused {row['fused_us']:8.2f} us ({row['fused_gbs']:6.0f} GB/s, "
               f"{row['fused_gbs'] / copy_gbs:.2f} of copy) | best sweep {row.get('best_us', float('nan')):8.2f} "
@@ -464,6 +560,10 @@ def bench_case(i, case, layout, dtype, args, copy_gbs, compiled) -> dict:
               f"{row['fused_map_us']:8.2f} sconv only {row['sconv_only_map_us']:8.2f} | compiled "
               f"{row.get('unfused_compiled_us', float('nan')):8.2f} | speedup vs best unfused "
               f"{best_unfused / row['fused_us']:.2f}x", flush=True)
+        print(f"  {case.name}: NEW map {row['fused_map_us']:.2f} | OLD map {row.get('old_map_us', float('nan')):.2f} "
+              f"nomap {row.get('old_us', float('nan')):.2f} | new nomap {row['fused_us']:.2f} | sconv+map + compiled "
+              f"{row.get('unfused_map_compiled_us', float('nan')):.2f} + F.rms {row['unfused_map_frms_us']:.2f} "
+              f"+ vllm {row.get('unfused_map_vllm_us', float('nan')):.2f}", flush=True)
     return row
 
 
@@ -477,7 +577,20 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=15)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--dry-run", action="store_true", help="CPU + interpreter, tiny shapes")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --old-kernel: time new and old alternating this many rounds (medians)")
+    parser.add_argument("--no-unfused", action="store_true", help="time only the new and the old kernel")
+    parser.add_argument("--extra-decode", default="",
+                        help="comma-separated batch sizes: extra decode cases (one token a request)")
+    parser.add_argument("--old-kernel", help="module of an older kernel.py to time beside (e.g. main's, "
+                        "copied next to kernel.py as kernel_main.py: inkling_kernels.sconv_add_rmsnorm.kernel_main)")
     args = parser.parse_args()
+    global OLD
+    for n in (int(x) for x in args.extra_decode.split(",") if x.strip()):
+        CASES.append(Case(f"decode {n} reqs", [(200 + 11 * i, 1) for i in range(n)]))
+    if args.old_kernel:
+        import importlib
+        OLD = importlib.import_module(args.old_kernel)
     torch.manual_seed(0)
     dtype = torch.float32 if DRY else torch.bfloat16  # the interpreter truncates to bf16
     layout = ConvStateLayout.build(num_kv_heads=8, head_dim=HEAD_DIM, hidden_size=HIDDEN, kernel_size=4)

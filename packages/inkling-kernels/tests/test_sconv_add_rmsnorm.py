@@ -231,6 +231,7 @@ CONFIGS = (
     NormConfig(block_t=4, block_h=1, block_j=16, num_warps=2, scan=4),  # 2 j-chunks a head, tiny scan
     NormConfig(block_t=2, block_h=2, block_j=32, num_warps=1, scan=8),  # the whole row, masked j
     NormConfig(block_t=1, block_h=4, block_j=8, num_warps=1, scan=256),  # masked heads
+    NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, scan=4, row_loop=True),  # main's path, 2 j-tiles
 )
 
 
@@ -300,7 +301,9 @@ def test_same_step_prefix_hit(hit_first: bool) -> None:
         a_rows = slice(b_len, b_len + prompt)
     ref = run_reference(tr, clone_cache(tr.cache))
     for cfg, mapped in [(None, False), (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4), False),
-                        (None, True), (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4), True)]:
+                        (None, True), (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4), True),
+                        (NormConfig(block_t=1, block_h=1, block_j=8, num_warps=1, scan=4, split=6), False),
+                        (NormConfig(block_t=1, block_h=1, block_j=8, num_warps=1, scan=4, split=6), True)]:
         cache = clone_cache(tr.cache)
         out = run_kernel(tr, cache, cfg, mapped)
         for got, want in zip(out, ref):
@@ -417,6 +420,7 @@ def test_validation_errors(change, error, match) -> None:
     [
         NormConfig(block_t=2, block_h=2, block_j=8, num_warps=1, scan=8),  # a half head group, masked j
         NormConfig(block_t=1, block_h=1, block_j=32, num_warps=1, scan=4),  # one head a tile
+        NormConfig(block_t=2, block_h=2, block_j=8, num_warps=1, scan=8, row_loop=True),  # main's path, masked
     ],
 )
 def test_odd_head_count_and_width(config: NormConfig) -> None:
@@ -449,3 +453,73 @@ def test_tap_map_argument() -> None:
         tr.args(clone_cache(tr.cache), tap_map[:-1])
     torch.library.opcheck(torch.ops.inkling.fused_sconv_add_rmsnorm.default,
                           tr.op_args(clone_cache(tr.cache), tap_map))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        NormConfig(block_t=1, block_h=1, block_j=8, num_warps=2, scan=4, split=4),  # 2 chunks each, last masked
+        NormConfig(block_t=1, block_h=2, block_j=16, num_warps=1, scan=8, split=3),  # masked j, uneven heads
+        NormConfig(block_t=1, block_h=1, block_j=32, num_warps=1, scan=8, split=3),  # one head a chunk
+    ],
+)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_split_rows_over_programs(config: NormConfig, dtype: torch.dtype) -> None:
+    """Each row's chunks over several programs (partial sums of squares, the last
+    program's ticket normalises): 3 heads x 20 channels, random mixed batches with
+    pad rows, with and without the tap map, twice on the same scratch (the counters
+    reset themselves: a stale counter would leave normed rows NaN)."""
+    from inkling_kernels.sconv_add_rmsnorm import kernel as kmod
+
+    rng = random.Random(77 + config.split)
+    for launch in range(2):
+        tr = make_trace(rng, dtype, random_requests(rng), heads=3, width=20, head_size=56,
+                        stream_offset=12, pad_rows=launch + 1)
+        ref = run_reference(tr, clone_cache(tr.cache))
+        for mapped in (False, True):
+            cache = clone_cache(tr.cache)
+            out = run_kernel(tr, cache, config, mapped)
+            for got, want in zip(out, ref):
+                assert_close(got, want, dtype)
+            assert_cache_writes(tr, tr.cache, cache)
+    for cnt, _, _ in kmod._SCRATCH.values():
+        assert int(cnt.abs().sum()) == 0
+
+
+def test_split_config_checks() -> None:
+    rng = random.Random(3)
+    tr = make_trace(rng, torch.float32, [(5, 2)])
+    for bad in (NormConfig(2, 1, 8, 1, split=2), NormConfig(1, 2, 32, 1, split=2), NormConfig(1, 1, 8, 1, split=0),
+                NormConfig(1, 1, 8, 1, split=2, row_loop=True)):
+        with pytest.raises(ValueError, match="split"):
+            run_kernel(tr, clone_cache(tr.cache), bad)
+
+
+def test_default_config_splits_small_batches() -> None:
+    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config
+
+    assert choose_norm_config(1, 8, 768).split > 1
+    assert choose_norm_config(8192, 8, 768).split == 1
+
+
+@pytest.mark.parametrize("heads,width", [(8, 512), (8, 768), (3, 20)])
+def test_default_config_per_size_class(heads: int, width: int) -> None:
+    """Default per size (H200 runs of 2026-12-01): split rows up to T = 16, main's exact
+    configuration and path (one row a program, its tiles in a loop, re-read) for
+    16 < T < 8192, the whole row in registers from 8192."""
+    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, main_norm_config
+
+    block_j = min(1 << (width - 1).bit_length(), 1024)  # main's choose_norm_config, written out
+    block_h = max(1, min(1 << (heads - 1).bit_length(), 4096 // block_j))
+    elems = block_h * block_j
+    main_cfg = NormConfig(block_t=1, block_h=block_h, block_j=block_j,
+                          num_warps=4 if elems >= 2048 else 2 if elems >= 512 else 1, row_loop=True)
+    assert main_norm_config(heads, width) == main_cfg
+    for t in (17, 64, 256, 1024, 2048, 2303, 8191):
+        assert choose_norm_config(t, heads, width) == main_cfg
+    for t in (1, 16):
+        cfg = choose_norm_config(t, heads, width)
+        assert not cfg.row_loop and cfg.num_warps == 2 and (cfg.split > 1 or heads * width <= 256)
+    for t in (8192, 16384):
+        cfg = choose_norm_config(t, heads, width)
+        assert not cfg.row_loop and cfg.split == 1 and cfg.num_warps == 4

@@ -1,35 +1,46 @@
 """Triton kernel and launcher for ``fused_sconv_add_rmsnorm``.
 
-Tiling: one program owns ``BLOCK_T`` consecutive rows and the *whole* hidden row
-(RMSNorm needs it). The row's ``C = H * stream_width`` channels are walked as
-``[BLOCK_T, BLOCK_H, BLOCK_J]`` tiles: ``BLOCK_H`` heads times ``BLOCK_J`` channels
-of each head's stream range, so every tile's cache addresses are contiguous along
-``j`` (vector loads and stores; ``stream_width`` need not be a power of two: the
-last ``j`` chunk of a head is masked). Grid ``cdiv(T, BLOCK_T)``: it depends only
-on T, nothing but the two outputs is allocated and nothing syncs with the host, so
-the launch replays under CUDA graphs.
+Tiling: a row's ``C = H * stream_width`` channels are cut into ``NCH`` chunks of
+``[BLOCK_H heads, BLOCK_J channels of each head's stream range]`` (cache addresses
+contiguous along ``j``: vector loads and stores; ``stream_width`` need not be a power
+of two, the last ``j`` chunk of a head is masked). The grid is
+``(cdiv(T, BLOCK_T), SPLIT)``: program ``(p, s)`` owns rows ``p*BLOCK_T ..`` and the
+chunks ``s, s + SPLIT, s + 2*SPLIT, ...`` of them. It depends only on T; nothing but
+the two outputs is allocated per call and nothing syncs with the host, so the launch
+replays under CUDA graphs.
 
 Per program:
 
-0. resolve the ``W-1`` earlier taps of each row once, before the channel loop: an
-   in-forward tap names a row of ``d``; a pre-forward tap a cache slot through the
-   block table (the batch's tap map says so directly when it has one). Same-step
-   hazard, by the rule every kernel shares (:mod:`inkling_kernels._triton_common`): a
-   pre-forward slot that a row of this very launch writes (a same-step prefix hit) is
-   looked up in ``slot_mapping`` and read from that writer's row of ``d`` instead of
-   the cache, so the result equals "insert the whole batch, then convolve" in any
-   program order. Only programs holding a pre-forward tap scan (decode tiles; the
-   first W-1 rows of each request in prefill), once for all taps and chunks;
-1. per tile: load ``d`` and ``hidden``, store ``d`` into the rows' slots, form the W
-   taps (fp32), ``s = dt(d + conv)``, ``new_h = dt(hidden + s)``; store ``new_h`` and
-   accumulate its squares (reduced once, after the loop);
-2. ``rstd = 1 / sqrt(mean + eps)``; after a block barrier (the ``new_h`` tiles this
-   program stored are visible to all its threads) re-read ``new_h`` tile by tile
-   (L1/L2 hits) and store ``dt(norm_weight * dt(new_h * rstd))``.
+0. resolve the ``W-1`` earlier taps of each row once: an in-forward tap names a row
+   of ``d``; a pre-forward tap a cache slot through the block table (the batch's tap
+   map says so directly when it has one). Same-step hazard, by the rule every kernel
+   shares (:mod:`inkling_kernels._triton_common`): a pre-forward slot that a row of
+   this very launch writes (a same-step prefix hit) is looked up in ``slot_mapping``
+   and read from that writer's row of ``d`` instead of the cache, so the result
+   equals "insert the whole batch, then convolve" in any program order;
+1. per chunk (a static loop: the chunks stay in registers): load ``d`` and
+   ``hidden``, store ``d`` into the rows' slots, form the W taps (fp32),
+   ``s = dt(d + conv)``, ``new_h = dt(hidden + s)``; store ``new_h``, keep it, and
+   add up its squares;
+2. ``SPLIT == 1`` (the program has the whole row): ``rstd = 1 / sqrt(mean + eps)``,
+   then ``normed = dt(norm_weight * dt(new_h * rstd))`` from the kept chunks (no
+   re-read). ``SPLIT > 1`` (``BLOCK_T == 1``; small batches, so that a row's channels
+   spread over SPLIT SMs): the program stores its partial sum of squares in a
+   per-row fp32 slot of a scratch buffer and takes a ticket (an atomic add on the
+   row's counter, after a block barrier; acquire-release at GPU scope). The program
+   drawing the last ticket sums the SPLIT partials in a fixed order (deterministic),
+   resets the counter to 0 (the buffer is ready for the next launch: graph replays
+   need no memset) and normalises the whole row, reading ``new_h`` back from L2.
 
 The conv weight is read as ``weight[c, i]`` with any strides; a channel-contiguous
 weight (``stride(0) == 1``, e.g. the transpose of a ``(W, C)`` tensor, as
 ``InklingShortConvAddRMSNorm`` keeps it) is read with vector loads.
+
+Scratch (SPLIT > 1 only): one zeroed ``(counters, partials)`` pair per (device,
+stream), grown outside graph capture. Launches on one stream run one after the
+other, so they never share counters concurrently; a launch whose stream has no large
+enough buffer while a CUDA graph is being captured on it uses ``SPLIT = 1`` instead
+(a warm-up call on that stream before capture makes the buffer).
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from ..checks import SconvProblem
 __all__ = [
     "NormConfig",
     "choose_norm_config",
+    "main_norm_config",
     "launch_sconv_add_rmsnorm",
     "sconv_add_rmsnorm_triton",
 ]
@@ -56,6 +68,42 @@ __all__ = [
 def _column(table, kidx, i: tl.constexpr):
     """Column ``i`` of a ``[BLOCK_T, KW]`` integer table (exactly one lane selected)."""
     return tl.sum(tl.where(kidx[None, :] == i, table, 0), axis=1)
+
+
+@triton.jit
+def _chunk(
+    ci, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
+    row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
+    stride_wc, stride_wk, stride_ch, stream_offset,
+    NH: tl.constexpr, WS: tl.constexpr, W: tl.constexpr, NJ: tl.constexpr, NCH: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """Chunk ``ci`` of the rows: slot store, conv, residual adds, ``new_h`` store.
+    Returns ``new_h`` ([BLOCK_T, BLOCK_H, BLOCK_J], d's dtype, 0 where masked) and the
+    rows' sums of its squares ([BLOCK_T] fp32)."""
+    hh = (ci // NJ) * BLOCK_H + tl.arange(0, BLOCK_H)
+    jj = (ci % NJ) * BLOCK_J + tl.arange(0, BLOCK_J)
+    chan = (hh[:, None] * WS + jj[None, :])[None, :, :]  # [1, BH, BJ]
+    con = ((hh < NH)[:, None] & (jj < WS)[None, :] & (ci < NCH))[None, :, :]
+    ccol = (hh.to(tl.int64)[:, None] * stride_ch + stream_offset + jj[None, :])[None, :, :]
+    tmask = row_on & con
+    offs = row_off + chan
+    d_tile = tl.load(d_ptr + offs, mask=tmask, other=0.0)
+    h_tile = tl.load(hidden_ptr + offs, mask=tmask, other=0.0)
+    tl.store(cache_ptr + dst3 + ccol, d_tile, mask=wr_on & con)
+    d32 = d_tile.to(tl.float32)
+    wv = tl.load(w_ptr + chan * stride_wc + (W - 1) * stride_wk, mask=con, other=0.0)
+    acc = wv.to(tl.float32) * d32
+    for i in tl.static_range(W - 1):
+        wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=con, other=0.0)
+        tap = tl.load(d_ptr + d_off[i] + chan, mask=d_on[i] & con, other=0.0).to(tl.float32)
+        tap += tl.load(cache_ptr + c_off[i] + ccol, mask=c_on[i] & con, other=0.0).to(tl.float32)
+        acc += wv.to(tl.float32) * tap
+    s = (d32 + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
+    new_h = (h_tile.to(tl.float32) + s).to(d_ptr.dtype.element_ty)
+    tl.store(new_h_ptr + offs, new_h, mask=tmask)
+    nh32 = tl.where(tmask, new_h.to(tl.float32), 0.0)
+    return tl.where(tmask, new_h, 0.0), tl.sum(tl.sum(nh32 * nh32, axis=2), axis=1)
 
 
 # Batch-dependent ints are not specialised (by value 1 or divisibility): a new batch
@@ -75,6 +123,8 @@ def _sconv_add_rmsnorm_kernel(
     norm_w_ptr,
     new_h_ptr,
     normed_ptr,
+    cnt_ptr,
+    part_ptr,
     num_tokens,
     num_slots,
     num_reqs,
@@ -95,10 +145,17 @@ def _sconv_add_rmsnorm_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_J: tl.constexpr,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
     USE_MAP: tl.constexpr,
+    ROW_LOOP: tl.constexpr,
 ):
     CHANNELS: tl.constexpr = NH * WS
+    NJ: tl.constexpr = (WS + BLOCK_J - 1) // BLOCK_J
+    NCH: tl.constexpr = ((NH + BLOCK_H - 1) // BLOCK_H) * NJ
+    CPP: tl.constexpr = (NCH + SPLIT - 1) // SPLIT  # chunks per program
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < num_tokens
@@ -142,7 +199,7 @@ def _sconv_add_rmsnorm_kernel(
         pslot = tl.where(ok, pslot, 0)
     cread = ok.to(tl.int64)
 
-    # Per earlier tap, hoisted out of the channel loop and shaped for the 3-D tiles:
+    # Per earlier tap, hoisted out of the chunk loop and shaped for the 3-D tiles:
     # row offset into d and its mask, cache row offset and its mask.
     d_off = ()
     d_on = ()
@@ -162,84 +219,193 @@ def _sconv_add_rmsnorm_kernel(
     row_on = rmask[:, None, None]
     dst3 = dst[:, None, None]
     wr_on = wmask[:, None, None]
-    hh0 = tl.arange(0, BLOCK_H)
-    jj0 = tl.arange(0, BLOCK_J)
 
-    # 1. conv, residual adds, squares.
-    sq = tl.zeros([BLOCK_T, BLOCK_H, BLOCK_J], dtype=tl.float32)
-    for h0 in range(0, NH, BLOCK_H):
-        for j0 in range(0, WS, BLOCK_J):
-            hh = h0 + hh0
-            jj = j0 + jj0
-            chan = (hh[:, None] * WS + jj[None, :])[None, :, :]  # [1, BH, BJ]
-            con = ((hh < NH)[:, None] & (jj < WS)[None, :])[None, :, :]
-            ccol = (hh.to(tl.int64)[:, None] * stride_ch + stream_offset + jj[None, :])[None, :, :]
-            tmask = row_on & con
-            offs = row_off + chan
-            d_tile = tl.load(d_ptr + offs, mask=tmask, other=0.0)
-            h_tile = tl.load(hidden_ptr + offs, mask=tmask, other=0.0)
-            tl.store(cache_ptr + dst3 + ccol, d_tile, mask=wr_on & con)
-            d32 = d_tile.to(tl.float32)
-            wv = tl.load(w_ptr + chan * stride_wc + (W - 1) * stride_wk, mask=con, other=0.0)
-            acc = wv.to(tl.float32) * d32
-            for i in tl.static_range(W - 1):
-                wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=con, other=0.0)
-                tap = tl.load(d_ptr + d_off[i] + chan, mask=d_on[i] & con, other=0.0).to(tl.float32)
-                tap += tl.load(cache_ptr + c_off[i] + ccol, mask=c_on[i] & con, other=0.0).to(tl.float32)
-                acc += wv.to(tl.float32) * tap
-            s = (d32 + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
-            new_h = (h_tile.to(tl.float32) + s).to(d_ptr.dtype.element_ty)
-            tl.store(new_h_ptr + offs, new_h, mask=tmask)
-            nh32 = new_h.to(tl.float32)
-            sq += nh32 * nh32
+    if ROW_LOOP:
+        # main's path (SPLIT == 1): the rows' tiles in a runtime loop, squares kept as a
+        # tile and reduced once; then new_h re-read from L1/L2 after a block barrier.
+        hh0 = tl.arange(0, BLOCK_H)
+        jj0 = tl.arange(0, BLOCK_J)
+        sq3 = tl.zeros([BLOCK_T, BLOCK_H, BLOCK_J], dtype=tl.float32)
+        for h0 in range(0, NH, BLOCK_H):
+            for j0 in range(0, WS, BLOCK_J):
+                hv = h0 + hh0
+                jv = j0 + jj0
+                ch = (hv[:, None] * WS + jv[None, :])[None, :, :]
+                cm = ((hv < NH)[:, None] & (jv < WS)[None, :])[None, :, :]
+                cc = (hv.to(tl.int64)[:, None] * stride_ch + stream_offset + jv[None, :])[None, :, :]
+                lm = row_on & cm
+                dv = tl.load(d_ptr + row_off + ch, mask=lm, other=0.0)
+                hv_t = tl.load(hidden_ptr + row_off + ch, mask=lm, other=0.0)
+                tl.store(cache_ptr + dst3 + cc, dv, mask=wr_on & cm)
+                dv32 = dv.to(tl.float32)
+                wl = tl.load(w_ptr + ch * stride_wc + (W - 1) * stride_wk, mask=cm, other=0.0)
+                conv = wl.to(tl.float32) * dv32
+                for i in tl.static_range(W - 1):
+                    wl = tl.load(w_ptr + ch * stride_wc + i * stride_wk, mask=cm, other=0.0)
+                    tv = tl.load(d_ptr + d_off[i] + ch, mask=d_on[i] & cm, other=0.0).to(tl.float32)
+                    tv += tl.load(cache_ptr + c_off[i] + cc, mask=c_on[i] & cm, other=0.0).to(tl.float32)
+                    conv += wl.to(tl.float32) * tv
+                sv = (dv32 + conv).to(d_ptr.dtype.element_ty).to(tl.float32)
+                nhv = (hv_t.to(tl.float32) + sv).to(d_ptr.dtype.element_ty)
+                tl.store(new_h_ptr + row_off + ch, nhv, mask=lm)
+                nf = nhv.to(tl.float32)
+                sq3 += nf * nf
+        rs = (1.0 / tl.sqrt_rn(tl.sum(tl.sum(sq3, axis=2), axis=1) / CHANNELS + eps))[:, None, None]
+        tl.debug_barrier()  # this program's new_h stores are visible to all its threads
+        for h0 in range(0, NH, BLOCK_H):
+            for j0 in range(0, WS, BLOCK_J):
+                hv = h0 + hh0
+                jv = j0 + jj0
+                ch = (hv[:, None] * WS + jv[None, :])[None, :, :]
+                cm = ((hv < NH)[:, None] & (jv < WS)[None, :])[None, :, :]
+                lm = row_on & cm
+                nf = tl.load(new_h_ptr + row_off + ch, mask=lm, other=0.0).to(tl.float32)
+                yv = (nf * rs).to(d_ptr.dtype.element_ty).to(tl.float32)
+                wn = tl.load(norm_w_ptr + ch, mask=cm, other=0.0).to(tl.float32)
+                tl.store(normed_ptr + row_off + ch, (wn * yv).to(d_ptr.dtype.element_ty), mask=lm)
+    else:
+        # 1. conv, residual adds, squares; the chunks' new_h stay in registers.
+        kept = ()
+        sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for k in tl.static_range(CPP):
+            if SPLIT == 1:
+                ci = k
+            else:
+                ci = tl.program_id(1) + k * SPLIT
+            nh, sq = _chunk(
+                ci, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
+                row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
+                stride_wc, stride_wk, stride_ch, stream_offset,
+                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
+            )
+            kept = kept + (nh,)
+            sumsq += sq
 
-    # 2. normalise the stored rows.
-    sumsq = tl.sum(tl.sum(sq, axis=2), axis=1)
-    rstd = (1.0 / tl.sqrt_rn(sumsq / CHANNELS + eps))[:, None, None]
-    tl.debug_barrier()
-    for h0 in range(0, NH, BLOCK_H):
-        for j0 in range(0, WS, BLOCK_J):
-            hh = h0 + hh0
-            jj = j0 + jj0
-            chan = (hh[:, None] * WS + jj[None, :])[None, :, :]
-            con = ((hh < NH)[:, None] & (jj < WS)[None, :])[None, :, :]
-            tmask = row_on & con
-            offs = row_off + chan
-            nh32 = tl.load(new_h_ptr + offs, mask=tmask, other=0.0).to(tl.float32)
-            y = (nh32 * rstd).to(d_ptr.dtype.element_ty).to(tl.float32)
-            nw = tl.load(norm_w_ptr + chan, mask=con, other=0.0).to(tl.float32)
-            tl.store(normed_ptr + offs, (nw * y).to(d_ptr.dtype.element_ty), mask=tmask)
+        if SPLIT == 1:
+            # 2. the whole row is here: normalise the kept chunks.
+            rstd = (1.0 / tl.sqrt_rn(sumsq / CHANNELS + eps))[:, None, None]
+            for k in tl.static_range(CPP):
+                hh = (k // NJ) * BLOCK_H + tl.arange(0, BLOCK_H)
+                jj = (k % NJ) * BLOCK_J + tl.arange(0, BLOCK_J)
+                chan = (hh[:, None] * WS + jj[None, :])[None, :, :]
+                con = ((hh < NH)[:, None] & (jj < WS)[None, :])[None, :, :]
+                y = (kept[k].to(tl.float32) * rstd).to(d_ptr.dtype.element_ty).to(tl.float32)
+                nw = tl.load(norm_w_ptr + chan, mask=con, other=0.0).to(tl.float32)
+                tl.store(normed_ptr + row_off + chan, (nw * y).to(d_ptr.dtype.element_ty), mask=row_on & con)
+        else:
+            # 2'. one row (BLOCK_T == 1) over SPLIT programs: partial sums, then a ticket.
+            row = pid.to(tl.int64)
+            tl.store(part_ptr + row * SPLIT + tl.program_id(1), tl.sum(sumsq, axis=0))
+            tl.debug_barrier()  # every thread's new_h and partial stores precede the ticket
+            ticket = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
+            if ticket == SPLIT - 1:  # the last program of the row normalises it
+                sidx = tl.arange(0, SPLIT_P2)
+                parts = tl.load(part_ptr + row * SPLIT + sidx, mask=sidx < SPLIT, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")  # ready for the next launch
+                rstd1 = 1.0 / tl.sqrt_rn(tl.sum(parts, axis=0) / CHANNELS + eps)
+                NB: tl.constexpr = (CHANNELS + NORM_BLOCK - 1) // NORM_BLOCK
+                loaded = ()
+                for b in tl.static_range(NB):  # all loads first: one round trip
+                    cc = b * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
+                    cm = cc < CHANNELS
+                    nh32 = tl.load(new_h_ptr + row * CHANNELS + cc, mask=cm, other=0.0, cache_modifier=".cg")
+                    nw = tl.load(norm_w_ptr + cc, mask=cm, other=0.0)
+                    loaded = loaded + ((nh32, nw),)
+                for b in tl.static_range(NB):
+                    cc = b * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
+                    y = (loaded[b][0].to(tl.float32) * rstd1).to(d_ptr.dtype.element_ty).to(tl.float32)
+                    out = (loaded[b][1].to(tl.float32) * y).to(d_ptr.dtype.element_ty)
+                    tl.store(normed_ptr + row * CHANNELS + cc, out, mask=cc < CHANNELS)
+
+
+_MAX_SPLIT = 64  # programs a row at most (scratch partials per row)
 
 
 @dataclass(frozen=True)
 class NormConfig:
-    """One launch configuration: ``[block_t, block_h, block_j]`` tiles (rows, heads,
-    channels of a head's stream range), all powers of two."""
+    """One launch configuration: ``[block_t, block_h, block_j]`` chunks (rows, heads,
+    channels of a head's stream range; powers of two) and ``split`` programs per row
+    (``split > 1`` needs ``block_t == 1``; at most the number of chunks a row has).
+    ``row_loop``: main's path instead (``split == 1``): the tiles in a runtime loop,
+    ``new_h`` stored and re-read for the norm rather than kept in registers."""
 
     block_t: int
     block_h: int
     block_j: int
     num_warps: int
     scan: int = 256
+    split: int = 1
+    row_loop: bool = False
 
 
-def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
-    """Tile choice (no autotuning: the grid must depend on T alone).
+def _block_j(stream_width: int) -> int:
+    """The largest power of two dividing the stream width, at most 256 (no idle lanes;
+    768 -> 256), or the next power of two (<= 256) for an odd-sized width."""
+    if stream_width % 32 == 0:
+        return min(256, stream_width & -stream_width)
+    return min(256, pow2_ceil(stream_width))
 
-    One row per program, ``[1, 4 heads, next_pow2(stream_width)]`` tiles of about 4k
-    elements and 4 warps: the fastest configuration at every 975B shape measured on
-    the H200 (decode 1..256, spec verify, prefill and chunked 8192, mixed; see
-    benchmarks/RESULTS_sconv_add_rmsnorm.md). One row per program gives the most
-    programs for small batches, and with a channel-contiguous conv weight re-reading
-    the weights per row costs only L1/L2 traffic. ``num_tokens`` is accepted for
-    shape-dependent choices; none was better in the measurements.
-    """
-    del num_tokens
+
+def main_norm_config(num_heads: int, stream_width: int) -> NormConfig:
+    """main's configuration (commit 7da5075): one row a program, ``[1, 4096 // BLOCK_J
+    heads, next_pow2(stream_width) <= 1024]`` tiles in a runtime loop, warps by tile size,
+    ``new_h`` re-read for the norm (``row_loop``)."""
     block_j = min(pow2_ceil(stream_width), 1024)
     block_h = max(1, min(pow2_ceil(num_heads), 4096 // block_j))
     elems = block_h * block_j
     num_warps = 4 if elems >= 2048 else 2 if elems >= 512 else 1
-    return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=num_warps)
+    return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=num_warps, row_loop=True)
+
+
+def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
+    """Tile choice (no autotuning: the grid must depend on T alone): per size class the
+    configuration that measured fastest on the H200 (main's kernel timed in the same
+    runs; benchmarks/RESULTS_sconv_add_rmsnorm.md, 2026-12-01 03:28 and 03:51 UTC).
+
+    - T <= 16: split rows, every ``BLOCK_J``-channel chunk (:func:`_block_j`) of one
+      head on its own program, two warps (decode 1: 3.53 µs, main's kernel 4.87;
+      decode 16: 4.36, main's 5.00).
+    - 16 < T < 8192: main's configuration and path (:func:`main_norm_config`): it beat
+      every new configuration at T = 64, 256 (03:28 sweep) and the whole row in
+      registers at T = 2048 (84.3 µs against 77.1) and 2303 (67.1 against 66.9).
+    - T >= 8192: one row a program, the whole row in registers as 2048-element chunks,
+      four warps (prefill 8192: 201.1 µs, main's 216.5).
+
+    Between the measured sizes (1, 8, 16, 32, 64, 128, 256, 1024, 2048, 2303, 8192) the
+    crossovers are not measured; main's path is kept wherever it is not known to lose.
+    """
+    if 16 < num_tokens < 8192:
+        return main_norm_config(num_heads, stream_width)
+    block_j = _block_j(stream_width)
+    nj = -(-stream_width // block_j)
+    if num_tokens <= 16:
+        block_h = max(1, min(pow2_ceil(num_heads), 256 // block_j))
+        split = max(1, min(-(-num_heads // block_h) * nj, _MAX_SPLIT))
+        return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=2, split=split)
+    block_h = max(1, min(pow2_ceil(num_heads), 2048 // block_j))
+    return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=4)
+
+
+# (device, stream) -> (counters int32 [rows], partials fp32 [rows * max_split]); zero
+# between launches (the last program of each row resets its counter).
+_SCRATCH: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+
+def _scratch(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The stream's split-row scratch for ``rows`` rows, or None (graph capture on a
+    stream without a large enough one: do not allocate inside a capture)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    have = _SCRATCH.get(key)
+    if have is not None and have[2] >= rows:
+        return have[0], have[1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    cap = max(256, pow2_ceil(rows))
+    cnt = torch.zeros(cap, dtype=torch.int32, device=device)
+    part = torch.zeros(cap * _MAX_SPLIT, dtype=torch.float32, device=device)
+    _SCRATCH[key] = (cnt, part, cap)
+    return cnt, part
 
 
 def launch_sconv_add_rmsnorm(
@@ -274,15 +440,27 @@ def launch_sconv_add_rmsnorm(
     for size in (cfg.block_t, cfg.block_h, cfg.block_j, cfg.scan):
         if size < 1 or size & (size - 1):
             raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
+    chunks = -(-prob.num_heads // cfg.block_h) * -(-stream_width // cfg.block_j)
+    if cfg.row_loop and cfg.split != 1:
+        raise ValueError(f"config split must be 1 with row_loop, got {cfg}")
+    if cfg.split < 1 or cfg.split > min(chunks, _MAX_SPLIT) or (cfg.split > 1 and cfg.block_t != 1):
+        raise ValueError(f"config split must be 1..{min(chunks, _MAX_SPLIT)} (the row's chunks), "
+                         f"with block_t 1 when above 1, got {cfg}")
+    split, block_t = cfg.split, cfg.block_t
+    scratch = _scratch(d.device, prob.num_tokens) if split > 1 else None
+    if split > 1 and scratch is None:  # captured without a warm-up on this stream
+        split, block_t = 1, 1
+    cnt, part = scratch if scratch is not None else (batch.slot_mapping, d)  # (unused at split 1)
     w2 = prob.weight2d
     table = batch.block_table
     tap_map = batch.tap_map
-    grid = (triton.cdiv(prob.num_tokens, cfg.block_t),)
+    channels = prob.num_heads * stream_width
+    grid = (triton.cdiv(prob.num_tokens, block_t), split)
     _sconv_add_rmsnorm_kernel[grid](
         hidden, d, w2, cache,
         batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
         batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
-        norm_weight, new_hidden, normed,
+        norm_weight, new_hidden, normed, cnt, part,
         prob.num_tokens, prob.num_slots,
         table.shape[0], table.shape[1],
         w2.stride(0), w2.stride(1),
@@ -292,8 +470,11 @@ def launch_sconv_add_rmsnorm(
         eps,
         NH=prob.num_heads, WS=stream_width, N=batch.block_size, W=prob.kernel_size,
         KW=pow2_ceil(prob.kernel_size),
-        BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_J=cfg.block_j, SCAN=cfg.scan,
+        BLOCK_T=block_t, BLOCK_H=cfg.block_h, BLOCK_J=cfg.block_j,
+        SPLIT=split, SPLIT_P2=pow2_ceil(split), NORM_BLOCK=min(2048, pow2_ceil(channels)),
+        SCAN=cfg.scan,
         USE_MAP=tap_map is not None,
+        ROW_LOOP=cfg.row_loop,
         num_warps=cfg.num_warps,
     )
     return new_hidden, normed
