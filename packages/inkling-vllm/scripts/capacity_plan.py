@@ -88,8 +88,9 @@ def plan_one(checkpoint: Path, manager: str, blocks: int, args: argparse.Namespa
     from vllm.v1.structured_output import StructuredOutputManager
 
     engine_args = EngineArgs(model=str(checkpoint), dtype="float32", max_model_len=args.max_model_len,
-                             max_num_batched_tokens=args.budget, max_num_seqs=args.prompts,
-                             num_gpu_blocks_override=blocks, enforce_eager=True, seed=0)
+                             max_num_batched_tokens=args.budget, max_num_seqs=args.max_num_seqs or args.prompts,
+                             num_gpu_blocks_override=blocks, enforce_eager=True, seed=0,
+                             scheduler_reserve_full_isl=not args.admit_by_chunk)
     vllm_config = engine_args.create_engine_config()
     vllm_config.cache_config.kv_cache_layout = "LBHNC"  # what the engine core resolves for our backends
     specs = layer_specs(int(vllm_config.cache_config.block_size), manager)
@@ -144,6 +145,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--budget", type=int, default=8192, help="tokens per step (max_num_batched_tokens)")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=0, help="requests running at most (0: --prompts)")
+    parser.add_argument("--admit-by-chunk", action="store_true",
+                        help="scheduler_reserve_full_isl=False: admit on the first chunk's blocks, not the prompt's")
     parser.add_argument("--blocks", default="150,200,300", help="pool sizes to plan, comma-separated")
     args = parser.parse_args(argv)
     pools = [int(b) for b in args.blocks.split(",")]

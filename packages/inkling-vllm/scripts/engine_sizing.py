@@ -30,7 +30,7 @@ KERNELS = (3, 4)
 
 
 def _checkpoint(root: Path, kernel: int) -> Path:
-    from inkling_vllm.tiny import build_tiny_checkpoint
+    from inkling_vllm.demo.tiny import build_tiny_checkpoint
 
     path = build_tiny_checkpoint(root / f"tiny-k{kernel}")
     config = json.loads((path / "config.json").read_text())
@@ -46,7 +46,7 @@ def _specs(vllm_config: object, kernel: int, manager: str) -> dict[str, object]:
 
     from inkling_cache import ConvStateLayout
     from inkling_vllm.conv_manager import ConvStateSpec, tail_block_size
-    from inkling_vllm.tiny import TINY_CONFIG as cfg
+    from inkling_vllm.demo.tiny import TINY_CONFIG as cfg
 
     block = int(vllm_config.cache_config.block_size)  # type: ignore[attr-defined]
     specs: dict[str, object] = {}
