@@ -185,6 +185,25 @@ COPY_LOOP = 20  # copies between one pair of events
 COPY_LOOPS = 5  # loops per size (median)
 
 
+def events_copy_rates(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    """GB/s (bytes read + written) of COPY_LOOPS loops of COPY_LOOP plain ``b.copy_(a)``
+    calls, each loop between two CUDA events (no graph), after a warm-up."""
+    nbytes = a.numel() * a.element_size()
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    rates = []
+    for _ in range(COPY_LOOPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(COPY_LOOP):
+            b.copy_(a)
+        end.record()
+        torch.cuda.synchronize()
+        rates.append(2 * nbytes * COPY_LOOP / (start.elapsed_time(end) * 1e-3) / 1e9)
+    return rates
+
+
 def copy_baseline() -> dict[str, Any]:
     """The copy baseline, GB/s counting bytes read + written: per size (bf16, 1 and 2
     GiB), COPY_LOOPS loops of COPY_LOOP plain ``b.copy_(a)`` calls, each loop between
@@ -196,18 +215,7 @@ def copy_baseline() -> dict[str, Any]:
         a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
         a.view(torch.uint8).random_(0, 255)
         b = torch.empty_like(a)
-        for _ in range(3):
-            b.copy_(a)
-        torch.cuda.synchronize()
-        loops = []
-        for _ in range(COPY_LOOPS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(COPY_LOOP):
-                b.copy_(a)
-            end.record()
-            torch.cuda.synchronize()
-            loops.append(2 * nbytes * COPY_LOOP / (start.elapsed_time(end) * 1e-3) / 1e9)
+        loops = events_copy_rates(a, b)
         graph_us = time_graph([lambda a=a, b=b: b.copy_(a)] * 4, reps=20)
         sizes[name] = dict(events_GBps=statistics.median(loops), events_loops_GBps=loops,
                            graph_GBps=2 * nbytes / (graph_us * 1e-6) / 1e9)

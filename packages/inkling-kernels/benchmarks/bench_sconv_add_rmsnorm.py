@@ -52,6 +52,9 @@ from inkling_kernels.sconv_add_rmsnorm import (
 )
 from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, choose_norm_config, sconv_add_rmsnorm_triton
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_sconv import events_copy_rates  # noqa: E402  (the copy baseline's timer)
+
 DRY = "--dry-run" in sys.argv
 OLD = None  # --old-kernel's module
 try:  # vLLM's fused add + RMSNorm kernel, where vLLM is installed
@@ -231,12 +234,9 @@ def _graph_time_us(fn, iters: int, replays: int) -> float:
     return statistics.median(times)
 
 
-COPY_LOOP, COPY_LOOPS = 20, 5
-
-
 def copy_bandwidth_gbs() -> float:
     """Device copy rate, GB/s counting bytes read + written: CUDA events around a
-    plain loop of COPY_LOOP ``b.copy_(a)`` calls (no graph) over 1 and 2 GiB bf16
+    plain loop of ``b.copy_(a)`` calls (``bench_sconv.events_copy_rates``) (no graph) over 1 and 2 GiB bf16
     tensors, median of COPY_LOOPS loops per size, the larger of the two medians (the
     method of bench_sconv.py since issue 14; a graph-timed copy reads ~2.7 TB/s)."""
     if DRY:
@@ -246,19 +246,7 @@ def copy_bandwidth_gbs() -> float:
         a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=DEVICE)
         a.view(torch.uint8).random_(0, 255)
         b = torch.empty_like(a)
-        for _ in range(3):
-            b.copy_(a)
-        torch.cuda.synchronize()
-        rates = []
-        for _ in range(COPY_LOOPS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(COPY_LOOP):
-                b.copy_(a)
-            end.record()
-            torch.cuda.synchronize()
-            rates.append(2 * nbytes * COPY_LOOP / (start.elapsed_time(end) * 1e-3) / 1e9)
-        best = max(best, statistics.median(rates))
+        best = max(best, statistics.median(events_copy_rates(a, b)))
         del a, b
     torch.cuda.empty_cache()
     return best
