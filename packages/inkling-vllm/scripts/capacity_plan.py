@@ -37,39 +37,6 @@ def tiny_checkpoint(root: Path, max_model_len: int) -> Path:
     return path
 
 
-def layer_specs(attention_block: int, manager: str) -> dict[str, Any]:
-    """The KV-cache specs of the tiny model's layers, as its layers emit them before
-    vLLM unifies pages (conv blocks: ``W`` rows for the plain window,
-    ``tail_block_size(W)`` for the tail manager)."""
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-
-    from inkling_cache import ConvStateLayout
-    from inkling_vllm.conv_manager import ConvStateSpec, tail_block_size
-    from inkling_vllm.demo.tiny import TINY_CONFIG as cfg
-
-    kernel = cfg["conv_kernel_size"]
-    specs: dict[str, Any] = {}
-    for i, kind in enumerate(cfg["layer_types"]):
-        sliding = kind == "hybrid_sliding"
-        heads = cfg["swa_num_key_value_heads"] if sliding else cfg["num_key_value_heads"]
-        head_dim = cfg["swa_head_dim"] if sliding else cfg["head_dim"]
-        layout = ConvStateLayout.build(num_kv_heads=heads, head_dim=head_dim, hidden_size=cfg["hidden_size"],
-                                       kernel_size=kernel)
-        conv = dict(num_kv_heads=layout.num_heads, head_size=layout.head_size, head_size_v=0,
-                    dtype=torch.float32, sliding_window=kernel)
-        if manager == "tail":
-            specs[f"layers.{i}.conv"] = ConvStateSpec(block_size=tail_block_size(kernel), **conv)
-        else:
-            specs[f"layers.{i}.conv"] = SlidingWindowSpec(block_size=kernel, **conv)
-        attention = dict(block_size=attention_block, num_kv_heads=heads, head_size=head_dim, dtype=torch.float32)
-        if sliding:
-            specs[f"layers.{i}.attn"] = SlidingWindowSpec(sliding_window=cfg["sliding_window_size"], **attention)
-        else:
-            specs[f"layers.{i}.attn"] = FullAttentionSpec(**attention)
-    return specs
-
-
 def plan_one(checkpoint: Path, manager: str, blocks: int, args: argparse.Namespace) -> dict[str, Any]:
     import inkling_vllm.conv_manager  # noqa: F401  (registers the tail spec's manager)
     from vllm import SamplingParams
@@ -93,7 +60,12 @@ def plan_one(checkpoint: Path, manager: str, blocks: int, args: argparse.Namespa
                              scheduler_reserve_full_isl=not args.admit_by_chunk)
     vllm_config = engine_args.create_engine_config()
     vllm_config.cache_config.kv_cache_layout = "LBHNC"  # what the engine core resolves for our backends
-    specs = layer_specs(int(vllm_config.cache_config.block_size), manager)
+    from inkling_vllm.demo.tiny import TINY_CONFIG
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_sizing import tiny_layer_specs  # the tiny model's specs, as its layers emit them
+
+    specs = tiny_layer_specs(int(vllm_config.cache_config.block_size), TINY_CONFIG["conv_kernel_size"], manager)
     try:
         (kv_config,) = get_kv_cache_configs(vllm_config, [specs], [1 << 30])
     except ValueError as exc:

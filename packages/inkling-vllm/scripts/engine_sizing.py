@@ -40,7 +40,10 @@ def _checkpoint(root: Path, kernel: int) -> Path:
     return path
 
 
-def _specs(vllm_config: object, kernel: int, manager: str) -> dict[str, object]:
+def tiny_layer_specs(attention_block: int, kernel: int, manager: str) -> dict[str, object]:
+    """The KV-cache specs the tiny model's layers emit before vLLM unifies pages, with
+    conv kernel ``kernel`` (conv blocks: ``W`` rows for the plain window, ``"window"``;
+    ``tail_block_size(W)`` for the tail manager, ``"tail"``; no conv state, ``"none"``)."""
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
@@ -48,7 +51,7 @@ def _specs(vllm_config: object, kernel: int, manager: str) -> dict[str, object]:
     from inkling_vllm.conv_manager import ConvStateSpec, tail_block_size
     from inkling_vllm.demo.tiny import TINY_CONFIG as cfg
 
-    block = int(vllm_config.cache_config.block_size)  # type: ignore[attr-defined]
+    block = attention_block
     specs: dict[str, object] = {}
     for i, kind in enumerate(cfg["layer_types"]):
         sliding = kind == "hybrid_sliding"
@@ -91,7 +94,8 @@ def measure(root: Path) -> list[dict[str, object]]:
             for manager in ("window", "tail", "none"):
                 row: dict[str, object] = {"kernel": kernel, "budget": budget, "manager": manager}
                 try:
-                    (config,) = get_kv_cache_configs(vllm_config, [_specs(vllm_config, kernel, manager)], [GIB])
+                    specs = tiny_layer_specs(int(vllm_config.cache_config.block_size), kernel, manager)
+                    (config,) = get_kv_cache_configs(vllm_config, [specs], [GIB])
                     row["concurrency"] = get_max_concurrency_for_kv_cache_config(vllm_config, config)
                     row["num_blocks"] = config.num_blocks
                     row["padded_groups"] = sum(
