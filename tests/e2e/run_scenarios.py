@@ -212,6 +212,7 @@ def sc_inspect(llm: Any) -> dict[str, Any]:
 
 LAUNCHES = {
     "fused_sconv": 0, "fused_sconv_mapped": 0, "fused_sconv_kv": 0, "fused_sconv_kv_mapped": 0,
+    "fused_add_norm": 0, "fused_add_norm_mapped": 0,
     "sconv_tap_map": 0, "rel_attention": 0, "rel_attention_engine_meta": 0, "write_kv": 0,
 }
 
@@ -222,11 +223,13 @@ def _count_triton_launches() -> None:
     took the GPU code path with the step's tap map."""
     from inkling_kernels.rel_attention import kernel as attention
     from inkling_kernels.sconv import kernel as sconv_kernel
+    from inkling_kernels.sconv_add_rmsnorm import kernel as add_norm_kernel
     from inkling_kernels.sconv_kv import kernel as sconv_kv_kernel
     from inkling_kernels.tap_map import kernel as tap_map_kernel
 
     real_conv, real_map = sconv_kernel.launch_fused_sconv, tap_map_kernel.launch_sconv_tap_map
     real_kv = sconv_kv_kernel.launch_fused_sconv_kv
+    real_add_norm = add_norm_kernel.launch_sconv_add_rmsnorm
     real_attend, real_write = attention.paged_rel_attention_triton, attention.write_kv_triton
 
     def conv(x: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -238,6 +241,11 @@ def _count_triton_launches() -> None:
         LAUNCHES["fused_sconv_kv"] += 1
         LAUNCHES["fused_sconv_kv_mapped"] += batch.tap_map is not None
         return real_kv(k, v, cache, batch, *args, **kwargs)
+
+    def add_norm(hidden: Any, d: Any, prob: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        LAUNCHES["fused_add_norm"] += 1
+        LAUNCHES["fused_add_norm_mapped"] += batch.tap_map is not None
+        return real_add_norm(hidden, d, prob, cache, batch, *args, **kwargs)
 
     def build(*args: Any, **kwargs: Any) -> Any:
         LAUNCHES["sconv_tap_map"] += 1
@@ -255,6 +263,7 @@ def _count_triton_launches() -> None:
 
     sconv_kernel.launch_fused_sconv = conv
     sconv_kv_kernel.launch_fused_sconv_kv = conv_kv
+    add_norm_kernel.launch_sconv_add_rmsnorm = add_norm
     tap_map_kernel.launch_sconv_tap_map = build
     attention.paged_rel_attention_triton = attend
     attention.write_kv_triton = write
@@ -276,11 +285,13 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["inspect", "chunked", "prefix_uncached", "concurrent"],
     ),
     # the same with the plain sliding-window conv-state spec (INKLING_CONV_STATE=window):
-    # the switch still selects vLLM's own manager (one leg, to keep CI short)
+    # the switch still selects vLLM's own manager (one leg, to keep CI short); and the
+    # plain sublayer tails (conv, add, norm as separate ops: inkling_fused_conv_norm off)
     "eager_chunked_window": (
         dict(
             _env={"INKLING_CONV_STATE": "window"},
             enforce_eager=True, enable_prefix_caching=False, max_num_batched_tokens=37, max_num_seqs=4,
+            hf_overrides={"inkling_fused_conv_norm": False},
         ),
         ["inspect", "chunked"],
     ),

@@ -268,18 +268,22 @@ def test_triton_kernels_with_tap_map_under_real_scheduling(engines: Any, hf: dic
     """The conv runs the Triton kernels (Triton's interpreter) with the tap map the
     adapter builds from vLLM's metadata: same-step prefix hit, n-gram speculative
     decoding with rejected drafts, many concurrent prompts. Every conv launch took the
-    map, one map was built per step and KV-cache group, and the tokens equal
+    map, one map was built per step and KV-cache group, the ATTN and MLP convs ran
+    fused with the residual add and the RMSNorm after them, and the tokens equal
     transformers'. (The interpreter runs programs in order and vLLM batches A before
     B, so this run alone would not catch a map without its hazard codes; the kernel
     tests' B-first and adversarial cases do. A map with wrong slots fails here.)"""
     result = engines("interp_map", "default")
     for name in ("same_step", "spec_decode", "concurrent"):
         launches = result[name]["triton_launches"]
-        assert launches["fused_sconv"] > 0 and launches["fused_sconv_mapped"] == launches["fused_sconv"], launches
+        assert launches["fused_add_norm"] > 0, launches
+        assert launches["fused_add_norm_mapped"] == launches["fused_add_norm"], launches
         assert launches["fused_sconv_kv_mapped"] == launches["fused_sconv_kv"], launches
-        # per layer and step: the ATTN and MLP convs, and K+V in one launch; 4 layers,
-        # 2 KV-cache groups (global, sliding), one map per group and step
-        assert launches["fused_sconv"] == 4 * launches["sconv_tap_map"], launches
+        # per layer and step: K+V in one launch, the ATTN and MLP convs each fused with
+        # the add and the norm, no plain conv launch; 4 layers, 2 KV-cache groups
+        # (global, sliding), one map per group and step
+        assert launches["fused_sconv"] == 0, launches
+        assert launches["fused_add_norm"] == 4 * launches["sconv_tap_map"], launches
         assert launches["fused_sconv_kv"] == 2 * launches["sconv_tap_map"], launches
         # the attention stays on its PyTorch path here (INKLING_KERNELS_CPU_ATTENTION)
         assert launches["rel_attention"] == launches["write_kv"] == 0, launches

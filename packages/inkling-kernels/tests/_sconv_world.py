@@ -9,9 +9,11 @@ bit-identity of every cache element it must not touch.
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from inkling_kernels import SconvBatch, causal_conv_ref, fused_sconv, fused_sconv_ref, sconv_tap_map_ref
@@ -22,6 +24,17 @@ TOL = {
     torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2),
 }
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: The world's tensors live on the CPU: the Triton kernels take them only under the
+#: interpreter (conftest.py turns it on where there is no GPU). On a CUDA machine the
+#: compiled kernels are tested by test_gpu.py; there these cases are skipped, saying so.
+needs_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="CPU tensors through Triton need TRITON_INTERPRET=1 (compiled kernels: test_gpu.py)",
+)
+#: ``impl`` values of the world's runs: the reference op, then the Triton kernel
+#: without and with the step's tap map.
+IMPLS = ("reference", pytest.param("triton", marks=needs_interpreter), pytest.param("triton_map", marks=needs_interpreter))
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from _sconv_world import DTYPES, PagedWorld
+from _sconv_world import DTYPES, IMPLS, PagedWorld, needs_interpreter
 
-IMPLS = ("reference", "triton", "triton_map")
 
 
 def _trace(world: PagedWorld, kind: str, rng: random.Random) -> list[tuple[int, int]]:
@@ -110,6 +109,7 @@ def test_weights_and_epilogue(impl: str, weight_dtype: str, weight_3d: bool,
     world.run(batch, 2, impl, activation=activation, residual=residual)
 
 
+@needs_interpreter
 def test_tile_configs() -> None:
     """Explicit tiles: several requests per tile, channel tiles straddling the stream
     width (masked lanes), and a scan chunk smaller than T."""
@@ -196,8 +196,8 @@ def test_empty_batch(impl: str) -> None:
     world.run(batch, 0, impl)
 
 
-def test_pad_only_batch() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_pad_only_batch(impl: str) -> None:
     world = PagedWorld(seed=4)
     batch = world.make_batch([], num_pad=3)
-    for impl in IMPLS:
-        world.run(batch, 1, impl)
+    world.run(batch, 1, impl)

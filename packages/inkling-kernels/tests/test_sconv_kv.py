@@ -17,10 +17,9 @@ from inkling_kernels import SconvBatch, fused_sconv_kv, fused_sconv_kv_ref, scon
 from inkling_kernels.sconv.kernel import SconvConfig
 from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
 
-from _sconv_world import PagedWorld
+from _sconv_world import IMPLS, PagedWorld, needs_interpreter
 from test_fused_sconv import _trace
 
-IMPLS = ("reference", "triton", "triton_map")
 # Small tiles: several programs per batch, channel tiles narrower than a head.
 SMALL = SconvConfig(block_t=4, block_c=8, num_warps=1, scan=8)
 
@@ -101,6 +100,7 @@ def test_empty_and_pad_only_batches(impl: str, pads: int) -> None:
     world.run_kv(world.make_batch([], num_pad=pads), impl)
 
 
+@needs_interpreter
 def test_one_launch_for_both_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     """The public op on the Triton path launches the fused kernel once, with two
     streams; the map build (when the batch has none) is not a conv launch."""

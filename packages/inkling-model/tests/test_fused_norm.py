@@ -20,7 +20,7 @@ from transformers.models.inkling.modeling_inkling import InklingDecoderLayer, In
 from inkling_cache import ConvStateLayout, Stream
 from inkling_kernels.sconv_add_rmsnorm import rms_norm_ref
 from inkling_model import ConvStateOwner, InklingShortConv, PagedConvRuntime, forward_metadata
-from inkling_model.fused_norm import InklingShortConvAddRMSNorm
+from inkling_model.fused_norm import InklingShortConvAddRMSNorm, paged_short_conv_add
 from hf_tiny import tiny_text_config
 from model_test_driver import Feed, run_schedule
 
@@ -162,6 +162,41 @@ def test_matches_unfused_layers(unique_name):
         torch.testing.assert_close(normed, want_normed, **TOL[dtype])
         # The fused layer wrote the same conv inputs into its cache.
         assert torch.equal(fused_owner.cache.nan_to_num(7.0), plain_owner.cache.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_shard_conv_add_matches_unfused(dtype, unique_name):
+    """tp > 1: ``paged_short_conv_add`` on a rank's hidden shard (no norm) against
+    InklingShortConv on the same shard + the residual add, each with its own cache,
+    on a schedule with chunks, decode and pad rows; both ranks' layouts."""
+    torch.manual_seed(5)
+    layout = ConvStateLayout.build(num_kv_heads=2, head_dim=8, hidden_size=64, kernel_size=4, tp_size=2)
+    shard = 32
+    weight = torch.randn(2 * shard, 1, 4) * 0.5
+    for rank in range(2):
+        fused_owner = ConvStateOwner(layout, unique_name(f"sf{rank}"))
+        plain_owner = ConvStateOwner(layout, unique_name(f"sp{rank}"))
+        fused = InklingShortConv(shard, 4, fused_owner, Stream.ATTN, tap_major=True)
+        plain = InklingShortConv(shard, 4, plain_owner, Stream.ATTN)
+        fused.load_weight(weight, rank, 2)
+        plain.load_weight(weight, rank, 2)
+        assert torch.equal(fused.weight, plain.weight) and fused.weight[:, 0].stride() == (1, shard)
+        runtime = PagedConvRuntime(num_blocks=32, block_size=4, sliding_window=4, max_num_tokens=64)
+        runtime.allocate_caches([fused_owner, plain_owner], dtype, fill=float("nan"))
+        schedule = [[("a", 0, 7), ("b", 0, 5)], [("b", 5, 1), ("a", 7, 1)], [("a", 8, 11), ("b", 6, 1)]]
+        for chunks in schedule:
+            step = runtime.step(chunks, pad_to=sum(c[2] for c in chunks) + 2)
+            hidden = torch.randn(step.num_padded_tokens, shard).to(dtype)
+            d = torch.randn(step.num_padded_tokens, shard).to(dtype)
+            with torch.no_grad(), forward_metadata(step.metadata):
+                got = paged_short_conv_add(hidden, d, fused.weight, fused_owner.name, int(Stream.ATTN))
+                want = hidden + plain(d, step.positions)
+            torch.testing.assert_close(got, want, **TOL[dtype])
+            assert torch.equal(fused_owner.cache.nan_to_num(7.0), plain_owner.cache.nan_to_num(7.0))
+        # no metadata: the conv is the identity
+        hidden, d = torch.randn(3, shard).to(dtype), torch.randn(3, shard).to(dtype)
+        got = paged_short_conv_add(hidden, d, fused.weight, fused_owner.name, int(Stream.ATTN))
+        assert torch.equal(got, hidden + d)
 
 
 def test_identity_without_metadata_or_cache(unique_name):

@@ -11,7 +11,7 @@ from .checkpoint import (
     transformers_to_release,
     weight_kind,
 )
-from .fused_norm import InklingShortConvAddRMSNorm, paged_short_conv_add_rmsnorm
+from .fused_norm import InklingShortConvAddRMSNorm, paged_short_conv_add, paged_short_conv_add_rmsnorm
 from .metadata import RelAttentionMetadata, SconvMetadata, SconvMetadataBuilder
 from .runtime import BlockAllocator, OutOfBlocksError, PagedConvRuntime, RuntimeStep, ScheduledChunk
 from .sconv import InklingShortConv, paged_short_conv, paged_short_conv_kv, short_conv_kv
@@ -56,6 +56,7 @@ __all__ = [
     "iter_text_weights",
     "paged_rel_attention",
     "paged_short_conv",
+    "paged_short_conv_add",
     "paged_short_conv_add_rmsnorm",
     "paged_short_conv_kv",
     "release_to_transformers",

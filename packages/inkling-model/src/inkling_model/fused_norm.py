@@ -17,10 +17,12 @@ on an engine's profiling pass still convolves later. With no metadata or no boun
 cache the conv is the identity and the op returns ``(hidden + d, rmsnorm(hidden + d))``.
 
 Tensor parallelism: RMSNorm needs the whole hidden row, and with tp > 1 the layout
-convolves the ATTN/MLP streams on the rank's ``hidden/tp`` shard (before the
-all-gather). The fused layer therefore requires a layout whose stream covers the
-whole hidden row (``tp_size == 1``); at tp > 1 use ``InklingShortConv`` on the shard,
-all-gather, then the norm.
+convolves the ATTN/MLP streams on the rank's ``hidden/tp`` shard (between the
+reduce-scatter and the all-gather). The fused layer therefore requires a layout whose
+stream covers the whole hidden row (``tp_size == 1``). At tp > 1,
+:func:`paged_short_conv_add` (``torch.ops.inkling_model.paged_short_conv_add``) fuses
+the conv with the residual add on the shard, ``hidden_shard + d + conv(d)``; the model
+all-gathers that and runs the norm on whole rows (inkling-vllm's model does).
 """
 
 # No ``from __future__ import annotations``: torch.library infers the op schema
@@ -32,12 +34,13 @@ import torch
 from torch import nn
 
 from inkling_cache import Stream
+from inkling_kernels import fused_sconv_add
 from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_rmsnorm, rms_norm_ref
 
 from .sconv import InklingShortConv
 from .state import ConvStateOwner, live_state
 
-__all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add_rmsnorm"]
+__all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add", "paged_short_conv_add_rmsnorm"]
 
 
 @torch.library.custom_op("inkling_model::paged_short_conv_add_rmsnorm", mutates_args=())
@@ -80,6 +83,40 @@ def _paged_short_conv_add_rmsnorm_fake(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     like = dict(memory_format=torch.contiguous_format)
     return torch.empty_like(d, **like), torch.empty_like(d, **like)
+
+
+@torch.library.custom_op("inkling_model::paged_short_conv_add", mutates_args=())
+def paged_short_conv_add(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    owner_name: str,
+    stream: int,
+) -> torch.Tensor:
+    """``hidden + d + conv(d)`` for owner ``owner_name``'s ``stream`` (any shard of
+    the hidden row: no norm), on the step's batch from the metadata provider; one
+    launch on CUDA (``inkling_kernels.fused_sconv_add``).
+
+    Writes ``d`` into the owner's cache. With no batch for this owner or no bound
+    cache the conv is the identity: ``hidden + d`` (a new tensor).
+    """
+    state = live_state(owner_name)
+    if state is None:
+        return hidden + d
+    owner, batch = state
+    offset, width = owner.stream_range(stream)
+    return fused_sconv_add(hidden.contiguous(), d.contiguous(), weight, owner.cache, batch, offset, width)
+
+
+@paged_short_conv_add.register_fake
+def _paged_short_conv_add_fake(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    owner_name: str,
+    stream: int,
+) -> torch.Tensor:
+    return torch.empty_like(d, memory_format=torch.contiguous_format)
 
 
 class InklingShortConvAddRMSNorm(nn.Module):
@@ -138,15 +175,9 @@ class InklingShortConvAddRMSNorm(nn.Module):
             )
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
             raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
-        # Validates dim and kernel_size against the layout, and owns the conv weight.
-        self.conv = InklingShortConv(dim, kernel_size, owner, stream, dtype=dtype, device=device)
-        # Same (dim, 1, W) parameter, stored channel-contiguous (the transpose of a
-        # (W, dim) tensor): the fused kernel then reads each tap's weights with vector
-        # loads. Loading and state_dict work through the usual copies.
-        self.conv.weight = nn.Parameter(
-            torch.zeros(kernel_size, dim, dtype=dtype, device=device).t().unsqueeze(1),
-            requires_grad=False,
-        )
+        # Validates dim and kernel_size against the layout, and owns the conv weight
+        # (channel-contiguous: the fused kernel reads each tap's weights as vectors).
+        self.conv = InklingShortConv(dim, kernel_size, owner, stream, dtype=dtype, device=device, tap_major=True)
         self.norm_weight = nn.Parameter(
             torch.ones(dim, dtype=norm_dtype, device=device), requires_grad=False
         )

@@ -73,6 +73,9 @@ class InklingShortConv(nn.Module):
         owner: the layer's :class:`ConvStateOwner` (cache + layout).
         stream: which of the four streams (``Stream.K``, ``V``, ``ATTN``, ``MLP``).
         dtype: weight dtype (fp32, as transformers keeps these weights).
+        tap_major: store the weight channel-contiguous (the transpose of a ``(W, dim)``
+            tensor): the fused conv + residual (+ RMSNorm) kernels then read each tap's
+            weights with vector loads. Same shape, loading and ``state_dict``.
 
     The weight has the checkpoint's shape ``(dim, 1, W)``; ``weight[:, 0, W-1]``
     multiplies the current token.
@@ -87,6 +90,7 @@ class InklingShortConv(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: Union[torch.device, str, None] = None,
+        tap_major: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(owner, ConvStateOwner):
@@ -112,9 +116,11 @@ class InklingShortConv(nn.Module):
         self.kernel_size = kernel_size
         self.owner = owner
         self.stream = stream
-        self.weight = nn.Parameter(
-            torch.zeros(dim, 1, kernel_size, dtype=dtype, device=device), requires_grad=False
-        )
+        if tap_major:
+            storage = torch.zeros(kernel_size, dim, dtype=dtype, device=device).t().unsqueeze(1)
+        else:
+            storage = torch.zeros(dim, 1, kernel_size, dtype=dtype, device=device)
+        self.weight = nn.Parameter(storage, requires_grad=False)
 
     @property
     def tp_size(self) -> int:

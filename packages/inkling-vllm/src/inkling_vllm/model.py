@@ -23,6 +23,21 @@ What transformers computes and this model reproduces, per decoder layer::
     h = h + mlp_sconv(mlp(post_attention_layernorm(h)))   (dense MLP x global_scale, or
                                                           MoE with sink experts)
 
+Each sublayer's tail (its conv, the residual add and the RMSNorm that reads the result:
+``post_attention_layernorm`` after attention, the next layer's ``input_layernorm`` or
+the final norm after the MLP) runs fused by default (config key ``inkling_fused_conv_norm``,
+settable through ``hf_overrides``; ``false`` selects the plain sequence):
+
+* tp 1: one launch, ``inkling_model.paged_short_conv_add_rmsnorm`` (conv + add + norm);
+* tp > 1: the residual stream stays sharded by hidden columns between sublayers. The
+  row-parallel output is reduce-scattered, one launch convolves the shard and adds it
+  to the residual shard (``inkling_model.paged_short_conv_add``), and the all-gather
+  that follows feeds the RMSNorm of the full row. That is the plain sequence's
+  collectives (reduce-scatter + all-gather) with the add moved into the conv launch, so
+  the norm reads one tensor instead of two; fusing the norm itself on the shard would
+  need one more collective per sublayer (an all-reduce of each token's sum of squares)
+  and an all-gather of twice the bytes (residual and normed rows).
+
 with the embedding RMS-normalised, the logits divided by ``logits_mup_width_multiplier``
 and the padded unembedding columns (``unpadded_vocab_size < vocab_size``) masked to
 ``-inf`` so they are never sampled and carry no probability.
@@ -63,7 +78,13 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.sequence import IntermediateTensors
 
 from inkling_cache import InklingTextSpec, Stream, text_spec
-from inkling_model import InklingRelAttention, InklingShortConv, short_conv_kv
+from inkling_model import (
+    InklingRelAttention,
+    InklingShortConv,
+    paged_short_conv_add,
+    paged_short_conv_add_rmsnorm,
+    short_conv_kv,
+)
 from inkling_model.checkpoint import iter_text_weights
 
 from .attention import InklingAttentionLayer
@@ -79,6 +100,9 @@ SLIDING = "hybrid_sliding"
 #: The hf config key (also settable with ``hf_overrides``) choosing how the packed
 #: conv head size ``D`` is padded: ``"pow2"`` (default, vLLM's choice), ``"none"``, ``k``.
 PADDING_KEY = "inkling_conv_state_padding"
+#: The hf config key (also settable with ``hf_overrides``) turning the fused sublayer
+#: tails (conv + residual add [+ RMSNorm]) off: ``false`` runs the plain sequence.
+FUSED_KEY = "inkling_fused_conv_norm"
 
 
 class UnsupportedCheckpoint(ValueError):
@@ -129,13 +153,13 @@ def _layer_dims(spec: InklingTextSpec, layer_idx: int) -> tuple[bool, int, int, 
     return False, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
 
 
-def _sharded_conv(conv: InklingShortConv, partial: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def _sharded_conv(conv: InklingShortConv, partial: torch.Tensor) -> torch.Tensor:
     """Sum a row-parallel output over ranks, convolve this rank's hidden shard,
     and gather the full hidden vector (identity collectives at tp 1)."""
     if get_tensor_model_parallel_world_size() == 1:
-        return conv(partial, positions)
+        return conv(partial)
     shard = tensor_model_parallel_reduce_scatter(partial, dim=-1).contiguous()
-    return tensor_model_parallel_all_gather(conv(shard, positions), dim=-1)
+    return tensor_model_parallel_all_gather(conv(shard), dim=-1)
 
 
 class InklingAttention(nn.Module):
@@ -247,8 +271,12 @@ class InklingMLP(nn.Module):
 
 
 class InklingDecoderLayer(nn.Module):
-    def __init__(self, spec: InklingTextSpec, layer_idx: int, quant_config: Any, prefix: str, padding: str) -> None:
+    def __init__(
+        self, spec: InklingTextSpec, layer_idx: int, quant_config: Any, prefix: str, padding: str, fused: bool
+    ) -> None:
         super().__init__()
+        self.fused = fused
+        self.tp_size = get_tensor_model_parallel_world_size()
         _, _, num_kv_heads, head_dim = _layer_dims(spec, layer_idx)
         kernel = spec.conv_kernel_size
         self.conv_state = InklingConvStateLayer(
@@ -276,16 +304,39 @@ class InklingDecoderLayer(nn.Module):
             )
         else:
             self.mlp = InklingMLP(spec, quant_config, f"{prefix}.mlp")
-        shard = spec.hidden_size // get_tensor_model_parallel_world_size()
+        shard = spec.hidden_size // self.tp_size
         owner = self.conv_state.owner
-        self.attn_sconv = InklingShortConv(shard, kernel, owner, Stream.ATTN)
-        self.mlp_sconv = InklingShortConv(shard, kernel, owner, Stream.MLP)
+        self.attn_sconv = InklingShortConv(shard, kernel, owner, Stream.ATTN, tap_major=fused)
+        self.mlp_sconv = InklingShortConv(shard, kernel, owner, Stream.MLP, tap_major=fused)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        attn = self.self_attn(positions, self.input_layernorm(hidden_states))
-        hidden_states = hidden_states + _sharded_conv(self.attn_sconv, attn, positions)
-        mlp = self.mlp(self.post_attention_layernorm(hidden_states))
-        return hidden_states + _sharded_conv(self.mlp_sconv, mlp, positions)
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, normed: torch.Tensor, next_norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden_states``: the residual stream (this rank's hidden shard on the fused
+        path at tp > 1, else whole rows); ``normed``: ``input_layernorm`` of it, whole rows.
+        Returns the new residual stream and ``next_norm`` of it (the next layer's
+        ``input_layernorm``, or the model's final norm)."""
+        attn = self.self_attn(positions, normed)
+        hidden_states, normed = self._tail(self.attn_sconv, hidden_states, attn, self.post_attention_layernorm)
+        mlp = self.mlp(normed)
+        return self._tail(self.mlp_sconv, hidden_states, mlp, next_norm)
+
+    def _tail(
+        self, conv: InklingShortConv, hidden: torch.Tensor, partial: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sublayer's conv + residual add + the norm that reads the sum; ``partial``:
+        the sublayer's row-parallel output (this rank's partial sum)."""
+        if not self.fused:
+            hidden = hidden + _sharded_conv(conv, partial)
+            return hidden, norm(hidden)
+        owner, stream = conv.owner.name, int(conv.stream)
+        if self.tp_size == 1:
+            return paged_short_conv_add_rmsnorm(
+                hidden, partial, conv.weight, norm.weight, owner, stream, norm.variance_epsilon
+            )
+        shard = tensor_model_parallel_reduce_scatter(partial, dim=-1).contiguous()
+        hidden = paged_short_conv_add(hidden, shard, conv.weight, owner, stream)
+        return hidden, norm(tensor_model_parallel_all_gather(hidden, dim=-1))
 
 
 @support_torch_compile(
@@ -299,13 +350,14 @@ class InklingModel(nn.Module):
         check_supported_config(spec)
         quant_config = vllm_config.quant_config
         padding = _conv_padding(vllm_config, raw)
+        self.fused = _fused_tails(vllm_config, raw)
         self.spec = spec
         self.embed_tokens = VocabParallelEmbedding(
             spec.vocab_size, spec.hidden_size, quant_config=quant_config, prefix=f"{prefix}.embed_tokens"
         )
         self.embed_norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.layers = nn.ModuleList(
-            InklingDecoderLayer(spec, i, quant_config, f"{prefix}.layers.{i}", padding)
+            InklingDecoderLayer(spec, i, quant_config, f"{prefix}.layers.{i}", padding, self.fused)
             for i in range(spec.num_hidden_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
@@ -330,14 +382,36 @@ class InklingModel(nn.Module):
         else:
             assert input_ids is not None  # vLLM passes one of the two
             hidden_states = self.embed_input_ids(input_ids)
-        for layer in self.layers:
-            hidden_states = layer(positions, hidden_states)
-        return self.norm(hidden_states)
+        layers = self.layers
+        normed = layers[0].input_layernorm(hidden_states)
+        tp_size = get_tensor_model_parallel_world_size()
+        if self.fused and tp_size > 1:  # the residual stream stays sharded from here on
+            hidden_states = hidden_states.chunk(tp_size, dim=-1)[get_tensor_model_parallel_rank()].contiguous()
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            hidden_states, normed = layer(positions, hidden_states, normed, next_norm)
+        return normed
+
+
+def _config_value(vllm_config: VllmConfig, raw: dict[str, Any] | None, key: str) -> Any:
+    """``key`` from the checkpoint's config.json (with dict ``hf_overrides``), else from
+    vLLM's parsed config object; ``None`` when neither has it."""
+    if raw is not None and key in raw:
+        return raw[key]
+    return getattr(vllm_config.model_config.hf_config, key, None)
 
 
 def _conv_padding(vllm_config: VllmConfig, raw: dict[str, Any] | None) -> str:
-    value = (raw or {}).get(PADDING_KEY, getattr(vllm_config.model_config.hf_config, PADDING_KEY, None))
-    return str(value or "pow2")
+    return str(_config_value(vllm_config, raw, PADDING_KEY) or "pow2")
+
+
+def _fused_tails(vllm_config: VllmConfig, raw: dict[str, Any] | None) -> bool:
+    value = _config_value(vllm_config, raw, FUSED_KEY)
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise UnsupportedCheckpoint(f"{FUSED_KEY} must be true or false, got {value!r}")
+    return value
 
 
 # checkpoint (transformers) name fragment -> (vLLM parameter fragment, shard id)
