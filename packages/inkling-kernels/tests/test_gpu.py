@@ -23,7 +23,7 @@ from inkling_kernels import (
     sconv_tap_map_ref,
 )
 
-from _sconv_world import TOL, PagedWorld, bits
+from _sconv_world import TOL, PagedWorld, assert_add_close, bits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -387,3 +387,133 @@ def test_kv_same_step_hazard_many_launches(b_first: bool, hit: int, path: str) -
             (~torch.isclose(o.float().cpu(), r.float(), rtol=1.6e-2, atol=1.6e-2)).any() for o, r in zip(outs, refs)
         ))
     assert stale == 0, f"{stale} of 100 launches had a stale tap"
+
+
+# --- fused_sconv_add: conv + residual add on a rank's channel shard (tp > 1) -------
+
+# (name, H per rank, D, stream offset, stream width): the ATTN and MLP streams of the
+# 975B layers, whole rows (tp 1) and a rank's shard (tp 8 / tp 4).
+ADD_SHAPES = [
+    ("attn-global", 8, 2048, 256, 768),
+    ("attn-global-tp8", 1, 2048, 256, 768),
+    ("mlp-sliding", 16, 1024, 640, 384),
+    ("mlp-sliding-tp4", 4, 1024, 640, 384),
+]
+ADD_CASES = [(shape, torch.bfloat16, n) for shape in ADD_SHAPES for n in (4, 16)] + [
+    (ADD_SHAPES[1], dtype, 4) for dtype in (torch.float16, torch.float32)
+]
+
+
+@pytest.mark.parametrize("impl", ["triton", "triton_map"], ids=["no-map", "map"])
+@pytest.mark.parametrize("shape,dtype,block_size", ADD_CASES, ids=[f"{c[0][0]}-{c[1]}-N{c[2]}" for c in ADD_CASES])
+def test_add_inkling_shapes_vs_reference(
+    shape: tuple, dtype: torch.dtype, block_size: int, impl: str, case_seed: Callable[..., int]
+) -> None:
+    """The compiled kernel (default tiles) on a mixed batch with pad rows: against the
+    reference op, dt(hidden + the full-sequence conv) and the cache, bit for bit
+    (PagedWorld.run_add)."""
+    name, heads, head_size, off, width = shape
+    rng = random.Random(case_seed("add", name, str(dtype), block_size) % 10_000)
+    world = PagedWorld(num_heads=heads, head_size=head_size, block_size=block_size, streams=((off, width),),
+                       dtype=dtype, num_blocks=400 if block_size == 4 else 160, page_pad=64, seed=rng.randint(0, 999))
+    batch = world.make_batch(_mixed(world, rng), num_pad=5)
+    world.run_add(batch, 0, impl, device="cuda")
+
+
+@pytest.mark.parametrize("impl", ["triton", "triton_map"], ids=["no-map", "map"])
+def test_add_large_batch(impl: str) -> None:
+    """T > 1024 (the large-batch tiles: several rows a program): a 1500-token prefill,
+    a 600-token chunk after 700 and 300 decodes, on a tp 8 shard."""
+    world = PagedWorld(num_heads=1, head_size=2048, streams=((256, 768),), dtype=torch.bfloat16,
+                       num_blocks=1200, seed=17)
+    rng = random.Random(17)
+    plan = [(0, 1500), (700, 600)] + [(rng.randint(1, 900), 1) for _ in range(300)]
+    for rid, (history, _) in enumerate(plan):
+        world.add_request(rid, history)
+    items = [(rid, n) for rid, (_, n) in enumerate(plan)]
+    rng.shuffle(items)
+    batch = world.make_batch(items, num_pad=3)
+    assert batch.positions.shape[0] > 2048
+    world.run_add(batch, 0, impl, device="cuda")
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
+@pytest.mark.parametrize("heads", [8, 1], ids=["tp1", "tp8"])
+def test_add_cuda_graph_replay_with_changing_metadata(heads: int, mapped: bool) -> None:
+    """fused_sconv_add captured once with static buffers (hidden, d, metadata; with
+    ``mapped`` the tap-map build too), replayed over different batches written into
+    them; each replay against the reference on the CPU world and its cache."""
+    from inkling_kernels import fused_sconv_add
+
+    rng = random.Random(11 + heads)
+    head_size, off, width = 2048, 256, 768
+    world = PagedWorld(num_heads=heads, head_size=head_size, streams=((off, width),),
+                       dtype=torch.bfloat16, num_blocks=3000, seed=11)
+    T, R, max_blocks = 96, 48, 1024
+    storage, cache = _gpu_copy(world)
+    st = dict(
+        hidden=torch.zeros(T, heads * width, dtype=torch.bfloat16, device="cuda"),
+        x=torch.zeros(T, heads * width, dtype=torch.bfloat16, device="cuda"),
+        positions=torch.zeros(T, dtype=torch.int64, device="cuda"),
+        table=torch.zeros(R, max_blocks, dtype=torch.int32, device="cuda"),
+        seq=torch.zeros(T, dtype=torch.int32, device="cuda"),
+        slots=torch.full((T,), -1, dtype=torch.int64, device="cuda"),
+        qs=torch.zeros(T, dtype=torch.int32, device="cuda"),
+    )
+    weight = world.weights[0].cuda()
+    tap_map = torch.zeros(T, 3, dtype=torch.int64, device="cuda")
+
+    def launch() -> torch.Tensor:
+        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
+        if mapped:
+            batch = sconv_tap_map(batch, tap_map)
+        return fused_sconv_add(st["hidden"], st["x"], weight, cache, batch, off, width)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch()  # warm-up/compile outside capture (writes pad rows only: slot -1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = launch()
+    for step in range(6):
+        batch = _replay_step(world, rng, st, T, R)
+        hidden = (2 * torch.randn(T, heads * width)).to(torch.bfloat16)
+        storage.copy_(world.storage)  # same pre-state as the CPU world
+        st["x"].copy_(batch.x[0])
+        st["hidden"].copy_(hidden)
+        graph.replay()
+        torch.cuda.synchronize()
+        _, ref = world.run_add(batch, 0, "reference", hidden=hidden)
+        assert_add_close(static_out.cpu(), ref, hidden)
+        assert torch.equal(bits(storage.cpu()), bits(world.storage)), f"cache differs at step {step}"
+
+
+@pytest.mark.parametrize("path", ["no-map", "map"])
+@pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
+@pytest.mark.parametrize("prompt_len,hit,launches", [(1024, 512, 200), (1024, 513, 200), (8192, 4096, 50)])
+def test_add_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit: int, launches: int,
+                                            path: str) -> None:
+    """fused_sconv_add under a same-step prefix hit (A computes a prompt, B hit its
+    first ``hit`` tokens), B's pre-forward slots NaN before every launch; the public op
+    on a batch without a map (the map-less kernel) or with the step's map."""
+    from inkling_kernels import fused_sconv_add
+
+    case = _hazard_case(prompt_len, hit, b_first, seed=2)
+    d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+    hidden = (2 * torch.randn(case["x"].shape)).to(torch.bfloat16)
+    want = (hidden.float() + case["expected"].float()).to(torch.bfloat16)
+    meta = [d["positions"], d["table"], d["seq"], d["slots"], d["qs"]]
+    batch = _gpu_map(meta, d["n"]) if path == "map" else _batch(meta, d["n"])
+    hidden_gpu = hidden.cuda()
+    stale = 0
+    for _ in range(launches):
+        ps = d["pre_slots"]
+        d["cache"][ps // d["n"], :, ps % d["n"], d["off"]: d["off"] + d["width"]] = float("nan")
+        out = fused_sconv_add(hidden_gpu, d["x"], d["weight"], d["cache"], batch, d["off"], d["width"])
+        try:
+            assert_add_close(out.cpu(), want, hidden)
+        except AssertionError:
+            stale += 1
+    assert stale == 0, f"{stale} of {launches} launches had a stale tap"
