@@ -95,7 +95,9 @@ def _chunk(
     hh = (ci // NJ) * BLOCK_H + tl.arange(0, BLOCK_H)
     jj = (ci % NJ) * BLOCK_J + tl.arange(0, BLOCK_J)
     chan = (hh[:, None] * WS + jj[None, :])[None, :, :]  # [1, BH, BJ]
-    con = ((hh < NH)[:, None] & (jj < WS)[None, :] & (ci < NCH))[None, :, :]
+    # (ci < NCH) as a vector: Triton 3.9's interpreter turns a vector & a program-id
+    # scalar compare into an int32 mask, which its loads refuse; compiled code is the same.
+    con = ((hh < NH)[:, None] & (jj < WS)[None, :] & (hh * 0 + ci < NCH)[:, None])[None, :, :]
     ccol = (hh.to(tl.int64)[:, None] * stride_ch + stream_offset + jj[None, :])[None, :, :]
     tmask = row_on & con
     offs = row_off + chan
