@@ -15,6 +15,11 @@ argument, not by position: the K+V kernel has more of them), and the STREAMS con
         python3 packages/inkling-kernels/benchmarks/compare_codegen.py --dump new.json
     python3 packages/inkling-kernels/benchmarks/compare_codegen.py --compare old.json new.json
 
+``--kernel sconv_add_rmsnorm`` compiles the launches of ``fused_sconv_add_rmsnorm``'s
+kernel instead (:func:`_norm_launches`; the norm must keep its code when the kernel
+gains ``fused_sconv_add``'s HAS_NORM-off branch), and ``fused_sconv_add``'s where the
+tree has it (keys without an old launch, listed but not compared).
+
 Exit status of --compare: 1 when a launch's PTX or constexprs differ.
 """
 
@@ -55,12 +60,10 @@ def _normalise_ptx(ptx: str, param_names: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def dump(path: pathlib.Path, only: str | None) -> int:
+def _sconv_launches(only: str | None) -> Any:
+    """``(module, kernel name, drop, [(key, launch)])`` for ``fused_sconv``: every case
+    of bench_sconv.py, map, map-less and map-less without the hazard scan."""
     import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource, compile, make_backend
-    from triton import knobs
-    from triton.runtime.jit import create_function_from_signature
 
     import inkling_kernels.sconv.kernel as K
 
@@ -68,56 +71,128 @@ def dump(path: pathlib.Path, only: str | None) -> int:
     import bench_sconv as B
 
     B.sconv_tap_map = lambda batch, out: out  # the map's contents do not change the code
-    real = K._fused_sconv_kernel
+
+    def launches() -> Any:
+        gen = torch.Generator().manual_seed(0)
+        for case in B.cases():
+            if only and only not in case.name:
+                continue
+            cache, weight, sets = B.build(case, 1, gen, device="cpu")
+            s = sets[0]
+            _, _, off, width = case.stream
+            t = s.x.shape[0]
+            heads = case.stream[0]
+            heur = K.choose_config(t, heads, width)
+            yield f"{case.name} | map", lambda: K.fused_sconv_triton(s.x, weight, cache, s.mapped, off, width)
+            yield f"{case.name} | map-less", lambda: K.fused_sconv_triton(
+                s.x, weight, cache, s.batch, off, width, auto_map=False)
+            yield f"{case.name} | map-less, no hazard scan", lambda: K.fused_sconv_triton(
+                s.x, weight, cache, s.batch, off, width, config=dataclasses.replace(heur, hazard_scan=False),
+                auto_map=False)
+            del cache, sets
+
+    return K, "_fused_sconv_kernel", ("STREAMS",), launches()
+
+
+def _norm_launches(only: str | None) -> Any:
+    """``(module, kernel name, drop, [(key, launch)])`` for the kernel of
+    ``fused_sconv_add_rmsnorm`` (and of ``fused_sconv_add``, HAS_NORM off, in a tree
+    that has it: those keys have no old launch) at the 975B global layer's shape at
+    tp 1 (8 heads x 768 channels at offset 256 of D 2048, bf16, N = W = 4, the weight
+    channel-contiguous as the model keeps it): the default tiles at T = 1 and 16 (rows
+    split over programs), 64 and 2048 (main's row loop), 8192 (whole rows in
+    registers), and one forced split config; map-less and with a map each. Values do
+    not change the code: the tensors are uninitialised."""
+    import torch
+
+    import inkling_kernels.sconv_add_rmsnorm.kernel as K
+    from inkling_kernels import SconvBatch
+
+    heads, head_size, off, width, n, w = 8, 2048, 256, 768, 4, 4
+    c = heads * width
+
+    def problem(t: int, mapped: bool) -> tuple[Any, ...]:
+        reqs = min(t, 64)
+        per = [t // reqs + (r < t % reqs) for r in range(reqs)]
+        hist = 9  # pre-forward taps in every request
+        nblk = [-(-(hist + k) // n) for k in per]
+        table = torch.zeros(reqs, max(nblk), dtype=torch.int32)
+        pos, seq, slots, qs = [], [], [], []
+        nxt = 1
+        for r, k in enumerate(per):
+            table[r, : nblk[r]] = torch.arange(nxt, nxt + nblk[r], dtype=torch.int32)
+            nxt += nblk[r]
+            start = len(pos)
+            for p in range(hist, hist + k):
+                pos.append(p)
+                seq.append(r)
+                qs.append(start)
+                slots.append(int(table[r, p // n]) * n + p % n)
+        batch = SconvBatch(torch.tensor(pos), table, torch.tensor(seq, dtype=torch.int32), torch.tensor(slots),
+                           torch.tensor(qs, dtype=torch.int32), n, w,
+                           torch.zeros(t, w - 1, dtype=torch.int64) if mapped else None)
+        cache = torch.empty(nxt, heads, n, head_size, dtype=torch.bfloat16)
+        weight = torch.empty(w, c).t().unsqueeze(1)
+        hidden, d = torch.empty(t, c, dtype=torch.bfloat16), torch.empty(t, c, dtype=torch.bfloat16)
+        return hidden, d, weight, cache, batch, off, width
+
+    def launches() -> Any:
+        forced = K.NormConfig(block_t=1, block_h=2, block_j=256, num_warps=4, split=12)
+        for t in (1, 16, 64, 2048, 8192):
+            for mapped in (False, True):
+                name = f"T {t} | {'map' if mapped else 'map-less'}"
+                if only and only not in name:
+                    continue
+                args = problem(t, mapped)
+                norm = (torch.ones(c, dtype=torch.bfloat16), 1e-6)
+                yield f"{name} | norm, default", lambda: K.sconv_add_rmsnorm_triton(*args, *norm)
+                if t == 1:
+                    yield f"{name} | norm, {forced}", lambda: K.sconv_add_rmsnorm_triton(*args, *norm, config=forced)
+                if hasattr(K, "sconv_add_triton"):
+                    yield f"{name} | no norm, default", lambda: K.sconv_add_triton(*args)
+
+    return K, "_sconv_add_rmsnorm_kernel", (), launches()
+
+
+def dump(path: pathlib.Path, only: str | None, kernel: str) -> int:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource, compile, make_backend
+    from triton import knobs
+    from triton.runtime.jit import create_function_from_signature
+
+    K, kname, drop, launches = (_norm_launches if kernel == "sconv_add_rmsnorm" else _sconv_launches)(only)
+    real = getattr(K, kname)
     captured: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
 
     class _Grab:
         def __getitem__(self, grid: Any) -> Any:
             return lambda *a, **kw: captured.append((grid, a, kw))
 
-    K._fused_sconv_kernel = _Grab()
+    setattr(K, kname, _Grab())
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(real.signature, real.params, backend)
-    gen = torch.Generator().manual_seed(0)
     results: dict[str, Any] = {}
-    for case in B.cases():
-        if only and only not in case.name:
-            continue
-        cache, weight, sets = B.build(case, 1, gen, device="cpu")
-        s = sets[0]
-        _, _, off, width = case.stream
-        t = s.x.shape[0]
-        heads = case.stream[0]
-        heur = K.choose_config(t, heads, width)
-        variants = {
-            "map": lambda: K.fused_sconv_triton(s.x, weight, cache, s.mapped, off, width),
-            "map-less": lambda: K.fused_sconv_triton(s.x, weight, cache, s.batch, off, width, auto_map=False),
-            "map-less, no hazard scan": lambda: K.fused_sconv_triton(
-                s.x, weight, cache, s.batch, off, width, config=dataclasses.replace(heur, hazard_scan=False),
-                auto_map=False),
-        }
-        for vname, launch in variants.items():
-            captured.clear()
-            launch()
-            assert len(captured) == 1, f"{case.name} {vname}: {len(captured)} launches"
-            grid, args, kwargs = captured[0]
-            kwargs = dict(kwargs, debug=bool(real.debug or knobs.runtime.debug),
-                          instrumentation_mode=knobs.compilation.instrumentation_mode)
-            bound, spec, opts = binder(*args, **kwargs)
-            options, signature, constexprs, attrs = real._pack_args(backend, kwargs, bound, spec, opts)
-            kernel = compile(ASTSource(real, signature, constexprs, attrs), target=target, options=options.__dict__)
-            params = [k for k, v in signature.items() if v != "constexpr"]
-            ptx = _normalise_ptx(kernel.asm["ptx"], params)
-            consts = {real.arg_names[k[0]]: (v.value if hasattr(v, "value") else v) for k, v in constexprs.items()}
-            consts.pop("STREAMS", None)
-            used = sorted({m for m in re.findall(r"PARAM\[(\w+)\]", ptx)})
-            key = f"{case.name} | {vname}"
-            results[key] = dict(grid=list(grid), constexprs={k: repr(v) for k, v in consts.items()},
-                                ptx_sha256=hashlib.sha256(ptx.encode()).hexdigest(), ptx_lines=ptx.count("\n"),
-                                params_used=used, ptx=ptx)
-            print(f"{key}: {results[key]['ptx_lines']} PTX lines, sha {results[key]['ptx_sha256'][:12]}", flush=True)
-        del cache, sets
+    for key, launch in launches:
+        captured.clear()
+        launch()
+        assert len(captured) == 1, f"{key}: {len(captured)} launches"
+        grid, args, kwargs = captured[0]
+        kwargs = dict(kwargs, debug=bool(real.debug or knobs.runtime.debug),
+                      instrumentation_mode=knobs.compilation.instrumentation_mode)
+        bound, spec, opts = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = real._pack_args(backend, kwargs, bound, spec, opts)
+        compiled = compile(ASTSource(real, signature, constexprs, attrs), target=target, options=options.__dict__)
+        params = [k for k, v in signature.items() if v != "constexpr"]
+        ptx = _normalise_ptx(compiled.asm["ptx"], params)
+        consts = {real.arg_names[k[0]]: (v.value if hasattr(v, "value") else v) for k, v in constexprs.items()}
+        for name in drop:
+            consts.pop(name, None)
+        used = sorted({m for m in re.findall(r"PARAM\[(\w+)\]", ptx)})
+        results[key] = dict(grid=list(grid), constexprs={k: repr(v) for k, v in consts.items()},
+                            ptx_sha256=hashlib.sha256(ptx.encode()).hexdigest(), ptx_lines=ptx.count("\n"),
+                            params_used=used, ptx=ptx)
+        print(f"{key}: {results[key]['ptx_lines']} PTX lines, sha {results[key]['ptx_sha256'][:12]}", flush=True)
     path.write_text(json.dumps(results, indent=1))
     return 0
 
@@ -155,13 +230,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dump", type=pathlib.Path)
     ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--kernel", choices=("sconv", "sconv_add_rmsnorm"), default="sconv",
+                    help="whose launches --dump compiles (default: fused_sconv's)")
     ap.add_argument("--compare", type=pathlib.Path, nargs=2)
     ap.add_argument("--md", type=pathlib.Path, default=None)
     args = ap.parse_args()
     if args.compare:
         return compare(*args.compare, args.md)
     if args.dump:
-        return dump(args.dump, args.only)
+        return dump(args.dump, args.only, args.kernel)
     ap.error("--dump or --compare")
     return 2
 

@@ -7,6 +7,7 @@ Public API:
 - :class:`SconvBatch` — the step's per-token metadata, built and validated once per
   step and KV-cache group, handed to every conv launch;
 - :func:`fused_sconv`, :func:`fused_sconv_add_rmsnorm` — the conv ops, on a batch;
+  :func:`fused_sconv_add` — the conv + residual add without the norm (a tp > 1 shard);
   :func:`fused_sconv_kv` — the K and V convs of a layer in one launch;
   :func:`fused_sconv_vllm` — the drop-in with vLLM's in-tree signature;
 - :func:`sconv_seq_metadata`, :func:`sconv_tap_map` — the per-step metadata ops;
@@ -26,7 +27,12 @@ from .batch import SconvBatch
 from .checks import ACTIVATION_DTYPES as SUPPORTED_DTYPES
 from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
 from .sconv import causal_conv_ref, fused_sconv, fused_sconv_ref, fused_sconv_vllm
-from .sconv_add_rmsnorm import fused_sconv_add_rmsnorm, fused_sconv_add_rmsnorm_ref
+from .sconv_add_rmsnorm import (
+    fused_sconv_add,
+    fused_sconv_add_ref,
+    fused_sconv_add_rmsnorm,
+    fused_sconv_add_rmsnorm_ref,
+)
 from .sconv_kv import fused_sconv_kv, fused_sconv_kv_ref
 from .seq_metadata import sconv_seq_metadata, sconv_seq_metadata_ref
 from .tap_map import sconv_tap_map, sconv_tap_map_ref
@@ -38,6 +44,8 @@ __all__ = [
     "SconvBatch",
     "causal_conv_ref",
     "fused_sconv",
+    "fused_sconv_add",
+    "fused_sconv_add_ref",
     "fused_sconv_add_rmsnorm",
     "fused_sconv_add_rmsnorm_ref",
     "fused_sconv_kv",

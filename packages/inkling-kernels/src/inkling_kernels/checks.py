@@ -7,7 +7,8 @@ Two kinds, run at two rates:
 - :func:`check_conv_call` validates what one launch adds to the batch (``x``, the
   weight, the cache, the stream range) and checks the cache against the batch (its
   block dimension, the token count, the device): once per launch. The fused
-  conv + norm op adds :func:`check_norm_extras`; the K+V launch (``fused_sconv_kv``)
+  conv + add op adds :func:`check_add_extras`, the fused conv + add + norm op
+  :func:`check_norm_extras`; the K+V launch (``fused_sconv_kv``)
   runs :func:`check_kv_call` instead, the same checks per stream plus the pair's.
 
 Nothing here reads tensor values or synchronises with the device, so every check is
@@ -351,9 +352,9 @@ def check_kv_call(
     return pk, pv
 
 
-def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_weight: object, eps: object) -> None:
-    """What the fused conv + residual + RMSNorm adds to a conv launch (``d`` checked
-    as ``x`` by :func:`check_conv_call`)."""
+def _check_hidden(hidden: object, d: torch.Tensor) -> None:
+    """``hidden``: the residual rows ``d`` is added to, shaped, typed and placed as
+    ``d`` and contiguous."""
     hidden = need_tensor("hidden", hidden)
     if hidden.shape != d.shape:
         raise ValueError(
@@ -366,12 +367,26 @@ def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_
         raise ValueError(f"hidden is on {hidden.device} but d is on {d.device}")
     if not hidden.is_contiguous():
         raise ValueError("hidden must be contiguous: pass hidden.contiguous()")
+
+
+def check_add_extras(hidden: object, d: torch.Tensor) -> None:
+    """What the fused conv + residual add (``fused_sconv_add``) adds to a conv launch
+    (``d`` checked as ``x`` by :func:`check_conv_call`): the residual rows ``hidden``.
+    ``d`` may be the rank's channel shard (tp > 1); hidden is then the same shard."""
+    _check_hidden(hidden, d)
+
+
+def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_weight: object, eps: object) -> None:
+    """What the fused conv + residual + RMSNorm adds to a conv launch (``d`` checked
+    as ``x`` by :func:`check_conv_call`)."""
+    _check_hidden(hidden, d)
     norm_weight = need_tensor("norm_weight", norm_weight)
     if norm_weight.dim() != 1 or norm_weight.shape[0] != prob.channels:
         raise ValueError(
             f"norm_weight must have shape [C] = [{prob.channels}] (the full row the norm "
             f"reads), got {tuple(norm_weight.shape)}; the fused op needs the conv to see "
-            "the whole hidden row (tp == 1 for the ATTN/MLP streams)"
+            "the whole hidden row (tp == 1 for the ATTN/MLP streams); on a shard use "
+            "fused_sconv_add, all-gather, then the norm"
         )
     if norm_weight.dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"norm_weight must be a float tensor, got {norm_weight.dtype}")

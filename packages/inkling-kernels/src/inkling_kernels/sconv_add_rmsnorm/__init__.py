@@ -1,4 +1,4 @@
-"""Fused short conv + outer residual add + RMSNorm, for the ATTN and MLP streams.
+"""Fused short conv + outer residual add (+ RMSNorm), for the ATTN and MLP streams.
 
 In every Inkling decoder layer the attention and MLP outputs ``d`` pass through a
 short conv and are added to the residual stream, which the next RMSNorm reads::
@@ -6,19 +6,24 @@ short conv and are added to the residual stream, which the next RMSNorm reads::
     new_hidden = hidden + (d + conv(d))       # conv: the paged causal conv of fused_sconv
     normed     = rmsnorm(new_hidden) * norm_weight
 
-:func:`fused_sconv_add_rmsnorm` does all of it in one pass over the rows (one Triton
-launch on CUDA; a program owns whole rows, since RMSNorm needs the full row), and
-stores ``d``'s rows in their cache slots exactly as :func:`inkling_kernels.fused_sconv`
-does, with the same semantics for pre-forward taps (post-write: correct under
-same-step prefix hits in any batch order).
+Two ops, one Triton kernel (a compile-time switch turns the norm off), the same
+conv, rounding and cache writes: both store ``d``'s rows in their cache slots exactly
+as :func:`inkling_kernels.fused_sconv` does, with the same semantics for pre-forward
+taps (post-write: correct under same-step prefix hits in any batch order), with or
+without the batch's tap map.
 
-Where it applies: the norm needs the full hidden row, so the conv must see it. With
-the packed layout's tensor parallelism the ATTN/MLP conv runs on the rank's hidden
-shard (``hidden/tp`` channels) before the all-gather; there the row is partial and
-this op does not apply (use ``fused_sconv`` on the shard, gather, then norm). It
-applies at ``tp == 1``, or wherever the conv's channels are the whole hidden row.
-The op checks that ``norm_weight`` covers all of ``d``'s channels; the model layer
-checks the layout.
+- :func:`fused_sconv_add_rmsnorm` does all of it in one pass over the rows (one
+  launch on CUDA; a program owns whole rows, or a row's chunks meet through an atomic
+  ticket, since RMSNorm needs the full row). The norm needs the full hidden row, so
+  the conv must see it: at ``tp == 1``, or wherever the conv's channels are the whole
+  hidden row. The op checks that ``norm_weight`` covers all of ``d``'s channels; the
+  model layer checks the layout.
+- :func:`fused_sconv_add` returns ``new_hidden`` only. It is for tensor parallelism
+  (tp > 1): the packed layout convolves the ATTN/MLP streams on the rank's hidden
+  shard (``hidden/tp`` channels), so with a sharded residual stream each sublayer is
+  reduce-scatter(partial ``d``) -> ``fused_sconv_add`` on the shard (``hidden`` the
+  rank's shard of the residual stream) -> all-gather -> RMSNorm of the full row. No
+  program needs a whole row: a row's channel chunks spread over programs freely.
 """
 
 from __future__ import annotations
@@ -29,11 +34,20 @@ import torch
 
 from .._dispatch import uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
-from ..checks import SconvProblem, check_conv_call, check_norm_extras
-from .reference import fused_sconv_add_rmsnorm_ref, reference_sconv_add_rmsnorm, rms_norm_ref
+from ..checks import SconvProblem, check_add_extras, check_conv_call, check_norm_extras
+from .reference import (
+    fused_sconv_add_ref,
+    fused_sconv_add_rmsnorm_ref,
+    reference_sconv_add,
+    reference_sconv_add_rmsnorm,
+    rms_norm_ref,
+)
 
 __all__ = [
+    "check_sconv_add_args",
     "check_sconv_add_rmsnorm_args",
+    "fused_sconv_add",
+    "fused_sconv_add_ref",
     "fused_sconv_add_rmsnorm",
     "fused_sconv_add_rmsnorm_ref",
     "rms_norm_ref",
@@ -122,4 +136,86 @@ def fused_sconv_add_rmsnorm(
     check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
     return torch.ops.inkling.fused_sconv_add_rmsnorm(  # type: ignore[no-any-return]
         hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width, norm_weight, float(eps)
+    )
+
+
+def check_sconv_add_args(
+    hidden: object,
+    d: object,
+    weight: object,
+    cache: object,
+    batch: object,
+    stream_offset: object,
+    stream_width: object,
+) -> SconvProblem:
+    """Validate one ``fused_sconv_add`` launch; raise TypeError/ValueError saying what
+    to change: the conv arguments exactly as for ``fused_sconv`` (``d`` in the role of
+    ``x``), then ``hidden`` (:func:`inkling_kernels.checks.check_add_extras`)."""
+    prob = check_conv_call(d, weight, cache, batch, stream_offset, stream_width)
+    check_add_extras(hidden, d)  # type: ignore[arg-type]
+    return prob
+
+
+@torch.library.custom_op(
+    "inkling::fused_sconv_add",
+    mutates_args=("cache",),
+    schema=f"(Tensor hidden, Tensor d, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
+    "SymInt stream_width) -> Tensor",
+)
+def _fused_sconv_add_op(
+    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
+) -> torch.Tensor:
+    batch, (stream_offset, stream_width) = SconvBatch.split_op_args(args)
+    prob = SconvProblem.of(d, weight, cache)  # checked by fused_sconv_add
+    call = (hidden, d, prob, cache, batch, stream_offset, stream_width)
+    if not uses_triton(d.device):  # the reference resolves taps itself: no map
+        return reference_sconv_add(*call)
+    from .kernel import launch_sconv_add  # Triton only off the CPU path
+
+    return launch_sconv_add(*call)
+
+
+@_fused_sconv_add_op.register_fake
+def _fused_sconv_add_fake(
+    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
+) -> torch.Tensor:
+    batch, rest = SconvBatch.split_op_args(args, check=True)
+    check_sconv_add_args(hidden, d, weight, cache, batch, *rest)
+    return torch.empty_like(d)
+
+
+def fused_sconv_add(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+) -> torch.Tensor:
+    """``hidden + d + conv(d)`` in one pass, ``d``'s rows stored in the cache: the
+    conv + residual add of :func:`fused_sconv_add_rmsnorm` without the norm, for a
+    rank's channel shard at tp > 1 (then all-gather, then the norm).
+
+    Args:
+        hidden: [T, C] residual stream (the rank's shard of it at tp > 1),
+            bf16/fp16/fp32, contiguous, d's dtype and device.
+        d: [T, C] sublayer output (the shard after the reduce-scatter), contiguous;
+            ``C = H * stream_width`` (any part of the hidden row: the conv is per
+            channel).
+        weight: (C, W) or (C, 1, W) conv weight (the rank's shard), fp32 or d.dtype;
+            ``weight[:, W-1]`` multiplies the current token.
+        cache, batch, stream_offset, stream_width: exactly as for
+            :func:`inkling_kernels.fused_sconv`; ``cache`` is mutated (each valid
+            slot's stream range receives its row of ``d``); the batch's tap map, when
+            it has one, serves the CUDA kernel as it serves ``fused_sconv``.
+
+    Returns:
+        ``new_hidden``, a new [T, C] tensor in d.dtype: ``dt(hidden + dt(d + conv(d)))``
+        (rounded where transformers rounds, as ``fused_sconv_add_rmsnorm``'s first
+        output, bit for bit on the CPU path).
+    """
+    check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
+    return torch.ops.inkling.fused_sconv_add(  # type: ignore[no-any-return]
+        hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width
     )

@@ -1,4 +1,5 @@
-"""Triton kernel and launcher for ``fused_sconv_add_rmsnorm``.
+"""Triton kernel and launchers for ``fused_sconv_add_rmsnorm`` and ``fused_sconv_add``
+(one kernel: the constexpr ``HAS_NORM`` switches the norm off for the latter).
 
 Tiling: a row's ``C = H * stream_width`` channels are cut into ``NCH`` chunks of
 ``[BLOCK_H heads, BLOCK_J channels of each head's stream range]`` (cache addresses
@@ -32,6 +33,13 @@ Per program:
    resets the counter to 0 (the buffer is ready for the next launch: graph replays
    need no memset) and normalises the whole row, reading ``new_h`` back from L2.
 
+Without the norm (``HAS_NORM`` off, ``fused_sconv_add``: the conv + residual add on
+a rank's channel shard at tp > 1): steps 0 and 1 only, ``new_h`` stored and nothing
+kept; program ``(p, s)`` does chunks ``s, s + SPLIT, ...`` of its rows for any
+``BLOCK_T`` (by default every chunk on its own program: :func:`choose_add_config`); no
+scratch, no ticket. This branch is taken at compile time (a constexpr ``if`` ahead of
+the norm's two paths), so the norm's code is what it was without it.
+
 The conv weight is read as ``weight[c, i]`` with any strides; a channel-contiguous
 weight (``stride(0) == 1``, e.g. the transpose of a ``(W, C)`` tensor, as
 ``InklingShortConvAddRMSNorm`` keeps it) is read with vector loads.
@@ -57,10 +65,13 @@ from ..checks import SconvProblem
 
 __all__ = [
     "NormConfig",
+    "choose_add_config",
     "choose_norm_config",
     "main_norm_config",
+    "launch_sconv_add",
     "launch_sconv_add_rmsnorm",
     "sconv_add_rmsnorm_triton",
+    "sconv_add_triton",
 ]
 
 
@@ -151,6 +162,7 @@ def _sconv_add_rmsnorm_kernel(
     SCAN: tl.constexpr,
     USE_MAP: tl.constexpr,
     ROW_LOOP: tl.constexpr,
+    HAS_NORM: tl.constexpr,
 ):
     CHANNELS: tl.constexpr = NH * WS
     NJ: tl.constexpr = (WS + BLOCK_J - 1) // BLOCK_J
@@ -220,7 +232,18 @@ def _sconv_add_rmsnorm_kernel(
     dst3 = dst[:, None, None]
     wr_on = wmask[:, None, None]
 
-    if ROW_LOOP:
+    if not HAS_NORM:
+        # fused_sconv_add: no norm, so no program needs a whole row. Program (p, s)
+        # does chunks s, s + SPLIT, ... of rows p*BLOCK_T.. (SPLIT == NCH by default:
+        # one chunk each); the norm's pointers, scratch and eps are unused.
+        for k in tl.static_range(CPP):
+            _chunk(
+                tl.program_id(1) + k * SPLIT, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
+                row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
+                stride_wc, stride_wk, stride_ch, stream_offset,
+                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
+            )
+    elif ROW_LOOP:
         # main's path (SPLIT == 1): the rows' tiles in a runtime loop, squares kept as a
         # tile and reduced once; then new_h re-read from L1/L2 after a block barrier.
         hh0 = tl.arange(0, BLOCK_H)
@@ -327,7 +350,9 @@ class NormConfig:
     channels of a head's stream range; powers of two) and ``split`` programs per row
     (``split > 1`` needs ``block_t == 1``; at most the number of chunks a row has).
     ``row_loop``: main's path instead (``split == 1``): the tiles in a runtime loop,
-    ``new_h`` stored and re-read for the norm rather than kept in registers."""
+    ``new_h`` stored and re-read for the norm rather than kept in registers.
+    ``fused_sconv_add`` (no norm) takes any ``block_t`` with any ``split`` up to the
+    row's chunks, and no ``row_loop``."""
 
     block_t: int
     block_h: int
@@ -408,6 +433,64 @@ def _scratch(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tenso
     return cnt, part
 
 
+def _chunks(cfg: NormConfig, num_heads: int, stream_width: int) -> int:
+    """The number of ``[block_h, block_j]`` chunks of a row (tile sizes checked)."""
+    for size in (cfg.block_t, cfg.block_h, cfg.block_j, cfg.scan):
+        if size < 1 or size & (size - 1):
+            raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
+    return -(-num_heads // cfg.block_h) * -(-stream_width // cfg.block_j)
+
+
+def _launch(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    prob: SconvProblem,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    outputs: tuple[torch.Tensor, torch.Tensor],
+    norm: tuple[torch.Tensor, float] | None,
+    cfg: NormConfig,
+    block_t: int,
+    split: int,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """The kernel launch of both ops: ``norm`` is ``(norm_weight, eps)``, or None for
+    ``fused_sconv_add`` (HAS_NORM off: ``outputs[1]``, the norm's arguments and the
+    scratch are not read or written)."""
+    new_hidden, normed = outputs
+    norm_weight, eps = norm if norm is not None else (d, 0.0)
+    cnt, part = scratch if scratch is not None else (batch.slot_mapping, d)  # (unused at split 1)
+    w2 = prob.weight2d
+    table = batch.block_table
+    tap_map = batch.tap_map
+    channels = prob.num_heads * stream_width
+    grid = (triton.cdiv(prob.num_tokens, block_t), split)
+    _sconv_add_rmsnorm_kernel[grid](
+        hidden, d, w2, cache,
+        batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
+        batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
+        norm_weight, new_hidden, normed, cnt, part,
+        prob.num_tokens, prob.num_slots,
+        table.shape[0], table.shape[1],
+        w2.stride(0), w2.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
+        table.stride(0),
+        stream_offset,
+        eps,
+        NH=prob.num_heads, WS=stream_width, N=batch.block_size, W=prob.kernel_size,
+        KW=pow2_ceil(prob.kernel_size),
+        BLOCK_T=block_t, BLOCK_H=cfg.block_h, BLOCK_J=cfg.block_j,
+        SPLIT=split, SPLIT_P2=pow2_ceil(split), NORM_BLOCK=min(2048, pow2_ceil(channels)),
+        SCAN=cfg.scan,
+        USE_MAP=tap_map is not None,
+        ROW_LOOP=cfg.row_loop,
+        HAS_NORM=norm is not None,
+        num_warps=cfg.num_warps,
+    )
+
+
 def launch_sconv_add_rmsnorm(
     hidden: torch.Tensor,
     d: torch.Tensor,
@@ -437,10 +520,7 @@ def launch_sconv_add_rmsnorm(
     if prob.num_tokens == 0:
         return new_hidden, normed
     cfg = config or choose_norm_config(prob.num_tokens, prob.num_heads, stream_width)
-    for size in (cfg.block_t, cfg.block_h, cfg.block_j, cfg.scan):
-        if size < 1 or size & (size - 1):
-            raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
-    chunks = -(-prob.num_heads // cfg.block_h) * -(-stream_width // cfg.block_j)
+    chunks = _chunks(cfg, prob.num_heads, stream_width)
     if cfg.row_loop and cfg.split != 1:
         raise ValueError(f"config split must be 1 with row_loop, got {cfg}")
     if cfg.split < 1 or cfg.split > min(chunks, _MAX_SPLIT) or (cfg.split > 1 and cfg.block_t != 1):
@@ -450,34 +530,75 @@ def launch_sconv_add_rmsnorm(
     scratch = _scratch(d.device, prob.num_tokens) if split > 1 else None
     if split > 1 and scratch is None:  # captured without a warm-up on this stream
         split, block_t = 1, 1
-    cnt, part = scratch if scratch is not None else (batch.slot_mapping, d)  # (unused at split 1)
-    w2 = prob.weight2d
-    table = batch.block_table
-    tap_map = batch.tap_map
-    channels = prob.num_heads * stream_width
-    grid = (triton.cdiv(prob.num_tokens, block_t), split)
-    _sconv_add_rmsnorm_kernel[grid](
-        hidden, d, w2, cache,
-        batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
-        batch.slot_mapping if tap_map is None else tap_map,  # (unused without a map)
-        norm_weight, new_hidden, normed, cnt, part,
-        prob.num_tokens, prob.num_slots,
-        table.shape[0], table.shape[1],
-        w2.stride(0), w2.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2),
-        table.stride(0),
-        stream_offset,
-        eps,
-        NH=prob.num_heads, WS=stream_width, N=batch.block_size, W=prob.kernel_size,
-        KW=pow2_ceil(prob.kernel_size),
-        BLOCK_T=block_t, BLOCK_H=cfg.block_h, BLOCK_J=cfg.block_j,
-        SPLIT=split, SPLIT_P2=pow2_ceil(split), NORM_BLOCK=min(2048, pow2_ceil(channels)),
-        SCAN=cfg.scan,
-        USE_MAP=tap_map is not None,
-        ROW_LOOP=cfg.row_loop,
-        num_warps=cfg.num_warps,
-    )
+    _launch(hidden, d, prob, cache, batch, stream_offset, stream_width, (new_hidden, normed),
+            (norm_weight, eps), cfg, block_t, split, scratch)
     return new_hidden, normed
+
+
+_MAX_GRID_1 = 65535  # CUDA's limit on the grid's second axis (programs along a row)
+
+
+def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
+                      kernel_size: int = 4) -> NormConfig:
+    """Tiles of ``fused_sconv_add`` (not swept on a GPU yet): without the norm no
+    program needs a whole row, so every chunk of a row gets its own program (``split``
+    = the row's chunks, no scratch, no ticket), as in ``fused_sconv``'s grid. The tile
+    is ``fused_sconv``'s heuristic for the same launch (:func:`inkling_kernels.sconv.
+    kernel.choose_config`, measured on the H200 for the conv alone), in this kernel's
+    terms: its ``BLOCK_C`` channels of one head as ``[block_h 1, block_j BLOCK_C]``, or
+    whole narrow power-of-two heads as ``block_h = BLOCK_C / stream_width``; the same
+    rows and warps. The hazard scan's chunk keeps its ``[BLOCK_T * KW, SCAN]`` compare
+    at about 32 elements a thread (16..256)."""
+    from ..sconv.kernel import choose_config
+
+    conv = choose_config(num_tokens, num_heads, stream_width, mapped)
+    if conv.block_c > stream_width and conv.block_c % stream_width == 0:
+        block_h, block_j = conv.block_c // stream_width, stream_width
+    else:
+        block_h, block_j = 1, conv.block_c
+    chunks = -(-num_heads // block_h) * -(-stream_width // block_j)
+    keys = conv.block_t * pow2_ceil(kernel_size)
+    scan = max(16, min(256, 1 << (max(1, 1024 * conv.num_warps // keys).bit_length() - 1)))
+    return NormConfig(block_t=conv.block_t, block_h=block_h, block_j=block_j, num_warps=conv.num_warps,
+                      scan=scan, split=min(chunks, _MAX_GRID_1))
+
+
+def launch_sconv_add(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    prob: SconvProblem,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    config: NormConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``fused_sconv_add``'s launch (the kernel with HAS_NORM off): allocate
+    ``new_hidden`` and launch (CUDA, or CPU tensors under TRITON_INTERPRET=1).
+
+    Arguments must have passed ``check_sconv_add_args`` (which made ``prob``);
+    ``config`` overrides :func:`choose_add_config` (benchmarks, tests): any
+    ``block_t``, ``split`` 1.. the row's chunks (program ``(p, s)`` does chunks ``s,
+    s + split, ...``), no ``row_loop`` (the norm's path); ``out`` is a preallocated
+    ``new_hidden`` (tests poison it).
+    """
+    if out is None:
+        out = torch.empty_like(d)
+    elif out.shape != d.shape or out.dtype != d.dtype or not out.is_contiguous():
+        raise ValueError("out must be a contiguous tensor shaped and typed like d")
+    if prob.num_tokens == 0:
+        return out
+    cfg = config or choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
+                                      prob.kernel_size)
+    chunks = _chunks(cfg, prob.num_heads, stream_width)
+    if cfg.row_loop:
+        raise ValueError(f"config row_loop is the norm's path; fused_sconv_add has no norm: got {cfg}")
+    if not 1 <= cfg.split <= min(chunks, _MAX_GRID_1):
+        raise ValueError(f"config split must be 1..{min(chunks, _MAX_GRID_1)} (the row's chunks), got {cfg}")
+    _launch(hidden, d, prob, cache, batch, stream_offset, stream_width, (out, out), None, cfg, cfg.block_t,
+            cfg.split, None)
+    return out
 
 
 def sconv_add_rmsnorm_triton(
@@ -505,3 +626,24 @@ def sconv_add_rmsnorm_triton(
         hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps),
         config=config, outputs=outputs,
     )
+
+
+def sconv_add_triton(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    *,
+    config: NormConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Check and launch ``fused_sconv_add``'s kernel directly (any device Triton runs
+    on). Same contract as :func:`inkling_kernels.fused_sconv_add`; used by tests (CPU
+    tensors under ``TRITON_INTERPRET=1``) and benchmarks (``config``)."""
+    from . import check_sconv_add_args
+
+    prob = check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
+    return launch_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width, config=config, out=out)

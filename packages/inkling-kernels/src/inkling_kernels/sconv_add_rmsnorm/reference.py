@@ -1,8 +1,9 @@
-"""fp32 PyTorch reference of the fused short conv + residual add + RMSNorm.
+"""fp32 PyTorch references of the fused short conv + residual add (+ RMSNorm).
 
-It is the CPU path of :func:`inkling_kernels.fused_sconv_add_rmsnorm` and the oracle
-of its tests. It shares the tap resolution of every reference
-(:mod:`inkling_kernels._reference_common`) but gathers differently from
+They are the CPU paths of :func:`inkling_kernels.fused_sconv_add_rmsnorm` and
+:func:`inkling_kernels.fused_sconv_add` (the same without the norm) and oracles of
+their tests. They share the tap resolution of every reference
+(:mod:`inkling_kernels._reference_common`) but gather differently from
 :func:`inkling_kernels.fused_sconv_ref` (each token's whole window of ``W`` inputs in
 one gather from a post-write view of the cache), so that the two check each other.
 
@@ -12,7 +13,7 @@ activation dtype::
 
     s        = dt(d + conv(d))                 # fp32 math, conv weight in fp32
     new_h    = dt(hidden + s)
-    y        = dt(new_h * rsqrt(mean(new_h**2) + eps))
+    y        = dt(new_h * rsqrt(mean(new_h**2) + eps))     # (the norm op only)
     normed   = dt(norm_weight * y)             # weight applied as is (no 1 + w offset)
 
 In float32 every ``dt(...)`` is exact.
@@ -26,7 +27,13 @@ from .._reference_common import pre_forward_slots, tap_sources
 from ..batch import SconvBatch
 from ..checks import SconvProblem
 
-__all__ = ["fused_sconv_add_rmsnorm_ref", "reference_sconv_add_rmsnorm", "rms_norm_ref"]
+__all__ = [
+    "fused_sconv_add_ref",
+    "fused_sconv_add_rmsnorm_ref",
+    "reference_sconv_add",
+    "reference_sconv_add_rmsnorm",
+    "rms_norm_ref",
+]
 
 
 def rms_norm_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,7 +49,7 @@ def rms_norm_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torc
     return (norm_weight.float() * y.float()).to(x.dtype)
 
 
-def reference_sconv_add_rmsnorm(
+def reference_sconv_add(
     hidden: torch.Tensor,
     d: torch.Tensor,
     prob: SconvProblem,
@@ -50,21 +57,20 @@ def reference_sconv_add_rmsnorm(
     batch: SconvBatch,
     stream_offset: int,
     stream_width: int,
-    norm_weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference on checked arguments (``prob`` from the launch's checks).
+) -> torch.Tensor:
+    """``new_hidden = dt(hidden + dt(d + conv(d)))`` on checked arguments (``prob``
+    from the launch's checks); ``C`` may be a channel shard of the hidden row.
 
     Stores ``d``'s rows in their slots (negative or out-of-range slots are skipped),
     then convolves each row over its window: taps of rows in this forward
     (``>= query_start``) come from ``d``, earlier ones from the cache *after* this
     call's writes (so a slot another request writes in this call reads its value);
     taps before position 0, outside the block table or outside the cache read zero.
-    Returns ``(new_hidden, normed)``, both ``[T, C]`` in ``d.dtype``.
+    Returns ``[T, C]`` in ``d.dtype``.
     """
     num_tokens, channels = prob.num_tokens, prob.channels
     if num_tokens == 0:
-        return torch.empty_like(d), torch.empty_like(d)
+        return torch.empty_like(d)
     n, width, heads, kernel = batch.block_size, stream_width, prob.num_heads, prob.kernel_size
     lo, hi = stream_offset, stream_offset + width
     num_slots = prob.num_slots
@@ -97,7 +103,23 @@ def reference_sconv_add_rmsnorm(
     conv = (window * w[None]).sum(dim=1)
 
     s = (d.float() + conv).to(d.dtype)
-    new_hidden = (hidden.float() + s.float()).to(d.dtype)
+    return (hidden.float() + s.float()).to(d.dtype)
+
+
+def reference_sconv_add_rmsnorm(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    prob: SconvProblem,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`reference_sconv_add`, then the norm of the whole row: ``(new_hidden,
+    normed)``, both ``[T, C]`` in ``d.dtype``."""
+    new_hidden = reference_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width)
     return new_hidden, rms_norm_ref(new_hidden, norm_weight, eps)
 
 
@@ -118,3 +140,20 @@ def fused_sconv_add_rmsnorm_ref(
 
     prob = check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
     return reference_sconv_add_rmsnorm(hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))
+
+
+def fused_sconv_add_ref(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+) -> torch.Tensor:
+    """Reference for :func:`inkling_kernels.fused_sconv_add` (checked; same
+    signature)."""
+    from . import check_sconv_add_args
+
+    prob = check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
+    return reference_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width)
