@@ -361,6 +361,64 @@ class PagedWorld:
         self.verify(batch, {sk: (outs[0], refs[0]), sv: (outs[1], refs[1])}, before, ref_storage, activation, residual)
         return outs
 
+    def run_add(
+        self,
+        batch: Batch,
+        s: int,
+        impl: str,
+        *,
+        hidden: torch.Tensor | None = None,
+        config: object = None,
+        device: str | torch.device = "cpu",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One ``fused_sconv_add`` call for stream s (``new_hidden = hidden + d +
+        conv(d)``, ``d`` the batch's rows), checked as :meth:`run` checks a conv: against
+        the reference op on a copy of the cache, against the oracle ``dt(hidden +
+        full-sequence conv)`` (:func:`assert_add_close`) and the cache by
+        :meth:`verify_cache`. ``impl``: "reference" (the public op on CPU tensors),
+        "triton" (the kernel, map-less) or "triton_map" (the kernel with the step's
+        tap map, built by the reference builder); the kernel runs on ``device`` (CPU:
+        the interpreter) with a NaN-poisoned output. ``hidden``: random when None.
+        Returns ``(hidden, new_hidden)``."""
+        from inkling_kernels import fused_sconv_add, fused_sconv_add_ref
+        from inkling_kernels.sconv_add_rmsnorm.kernel import sconv_add_triton
+
+        off, width = self.streams[s]
+        x, weight = batch.x[s], self.weights[s]
+        if hidden is None:
+            hidden = (2 * self.randn(*x.shape)).to(self.dtype)
+        sb = batch.sconv()
+        before = self.storage.clone()
+        ref_storage, ref_cache = self._ref_cache()
+        ref_out = fused_sconv_add_ref(hidden, x, weight, ref_cache, sb, off, width)
+        if impl == "reference":
+            out = fused_sconv_add(hidden, x, weight, self.cache, sb, off, width)
+            assert torch.equal(bits(out), bits(ref_out)), "the public op's CPU path is not the reference"
+        elif impl in ("triton", "triton_map"):
+            dev = torch.device(device)
+            tap_map = None
+            if impl == "triton_map":
+                tap_map = torch.empty(x.shape[0], self.W - 1, dtype=torch.int64)
+                sconv_tap_map_ref(sb, tap_map)
+                tap_map = tap_map.to(dev)
+            storage = self.storage.to(dev)  # (the world's own storage on the CPU)
+            cache = storage[:, : self.cache[0].numel()].view(self.cache.shape)
+            meta = (batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start)
+            db = SconvBatch(*(m.to(dev) for m in meta), batch.block_size, batch.kernel_size, tap_map)
+            out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=dev)
+            ret = sconv_add_triton(hidden.to(dev), x.to(dev), weight.to(dev), cache, db, off, width,
+                                   config=config, out=out)
+            assert ret is out
+            self.storage.copy_(storage.cpu())
+            out = out.cpu()
+        else:
+            raise AssertionError(impl)
+        assert_add_close(out, ref_out, hidden)
+        idx, exp = self.expected(batch, s, None, True)
+        assert_add_close(out[idx], (hidden[idx].float() + exp.float()).to(self.dtype), hidden[idx])
+        self.verify_cache(batch, [s], before, ref_storage)
+        return hidden, out
+
     def verify(
         self,
         batch: Batch,
@@ -374,32 +432,58 @@ class PagedWorld:
         (output, the reference op's output)); ``before``: the storage before the call,
         ``ref_storage``: after the reference op ran on a copy of it."""
         tol = TOL[self.dtype]
-        written = torch.zeros_like(before, dtype=torch.bool)
-        wview = written[:, : self.cache[0].numel()].view(self.cache.shape)
-        slots = batch.slot_mapping
-        valid = (slots >= 0) & (slots < self.cache.shape[0] * self.N)
-        vs = slots[valid]
         for s, (out, ref_out) in outs.items():
             x = batch.x[s]
-            off, width = self.streams[s]
             assert out.shape == x.shape and out.dtype == x.dtype
             assert not torch.isnan(out).any(), f"stream {s}: unwritten (NaN-poisoned) output rows"
             torch.testing.assert_close(out, ref_out, **tol)
             # Oracle: the full-sequence causal conv of each request's inputs.
             idx, exp = self.expected(batch, s, activation, residual)
             torch.testing.assert_close(out[idx], exp, **tol)
-            # Cache: written slots hold x exactly; everything else is bit-identical.
+        self.verify_cache(batch, list(outs), before, ref_storage)
+
+    def verify_cache(self, batch: Batch, streams: list[int], before: torch.Tensor, ref_storage: torch.Tensor) -> None:
+        """The cache after a call that stored the streams ``streams``: written slots
+        hold the batch's rows exactly, everything else is bit-identical to ``before``,
+        and the whole storage equals ``ref_storage`` (the reference op's)."""
+        written = torch.zeros_like(before, dtype=torch.bool)
+        wview = written[:, : self.cache[0].numel()].view(self.cache.shape)
+        slots = batch.slot_mapping
+        valid = (slots >= 0) & (slots < self.cache.shape[0] * self.N)
+        vs = slots[valid]
+        for s in streams:
+            off, width = self.streams[s]
             wview[vs // self.N, :, vs % self.N, off : off + width] = True
             got = self.cache[vs // self.N, :, vs % self.N, off : off + width].reshape(-1, self.H * width)
-            assert torch.equal(bits(got.contiguous()), bits(x[valid])), f"stream {s}: written slots differ from x"
+            assert torch.equal(bits(got.contiguous()), bits(batch.x[s][valid])), f"stream {s}: written slots differ from x"
         assert torch.equal(bits(self.storage)[~written], bits(before)[~written]), (
             "cache elements outside the written slots' stream range changed"
         )
         assert torch.equal(bits(self.storage), bits(ref_storage)), "cache differs from the reference op's"
 
 
+def assert_add_close(got: torch.Tensor, want: torch.Tensor, hidden: torch.Tensor) -> None:
+    """``new_hidden = dt(hidden + dt(d + conv))`` against an expected one: the two
+    roundings may each land an ulp apart (fp32 accumulation order; the Triton
+    interpreter truncates to bfloat16), so per element ``|got - want| <= 2 eps (|s| +
+    |want|)`` with ``s = want - hidden`` (``eps``: the dtype's machine epsilon), plus
+    fp32 accumulation slack (1e-5 (1 + |s|))."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) output rows"
+    w = want.float()
+    s = (w - hidden.float()).abs()
+    bound = 2 * torch.finfo(want.dtype).eps * (s + w.abs()) + 1e-5 * (1 + s)
+    err = (got.float() - w).abs()
+    bad = err > bound
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {bad.numel()} elements off; worst {float(err.max()):.3g} at "
+        f"{tuple(int(i) for i in torch.nonzero(bad)[0])} (got {float(got.float()[bad][0]):.6g}, "
+        f"want {float(w[bad][0]):.6g})"
+    )
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["DTYPES", "TOL", "PagedWorld", "bits", "ceil_div", "math"]
+__all__ = ["DTYPES", "TOL", "PagedWorld", "assert_add_close", "bits", "ceil_div", "math"]

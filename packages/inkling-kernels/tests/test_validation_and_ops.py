@@ -217,8 +217,8 @@ def test_checks_run_once_per_launch(backend: str, monkeypatch: pytest.MonkeyPatc
     """The validation budget: a batch is checked once when built (per step and
     KV-cache group); each eager conv launch on it then runs exactly one check of its
     own (check_conv_call), on the reference and on the Triton path alike, with or
-    without a tap map, for fused_sconv and fused_sconv_add_rmsnorm."""
-    from inkling_kernels import checks, fused_sconv_add_rmsnorm, sconv_tap_map
+    without a tap map, for fused_sconv, fused_sconv_add_rmsnorm and fused_sconv_add."""
+    from inkling_kernels import checks, fused_sconv_add, fused_sconv_add_rmsnorm, sconv_tap_map
 
     counts: dict[str, int] = {}
 
@@ -232,7 +232,7 @@ def test_checks_run_once_per_launch(backend: str, monkeypatch: pytest.MonkeyPatc
         return wrapper
 
     public = [n for n in dir(checks) if n.startswith("check_")]
-    assert {"check_batch", "check_conv_call", "check_norm_extras", "check_tap_map_call"} <= set(public)
+    assert {"check_add_extras", "check_batch", "check_conv_call", "check_norm_extras", "check_tap_map_call"} <= set(public)
     # Every module that imported a check by name sees the counting wrapper.
     import sys
 
@@ -266,3 +266,7 @@ def test_checks_run_once_per_launch(backend: str, monkeypatch: pytest.MonkeyPatc
     fused_sconv_add_rmsnorm(hidden, b2.x[1], world.weights[1], world.cache, nb, 8, 8,
                             torch.ones(world.channels(1)), 1e-6)
     assert counts == {"check_conv_call": 1, "check_norm_extras": 1}
+    # The fused conv + add (no norm): the conv check plus its own extras.
+    counts.clear()
+    fused_sconv_add(hidden, b2.x[1], world.weights[1], world.cache, nb, 8, 8)
+    assert counts == {"check_conv_call": 1, "check_add_extras": 1}
