@@ -547,7 +547,8 @@ def markdown(results: dict[str, Any]) -> str:
     copy = results["copy_GBps"]
     g = results["group_layers"]
     lines = [
-        f"Device {results['device']}; torch {results['torch']}, triton {results['triton']}, CUDA {results['cuda']}, "
+        f"Device {results['device']} (driver {results['driver']}); torch {results['torch']}, triton "
+        f"{results['triton']}, CUDA {results['cuda']}, "
         f"Python {results['python']}; {results['date']}; commit {results['commit']}; peer: {results['peer']}.",
         f"Command: `{results['command']}`.",
         f"Copy baseline (same run, read + write): **{_f(copy, 0)} GB/s** ({results['copy_baseline']['method']}).",
@@ -613,6 +614,14 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _driver() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except Exception:
+        return "unknown"
+
+
 def _commit() -> str:
     try:
         root = pathlib.Path(__file__).resolve().parents[3]
@@ -651,7 +660,7 @@ def main() -> int:
     results: dict[str, Any] = dict(
         device="cpu (dry run, Triton interpreter)" if DRY else torch.cuda.get_device_name(),
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
-        python=platform.python_version(), commit=_commit(),
+        python=platform.python_version(), driver="none" if DRY else _driver(), commit=_commit(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
         peer=provenance or ("vllm_sconv_peer.py" if peer is not None else "none"),

@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$ROOT/packages/inkling-kernels/src:$ROOT/packages/inkling-cache/src PYTHONUNBUFFERED=1
 GPU_TESTS=${GPU_TESTS:-"packages/inkling-kernels/tests/test_gpu.py packages/inkling-kernels/tests/test_sconv_add_rmsnorm.py"}
 BUDGET=${BUDGET:-540}      # seconds for the whole call
-TESTS_LIMIT=${TESTS_LIMIT:-240}
+TESTS_LIMIT=${TESTS_LIMIT:-270}  # test_gpu.py took 148 s, test_sconv_add_rmsnorm.py 38-88 s
 RESERVE=20                 # kept for packing the results
 REPS=${REPS:-50}
 T0=$(date +%s)
