@@ -9,8 +9,9 @@
 #      (layer_r2.*; global first, so a cut-short round still holds the repeat);
 #   then everything under $OUT is packed into $OUT/layer.tgz (loose files can get lost).
 # bench_layer.py writes its JSON after every case, so a stage cut by its limit keeps
-# the cases it finished. Run from anywhere, with .peer carried (fetch_peer.py output):
-#   bash packages/inkling-kernels/benchmarks/run_layer_device.sh
+# the cases it finished. Run from anywhere, with .peer carried (fetch_peer.py output);
+# INKLING_COMMIT names the tree where the device copy has no .git (bench_layer.py records it):
+#   INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_layer_device.sh
 set -o pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$ROOT"
@@ -31,7 +32,7 @@ BENCH=packages/inkling-kernels/benchmarks/bench_layer.py
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  echo "commit $(git rev-parse HEAD 2>/dev/null || echo 'unknown (no .git on the device)')"
+  echo "commit $(git rev-parse HEAD 2>/dev/null || echo "${INKLING_COMMIT:-unknown (no .git on the device; set INKLING_COMMIT)}")"
   echo "peer: $(tr '\n' ' ' < .peer/PROVENANCE.txt 2>/dev/null || echo 'missing: .peer not carried')"
   date -u +%Y-%m-%dT%H:%M:%SZ
 } 2>&1 | tee "$OUT/device.txt"
