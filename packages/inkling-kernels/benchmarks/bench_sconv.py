@@ -165,7 +165,9 @@ def time_graph(launches: list[Callable[[], Any]], reps: int) -> float:
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    # captured on the warm-up stream: ops that keep scratch per stream (the split rows
+    # of fused_sconv_add_rmsnorm) find the one the warm-up made
+    with torch.cuda.graph(g, stream=s):
         for f in launches:
             f()
     for _ in range(3):
