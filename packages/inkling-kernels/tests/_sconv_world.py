@@ -420,7 +420,7 @@ class PagedWorld:
             db = SconvBatch(*(m.to(dev) for m in meta), batch.block_size, batch.kernel_size, tap_map)
             out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=dev)
             ret = sconv_add_triton(hidden.to(dev), x.to(dev), weight.to(dev), cache, db, off, width,
-                                   config=config, out=out)
+                                   config=config, out=out, auto_map=False)
             assert ret is out
             self.storage.copy_(storage.cpu())
             out = out.cpu()

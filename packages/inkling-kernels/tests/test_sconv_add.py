@@ -251,3 +251,37 @@ def test_default_config(heads: int, width: int, mapped: bool) -> None:
         assert (cfg.block_t, cfg.num_warps) == (conv.block_t, conv.num_warps)
         assert 16 <= cfg.scan <= 256
         assert cfg.block_t * 4 * cfg.scan <= 1024 * cfg.num_warps or cfg.scan == 16
+
+
+def test_large_launch_without_a_map_builds_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A map-less launch of at least MAP_MIN_WORK elements builds the step's tap map
+    first (one map launch), as fused_sconv does, and gives the same result as the
+    reference; ``auto_map=False`` stays map-less (no map launch)."""
+    from inkling_kernels.sconv import kernel as sconv_kernel
+    from inkling_kernels.tap_map import kernel as tap_map_kernel
+
+    builds: list[int] = []
+    real = tap_map_kernel.launch_sconv_tap_map
+
+    def counting(*args: object, **kwargs: object) -> object:
+        builds.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tap_map_kernel, "launch_sconv_tap_map", counting)
+    monkeypatch.setattr(sconv_kernel, "MAP_MIN_WORK", 1)  # every launch counts as large
+    rng = random.Random(8)
+    world = PagedWorld(dtype=torch.float32, seed=8)
+    batch = world.make_batch(trace_items(world, "mixed", rng), num_pad=1)
+    sb = batch.sconv()
+    off, width = world.streams[2]
+    d, hidden = batch.x[2], torch.randn_like(batch.x[2])
+    want = fused_sconv_add_ref(hidden, d, world.weights[2], world.cache.clone(), sb, off, width)
+    dev = KERNEL_DEVICE
+    meta = (sb.positions, sb.block_table, sb.seq_idx, sb.slot_mapping, sb.query_start)
+    db = SconvBatch(*(m.to(dev) for m in meta), sb.block_size, sb.kernel_size, None)
+    for auto_map, expected_builds in ((True, 1), (False, 0)):
+        builds.clear()
+        got = sconv_add_triton(hidden.to(dev), d.to(dev), world.weights[2].to(dev), world.cache.clone().to(dev), db,
+                               off, width, auto_map=auto_map)
+        assert len(builds) == expected_builds
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)

@@ -415,6 +415,19 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
 MAP_MIN_WORK = 2**20
 
 
+def auto_tap_map(batch: SconvBatch, prob: SconvProblem, device: torch.device, auto_map: bool = True) -> torch.Tensor | None:
+    """The launch's tap map: the batch's own, else (``auto_map``) one built now when
+    the launch moves at least :data:`MAP_MIN_WORK` elements (a map-less launch of that
+    size resolves every row's taps in each of its channel programs), else ``None``."""
+    tap_map = batch.tap_map
+    if tap_map is None and auto_map and prob.num_tokens * prob.channels >= MAP_MIN_WORK and prob.num_slots <= TAP_MAP_MAX_SLOTS:
+        from ..tap_map.kernel import launch_sconv_tap_map
+
+        tap_map = torch.empty(prob.num_tokens, prob.kernel_size - 1, dtype=torch.int64, device=device)
+        launch_sconv_tap_map(batch, prob.kernel_size, tap_map)
+    return tap_map
+
+
 @dataclass(frozen=True)
 class ConvStream:
     """One stream of a launch: its input rows (unit column stride, any row stride),
@@ -446,12 +459,7 @@ def launch_conv_streams(
         return
     if not 1 <= len(streams) <= 2:
         raise ValueError(f"the kernel convolves one or two streams per launch, got {len(streams)}")
-    tap_map = batch.tap_map
-    if tap_map is None and auto_map and prob.num_tokens * prob.channels >= MAP_MIN_WORK and prob.num_slots <= TAP_MAP_MAX_SLOTS:
-        from ..tap_map.kernel import launch_sconv_tap_map
-
-        tap_map = torch.empty(prob.num_tokens, prob.kernel_size - 1, dtype=torch.int64, device=cache.device)
-        launch_sconv_tap_map(batch, prob.kernel_size, tap_map)
+    tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
     cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None)
     taps_p2 = pow2_ceil(prob.kernel_size - 1)
     scan = cfg.scan or _scan_chunk(cfg, taps_p2)

@@ -575,9 +575,12 @@ def launch_sconv_add(
     stream_width: int,
     config: NormConfig | None = None,
     out: torch.Tensor | None = None,
+    auto_map: bool = True,
 ) -> torch.Tensor:
     """``fused_sconv_add``'s launch (the kernel with HAS_NORM off): allocate
     ``new_hidden`` and launch (CUDA, or CPU tensors under TRITON_INTERPRET=1).
+    A large launch without a tap map builds one first (``auto_map=False``: stay
+    map-less; tests of the map-less path).
 
     Arguments must have passed ``check_sconv_add_args`` (which made ``prob``);
     ``config`` overrides :func:`choose_add_config` (benchmarks, tests): any
@@ -591,6 +594,14 @@ def launch_sconv_add(
         raise ValueError("out must be a contiguous tensor shaped and typed like d")
     if prob.num_tokens == 0:
         return out
+    # Every program owns one channel chunk: without a map each would resolve its rows'
+    # taps (and scan for same-step writers) again, so a large launch builds the map
+    # first, as fused_sconv does (H200, TP 8 shard, mixed 2048+255: 335 µs map-less).
+    from ..sconv.kernel import auto_tap_map
+
+    tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
+    if tap_map is not None and batch.tap_map is None:
+        batch = batch.with_tap_map(tap_map)
     cfg = config or choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
                                       prob.kernel_size)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
@@ -641,6 +652,7 @@ def sconv_add_triton(
     *,
     config: NormConfig | None = None,
     out: torch.Tensor | None = None,
+    auto_map: bool = True,
 ) -> torch.Tensor:
     """Check and launch ``fused_sconv_add``'s kernel directly (any device Triton runs
     on). Same contract as :func:`inkling_kernels.fused_sconv_add`; used by tests (CPU
@@ -648,4 +660,5 @@ def sconv_add_triton(
     from . import check_sconv_add_args
 
     prob = check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
-    return launch_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width, config=config, out=out)
+    return launch_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width, config=config, out=out,
+                            auto_map=auto_map)
