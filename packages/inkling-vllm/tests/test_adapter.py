@@ -288,6 +288,29 @@ def test_bad_configs_are_refused(overrides: dict[str, Any], message: str) -> Non
         check_supported_config(tiny_spec(**overrides))
 
 
+@pytest.mark.parametrize(
+    "raw,hf_value,fused",
+    [(None, None, True), ({}, None, True), ({"inkling_fused_conv_norm": False}, True, False),
+     (None, False, False), ({"inkling_fused_conv_norm": True}, None, True)],
+)
+def test_fused_tails_switch(raw: Any, hf_value: Any, fused: bool) -> None:
+    """The fused sublayer tails are on by default; the config key turns them off
+    (config.json / hf_overrides first, then vLLM's parsed config)."""
+    from inkling_vllm.model import _fused_tails
+
+    hf = SimpleNamespace() if hf_value is None else SimpleNamespace(inkling_fused_conv_norm=hf_value)
+    assert _fused_tails(SimpleNamespace(model_config=SimpleNamespace(hf_config=hf)), raw) is fused
+
+
+@pytest.mark.parametrize("value", ["false", 0, 1, "yes"])
+def test_fused_tails_switch_refuses_non_booleans(value: Any) -> None:
+    from inkling_vllm.model import _fused_tails
+
+    config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace()))
+    with pytest.raises(UnsupportedCheckpoint, match="inkling_fused_conv_norm must be true or false"):
+        _fused_tails(config, {"inkling_fused_conv_norm": value})
+
+
 @pytest.fixture
 def no_tp(monkeypatch: pytest.MonkeyPatch) -> None:
     from inkling_vllm import model
