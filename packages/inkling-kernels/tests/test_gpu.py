@@ -136,42 +136,63 @@ def _replay_step(world: PagedWorld, rng: random.Random, st: dict[str, torch.Tens
     return batch
 
 
+class _GraphSetup:
+    """A CPU world and its GPU copy, with the static buffers a captured launch reads
+    (hidden, x and the step's metadata; rewritten before each replay by _replay_step)."""
+
+    T, R, MAX_BLOCKS = 96, 48, 1024
+    off, width = 256, 768
+
+    def __init__(self, heads: int, seed: int) -> None:
+        T, R = self.T, self.R
+        self.world = PagedWorld(num_heads=heads, head_size=2048, streams=((self.off, self.width),),
+                                dtype=torch.bfloat16, num_blocks=3000, seed=seed)
+        self.storage, self.cache = _gpu_copy(self.world)
+        self.st = dict(
+            hidden=torch.zeros(T, heads * self.width, dtype=torch.bfloat16, device="cuda"),
+            x=torch.zeros(T, heads * self.width, dtype=torch.bfloat16, device="cuda"),
+            positions=torch.zeros(T, dtype=torch.int64, device="cuda"),
+            table=torch.zeros(R, self.MAX_BLOCKS, dtype=torch.int32, device="cuda"),
+            seq=torch.zeros(T, dtype=torch.int32, device="cuda"),
+            slots=torch.full((T,), -1, dtype=torch.int64, device="cuda"),
+            qs=torch.zeros(T, dtype=torch.int32, device="cuda"),
+        )
+        self.weight = self.world.weights[0].cuda()
+        self.tap_map = torch.zeros(T, 3, dtype=torch.int64, device="cuda")
+
+    def capture(self, op, mapped: bool):
+        """Warm ``op(batch)`` up on a side stream, then capture it (with ``mapped`` the
+        tap-map build first) over the static buffers: ``(graph, static output)``."""
+        st = self.st
+
+        def launch() -> torch.Tensor:
+            batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
+            if mapped:
+                batch = sconv_tap_map(batch, self.tap_map)
+            return op(batch)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            launch()  # warm-up/compile outside capture (writes pad rows only: slot -1)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = launch()
+        return graph, static_out
+
+
 @pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
 def test_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
     """Capture one launch with static buffers; replay it over different batches
     (different request mixes, pad rows) written into those buffers. With ``mapped``
     the graph holds the tap-map build too (two launches) before the conv."""
     rng = random.Random(7)
-    heads, head_size, off, width = 8, 2048, 256, 768
-    world = PagedWorld(num_heads=heads, head_size=head_size, streams=((off, width),),
-                       dtype=torch.bfloat16, num_blocks=3000, seed=7)
-    T, R, max_blocks = 96, 48, 1024
-    storage, cache = _gpu_copy(world)
-    st = dict(
-        x=torch.zeros(T, heads * width, dtype=torch.bfloat16, device="cuda"),
-        positions=torch.zeros(T, dtype=torch.int64, device="cuda"),
-        table=torch.zeros(R, max_blocks, dtype=torch.int32, device="cuda"),
-        seq=torch.zeros(T, dtype=torch.int32, device="cuda"),
-        slots=torch.full((T,), -1, dtype=torch.int64, device="cuda"),
-        qs=torch.zeros(T, dtype=torch.int32, device="cuda"),
-    )
-    weight = world.weights[0].cuda()
-    tap_map = torch.zeros(T, 3, dtype=torch.int64, device="cuda")
-
-    def launch() -> torch.Tensor:
-        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
-        if mapped:
-            batch = sconv_tap_map(batch, tap_map)
-        return fused_sconv(st["x"], weight, cache, batch, off, width)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()  # warm-up/compile outside capture (writes pad rows only: slot -1)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = launch()
+    g = _GraphSetup(heads=8, seed=7)
+    st, width = g.st, g.width
+    graph, static_out = g.capture(
+        lambda batch: fused_sconv(st["x"], g.weight, g.cache, batch, g.off, width), mapped)
+    world, storage, T, R = g.world, g.storage, g.T, g.R
     for step in range(6):
         batch = _replay_step(world, rng, st, T, R)
         storage.copy_(world.storage)  # same pre-state as the CPU world
@@ -446,37 +467,11 @@ def test_add_cuda_graph_replay_with_changing_metadata(heads: int, mapped: bool) 
     from inkling_kernels import fused_sconv_add
 
     rng = random.Random(11 + heads)
-    head_size, off, width = 2048, 256, 768
-    world = PagedWorld(num_heads=heads, head_size=head_size, streams=((off, width),),
-                       dtype=torch.bfloat16, num_blocks=3000, seed=11)
-    T, R, max_blocks = 96, 48, 1024
-    storage, cache = _gpu_copy(world)
-    st = dict(
-        hidden=torch.zeros(T, heads * width, dtype=torch.bfloat16, device="cuda"),
-        x=torch.zeros(T, heads * width, dtype=torch.bfloat16, device="cuda"),
-        positions=torch.zeros(T, dtype=torch.int64, device="cuda"),
-        table=torch.zeros(R, max_blocks, dtype=torch.int32, device="cuda"),
-        seq=torch.zeros(T, dtype=torch.int32, device="cuda"),
-        slots=torch.full((T,), -1, dtype=torch.int64, device="cuda"),
-        qs=torch.zeros(T, dtype=torch.int32, device="cuda"),
-    )
-    weight = world.weights[0].cuda()
-    tap_map = torch.zeros(T, 3, dtype=torch.int64, device="cuda")
-
-    def launch() -> torch.Tensor:
-        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
-        if mapped:
-            batch = sconv_tap_map(batch, tap_map)
-        return fused_sconv_add(st["hidden"], st["x"], weight, cache, batch, off, width)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()  # warm-up/compile outside capture (writes pad rows only: slot -1)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = launch()
+    g = _GraphSetup(heads=heads, seed=11)
+    st, width = g.st, g.width
+    graph, static_out = g.capture(
+        lambda batch: fused_sconv_add(st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width), mapped)
+    world, storage, T, R = g.world, g.storage, g.T, g.R
     for step in range(6):
         batch = _replay_step(world, rng, st, T, R)
         hidden = (2 * torch.randn(T, heads * width)).to(torch.bfloat16)
