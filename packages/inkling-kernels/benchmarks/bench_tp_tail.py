@@ -63,6 +63,8 @@ if DRY:  # before Triton is imported
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_layer import DRY_STEPS, EPS, HEAD_DIM, HIDDEN, Layer, LayerShape, dry_time, norm_impls  # noqa: E402
@@ -116,6 +118,30 @@ class Comm:
         return x
 
 
+@triton.jit
+def _scale_kernel(x_ptr, ss_ptr, w_ptr, out_ptr, T, C, inv_hidden, eps,
+                  BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m = (rows < T)[:, None] & (cols < C)[None, :]
+    offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    rstd = 1.0 / tl.sqrt_rn(tl.load(ss_ptr + rows, mask=rows < T, other=1.0) * inv_hidden + eps)
+    y = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (w[None, :] * y).to(x.dtype), mask=m)
+
+
+def scale_triton(x: torch.Tensor, sumsq: torch.Tensor, w: torch.Tensor, hidden: int) -> torch.Tensor:
+    """The shard's RMSNorm with the full row's sum of squares: one Triton kernel."""
+    t, c = x.shape
+    out = torch.empty_like(x)
+    bt, bc = (1, 1024) if t < 512 else (8, 512)
+    _scale_kernel[(triton.cdiv(t, bt), triton.cdiv(c, bc))](x, sumsq, w, out, t, c, 1.0 / hidden, EPS,
+                                                             BLOCK_T=bt, BLOCK_C=bc, num_warps=4)
+    return out
+
+
 def _sumsq(x: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     return (xf * xf).sum(-1)
@@ -141,6 +167,25 @@ class Tails:
         self.partial = [(torch.randn(s.hidden.shape[0], lay.shape.hidden, generator=gen) / tp).to(DTYPE).to(dev)
                         for s in lay.sets]
         self.ss_buf = [torch.ones(s.hidden.shape[0], dtype=torch.float32, device=dev) for s in lay.sets]
+        # per-chunk partial sums (a kernel without a cross-program reduction would emit [T, 16])
+        self.ss_wide = [torch.ones(s.hidden.shape[0], 16, dtype=torch.float32, device=dev) for s in lay.sets]
+        self.symm: list[torch.Tensor] | None = None
+        self.symm_error = None
+        if not DRY:  # a one-shot all-reduce over symmetric memory (NVLink loads), where torch has it
+            try:
+                import torch.distributed._symmetric_memory as symm_mem
+
+                self.group_name = dist.group.WORLD.group_name
+                self.symm = []
+                for s in lay.sets:
+                    buf = symm_mem.empty(s.hidden.shape[0], dtype=torch.float32, device=dev)
+                    buf.fill_(1.0)
+                    symm_mem.rendezvous(buf, self.group_name)
+                    self.symm.append(buf)
+                torch.ops.symm_mem.one_shot_all_reduce(self.symm[0], "sum", self.group_name)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 -- reported; NCCL variants remain
+                self.symm, self.symm_error = None, repr(exc)[:300]
         self.hidden_size = lay.shape.hidden
 
     def conv_add(self, i: int, cache: torch.Tensor) -> torch.Tensor:
@@ -152,10 +197,14 @@ class Tails:
         new_h = self.conv_add(i, cache)
         return new_h, self.norm(self.comm.all_gather(new_h), self.lay.nw_attn)
 
-    def b(self, i: int, cache: torch.Tensor, lower_bound: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def b(self, i: int, cache: torch.Tensor, lower_bound: bool, symm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         new_h = self.conv_add(i, cache)
-        ss = self.ss_buf[i] if lower_bound else self.sumsq_fn(new_h)
-        ss = self.comm.all_reduce(ss)
+        if symm:
+            assert self.symm is not None
+            ss = torch.ops.symm_mem.one_shot_all_reduce(self.symm[i], "sum", self.group_name)
+        else:
+            ss = self.ss_buf[i] if lower_bound else self.sumsq_fn(new_h)
+            ss = self.comm.all_reduce(ss)
         return new_h, self.comm.all_gather(self.scale_fn(new_h, ss, self.nw_shard, self.hidden_size))
 
     # pieces
@@ -167,6 +216,13 @@ class Tails:
 
     def piece_ar(self, i: int) -> torch.Tensor:
         return self.comm.all_reduce(self.ss_buf[i])
+
+    def piece_ar_wide(self, i: int) -> torch.Tensor:
+        return self.comm.all_reduce(self.ss_wide[i])
+
+    def piece_ar_symm(self, i: int) -> torch.Tensor:
+        assert self.symm is not None
+        return torch.ops.symm_mem.one_shot_all_reduce(self.symm[i], "sum", self.group_name)
 
     def piece_norm_full(self, i: int) -> torch.Tensor:
         return self.norm(self.lay.sets[i].gathered_attn, self.lay.nw_attn)
@@ -219,7 +275,16 @@ def run_case(step: str, requests: list[tuple[int, int]], tp: int, reps: int, gen
         if best_norm is None or us < best_us:
             best_norm, best_us = nname, us
     res["norm_impl"] = best_norm
-    tails = Tails(lay, comm, impls["norm"][best_norm], impls["sumsq"], impls["scale"])
+    best_scale, best_us = None, math.inf
+    for sname, sfn in impls["scale"].items():  # B's shard scale: the faster implementation
+        tails = Tails(lay, comm, impls["norm"][best_norm], impls["sumsq"], sfn)
+        us = timer([lambda i=i: tails.piece_scale(i) for i in range(num_sets)], reps)
+        res[f"scale_{sname}_us"] = us
+        if best_scale is None or us < best_us:
+            best_scale, best_us = sname, us
+    res["scale_impl"] = best_scale
+    tails = Tails(lay, comm, impls["norm"][best_norm], impls["sumsq"], impls["scale"][best_scale])
+    res["symm_error"] = tails.symm_error
     res["check"] = tails.check()
     cache = lay.cache
     sets = range(num_sets)
@@ -230,7 +295,13 @@ def run_case(step: str, requests: list[tuple[int, int]], tp: int, reps: int, gen
     res["A_us"] = timer(each(lambda i: tails.a(i, cache)), reps)
     res["B_lower_us"] = timer(each(lambda i: tails.b(i, cache, True)), reps)
     res["B_unfused_us"] = timer(each(lambda i: tails.b(i, cache, False)), reps)
-    for name in ("rs", "ag", "ar", "norm_full", "scale", "sumsq"):
+    if tails.symm is not None:
+        try:
+            res["B_lower_symm_us"] = timer(each(lambda i: tails.b(i, cache, True, symm=True)), reps)
+            res["piece_ar_symm_us"] = timer(each(tails.piece_ar_symm), reps)
+        except Exception as exc:  # noqa: BLE001
+            res["symm_error"] = repr(exc)[:300]
+    for name in ("rs", "ag", "ar", "ar_wide", "norm_full", "scale", "sumsq"):
         res[f"piece_{name}_us"] = timer(each(getattr(tails, f"piece_{name}")), reps)
     res["piece_conv_add_us"] = timer(each(lambda i: tails.piece_conv_add(i, cache)), reps)
     res["B_lower_over_A"] = res["B_lower_us"] / res["A_us"]
@@ -251,9 +322,10 @@ def worker(rank: int, tp: int, args: argparse.Namespace, port: int) -> None:
     add_norm, norm, notes = norm_impls(not DRY)
     del add_norm
     if DRY:
-        sumsq, scale = _sumsq, _scale
+        sumsq, scale = _sumsq, {"triton": scale_triton, "eager": _scale}  # check the kernel
     else:
-        sumsq, scale = torch.compile(_sumsq, dynamic=True), torch.compile(_scale, dynamic=True)
+        sumsq = torch.compile(_sumsq, dynamic=True)
+        scale = {"compiled": torch.compile(_scale, dynamic=True), "triton": scale_triton}
     impls = dict(norm=norm, sumsq=sumsq, scale=scale)
     results: dict[str, Any] = dict(notes=notes, cases=[])
     if rank == 0 and not DRY:
@@ -304,21 +376,22 @@ def worker(rank: int, tp: int, args: argparse.Namespace, port: int) -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = ["| step | T | A µs | B lower µs | B unfused µs | B lower / A | RS | conv+add | AG | AR | "
-             "norm full | scale shard | sumsq | check |", "|" + "---|" * 14]
+    lines = ["| step | T | A µs | B lower µs | B unfused µs | B lower / A | B lower, symm AR µs | RS | conv+add | AG | "
+             "AR | AR [T,16] | AR symm | norm full | scale shard | sumsq | check |", "|" + "---|" * 17]
 
     def f(v: Any) -> str:
         return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
 
     for c in results["cases"]:
         if "A_us" not in c:
-            lines.append(f"| {c['step']} | | {c.get('error') or c.get('skipped')} |" + " |" * 11)
+            lines.append(f"| {c['step']} | | {c.get('error') or c.get('skipped')} |" + " |" * 14)
             continue
         ok = all(r["A"]["ok"] and r["B"]["ok"] for r in c["check_ranks"])
         lines.append(
             f"| {c['step']} | {c['T']} | {f(c['A_us'])} | {f(c['B_lower_us'])} | {f(c['B_unfused_us'])} | "
-            f"{c['B_lower_over_A']:.3f} | {f(c['piece_rs_us'])} | {f(c['piece_conv_add_us'])} | "
-            f"{f(c['piece_ag_us'])} | {f(c['piece_ar_us'])} | {f(c['piece_norm_full_us'])} | "
+            f"{c['B_lower_over_A']:.3f} | {f(c.get('B_lower_symm_us'))} | {f(c['piece_rs_us'])} | "
+            f"{f(c['piece_conv_add_us'])} | {f(c['piece_ag_us'])} | {f(c['piece_ar_us'])} | "
+            f"{f(c['piece_ar_wide_us'])} | {f(c.get('piece_ar_symm_us'))} | {f(c['piece_norm_full_us'])} | "
             f"{f(c['piece_scale_us'])} | {f(c['piece_sumsq_us'])} | {'ok' if ok else 'FAIL'} |")
     return "\n".join(lines) + "\n"
 
