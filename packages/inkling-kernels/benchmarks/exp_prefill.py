@@ -1,0 +1,508 @@
+# Experiment: can the prefill-sized mapped fused_sconv move its minimum bytes faster?
+# Measures, on bench_sconv's prefill-sized cases (with the step's tap map), the library's
+# fused_sconv_triton (default config, the baseline) against experimental one-stream
+# kernels defined below (activation None, residual True): per-column map loads, int32
+# offsets, a per-tile "all taps in-forward" fast path with constexpr C, streaming
+# stores, other tiles/warps. Every variant is checked (out and cache) against
+# fused_sconv_ref on the case's data before it is timed; a mismatch is FAIL, not timed.
+# Reports median µs (CUDA-graph replay over several input sets), GB/s of minimum bytes,
+# share of the copy baseline measured in this run, speed-up over the library kernel.
+# GPU, from the repo root: PYTHONPATH=packages/inkling-kernels/src:packages/inkling-cache/src python3 packages/inkling-kernels/benchmarks/exp_prefill.py --json $OUT/prefill.json --budget-s 200
+"""Prefill experiment for the mapped fused_sconv (see the header above).
+
+``--dry-run`` runs on CPU under TRITON_INTERPRET=1 at tiny shapes: every variant's
+correctness check and two deliberately wrong canary kernels (which must FAIL); no
+timing. Exit status 1 when a variant fails or a canary passes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "--dry-run" in sys.argv:  # before triton is imported (here or by inkling_kernels)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import pathlib
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_sconv as bs  # noqa: E402  (the case setup, time_graph and copy_baseline)
+
+from inkling_kernels import fused_sconv_ref  # noqa: E402
+from inkling_kernels._triton_common import decode_tap_codes  # noqa: E402
+from inkling_kernels.sconv.kernel import choose_config, fused_sconv_triton  # noqa: E402
+
+T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# Experimental kernel: the USE_MAP path of _fused_sconv_kernel, one stream, activation
+# None, residual True, with switches.
+#   I32      offsets in int32 (host asserts x, cache and the map index stay below 2**31)
+#   CONST_C  > 0: the channel count as a constexpr (row offsets fold into immediates)
+#   FAST     per tile: if every tap of every row is the in-forward row ``row - dist``
+#            (checked on the map), taps are plain loads at ``x tile pointer - dist*C``
+#            and no cache tap is read; otherwise the general (map-decoding) path
+#   CS       out and slot stores with cache_modifier=".cs" (streaming)
+#   TAPS     False: no taps at all (out = x + w[W-1] * x): the "floor" reference, the
+#            same x load, slot store and out store without the conv (not a conv: only
+#            its cache is checked)
+#   weights  read as [1, BLOCK_C] in the tile's layout; the host may pass them
+#            transposed ([W, C] contiguous, made once per case outside the timing:
+#            variant flag wt), which makes those loads contiguous vectors
+#   BUG      canaries for the dry run only: the dist-1 tap on the wrong weight column
+#            in the fast path (1) or in the general path (3); 2 = no slot store
+# The map is always read one column at a time as a [BLOCK_T] vector (idea a): no
+# [BLOCK_T, W-1] tensor and no where/sum column extraction.
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _general_taps(
+    acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
+    stride_wc, stride_wk, stride_cb, stride_cn,
+    N: tl.constexpr, W: tl.constexpr, I32: tl.constexpr, BUG: tl.constexpr,
+):
+    for k in tl.static_range(W - 1):
+        dist = k + 1
+        wcol = W - 1 - dist
+        if BUG == 3:
+            if dist == 1:
+                wcol = W - 1
+        wv = tl.load(w_ptr + (chan * stride_wc)[None, :] + wcol * stride_wk).to(tl.float32)  # [1, BLOCK_C]
+        # column k of the map as a [BLOCK_T] vector; xrow / cslot are not clamped with
+        # tl.where: masked lanes are never dereferenced, and such a where here crashed
+        # TritonGPURemoveLayoutConversions (Triton 3.6, sm_90) when compiled offline
+        code = tl.load(map_ptr + rows * (W - 1) + k, mask=rmask, other=-1)
+        xrow, cslot = decode_tap_codes(code, num_slots)
+        from_x = xrow >= 0
+        from_cache = cslot >= 0
+        if I32:
+            xrow = xrow.to(tl.int32)
+            cslot = cslot.to(tl.int32)
+        tap = tl.load(x_ptr + (xrow[:, None] * C + chan[None, :]), mask=from_x[:, None], other=0.0).to(tl.float32)
+        cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
+        tap += tl.load(cache_ptr + (cdst[:, None] + ccol[None, :]), mask=from_cache[:, None], other=0.0).to(tl.float32)
+        acc += wv * tap
+    return acc
+
+
+@triton.jit
+def _fast_taps(
+    acc, xp, xm, w_ptr, chan, C, stride_wc, stride_wk,
+    W: tl.constexpr, BUG: tl.constexpr,
+):
+    for k in tl.static_range(W - 1):
+        dist = k + 1
+        wcol = W - 1 - dist
+        if BUG == 1:
+            if dist == 1:
+                wcol = W - 1
+        wv = tl.load(w_ptr + (chan * stride_wc)[None, :] + wcol * stride_wk).to(tl.float32)  # [1, BLOCK_C]
+        tap = tl.load(xp - dist * C, mask=xm, other=0.0).to(tl.float32)
+        acc += wv * tap
+    return acc
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _exp_sconv_kernel(
+    x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr,
+    num_tokens, channels, num_slots,
+    stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+    WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    CONST_C: tl.constexpr, I32: tl.constexpr, FAST: tl.constexpr, CS: tl.constexpr,
+    BUG: tl.constexpr, TAPS: tl.constexpr,
+):
+    # Channel tiles vary fastest (as in the library). The host guarantees C % BLOCK_C
+    # == 0 and that a tile is inside one head or covers whole heads: no channel mask.
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    if CONST_C > 0:
+        C = CONST_C
+    else:
+        C = channels
+    if I32:
+        ccol = (chan // WS) * stride_ch + stream_offset + chan % WS
+    else:
+        ccol = (chan // WS).to(tl.int64) * stride_ch + stream_offset + chan % WS
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < num_tokens
+    if I32:
+        r = rows
+    else:
+        r = rows.to(tl.int64)
+    xm = rmask[:, None]
+    xoff = r[:, None] * C + chan[None, :]  # x and out are contiguous [T, C]
+    xp = x_ptr + xoff
+    x_tile = tl.load(xp, mask=xm, other=0.0)
+
+    # the rows' own slots
+    slot = tl.load(slot_ptr + rows, mask=rmask, other=-1)
+    wmask = rmask & (slot >= 0) & (slot < num_slots)
+    wslot = tl.where(wmask, slot, 0)
+    if I32:
+        wslot = wslot.to(tl.int32)
+    dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
+    if BUG != 2:
+        if CS:
+            tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None], cache_modifier=".cs")
+        else:
+            tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None])
+
+    # weights as [1, BLOCK_C] loads in the tile's own layout (a [BLOCK_C] vector costs a
+    # layout conversion through shared memory per tap)
+    w_cur = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1) * stride_wk).to(tl.float32)
+    acc = w_cur * x_tile.to(tl.float32)
+    if not TAPS:
+        pass
+    elif FAST:
+        # every live row's tap at distance d must be code -(row - d) - 2 (in-forward row)
+        bad = tl.zeros([BLOCK_T, 1], dtype=tl.int32)
+        for k in tl.static_range(W - 1):
+            code = tl.load(map_ptr + rows[:, None] * (W - 1) + k, mask=xm, other=0)
+            want = (k + 1 - 2) - rows[:, None].to(tl.int64)  # -(row - dist) - 2
+            bad += (xm & (code != want)).to(tl.int32)
+        if tl.max(tl.max(bad, axis=1), axis=0) == 0:
+            acc = _fast_taps(acc, xp, xm, w_ptr, chan, C, stride_wc, stride_wk, W, BUG)
+        else:
+            acc = _general_taps(acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
+                                stride_wc, stride_wk, stride_cb, stride_cn, N, W, I32, BUG)
+    else:
+        acc = _general_taps(acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
+                            stride_wc, stride_wk, stride_cb, stride_cn, N, W, I32, BUG)
+    acc += x_tile.to(tl.float32)
+    o = acc.to(out_ptr.dtype.element_ty)
+    if CS:
+        tl.store(out_ptr + xoff, o, mask=xm, cache_modifier=".cs")
+    else:
+        tl.store(out_ptr + xoff, o, mask=xm)
+
+
+# --------------------------------------------------------------------------------------
+# Variants
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    desc: str
+    lib: bool = False  # the library's fused_sconv_triton (default config)
+    tile: tuple[int, int, int] | None = None  # (block_t, block_c, warps); None: choose_config's tile
+    warps: int | None = None  # override only the warps of choose_config's tile
+    i32: bool = False
+    const_c: bool = False
+    fast: bool = False
+    cs: bool = False
+    wt: bool = False  # weights passed as [W, C] contiguous
+    floor: bool = False  # no taps: a bandwidth reference, not a conv
+    bug: int = 0
+
+
+VARIANTS = [
+    Variant("lib", "library fused_sconv_triton, default config (baseline)", lib=True),
+    Variant("floor", "reference, NOT a conv: x load + slot store + out store only (fast+wT tile), cache checked",
+            i32=True, const_c=True, wt=True, floor=True),
+    Variant("cols", "(a) map read per column as [BLOCK_T] vectors, weights as [1, BLOCK_C], int64, lib tile"),
+    Variant("cols+i32", "(a)+(b) int32 offsets, lib tile", i32=True),
+    Variant("cols+i32/8w", "(a)+(b), lib tile on 8 warps (does the 8-warp collapse remain?)", i32=True, warps=8),
+    Variant("fast", "(a)+(b)+(c) per-tile in-forward fast path, constexpr C, lib tile", i32=True, const_c=True,
+            fast=True),
+    Variant("fast+wT", "fast with weights pre-transposed to [W, C] (vector weight loads), lib tile", i32=True,
+            const_c=True, fast=True, wt=True),
+    Variant("fast+wT+cs", "fast+wT with (e) .cs streaming stores (out, slot), lib tile", i32=True, const_c=True,
+            fast=True, wt=True, cs=True),
+    Variant("fast+wT 64x128/8w", "(d) fast+wT on 64x128 tiles, 8 warps", tile=(64, 128, 8), i32=True, const_c=True,
+            fast=True, wt=True),
+    Variant("fast+wT 32x256/8w", "(d) fast+wT on 32x256 tiles, 8 warps", tile=(32, 256, 8), i32=True, const_c=True,
+            fast=True, wt=True),
+]
+# Canaries (dry run only): deliberately wrong kernels that the check must reject.
+CANARIES = [
+    Variant("canary: fast path bug", "fast, its fast path with the dist-1 tap on the wrong weight", i32=True,
+            const_c=True, fast=True, bug=1),
+    Variant("canary: general path bug", "fast, its general path with the dist-1 tap on the wrong weight", i32=True,
+            const_c=True, fast=True, bug=3),
+    Variant("canary: no slot store", "cols+i32 without the slot store", i32=True, bug=2),
+]
+
+
+def resolve_tile(v: Variant, t: int, heads: int, width: int, dry: bool) -> tuple[int, int, int]:
+    if v.tile is not None:
+        return v.tile
+    # The dry run's tiny T would give decode tiles: take the large-batch rule there.
+    cfg = choose_config(max(t, 1025) if dry else t, heads, width, mapped=True)
+    return cfg.block_t, cfg.block_c, v.warps or cfg.num_warps
+
+
+def applicable(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, cache: torch.Tensor, width: int) -> str | None:
+    """None, or why this variant cannot run on this case."""
+    t, c = x.shape
+    bt, bc, _ = tile
+    if c % bc or (width % bc and bc % width):
+        return f"tile {bc} channels does not fit C={c}, head {width}"
+    if triton.cdiv(t, bt) > 65535:
+        return "grid axis 1 too large"
+    if v.i32 and (x.numel() >= 2**31 or cache.numel() >= 2**31 or t * (bs.W - 1) >= 2**31):
+        return "int32 offsets would overflow"
+    return None
+
+
+def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor,
+               inp: bs.Inputs, off: int, width: int, out: torch.Tensor) -> None:
+    t, c = x.shape
+    bt, bc, nw = tile
+    grid = (c // bc, triton.cdiv(t, bt))
+    _exp_sconv_kernel[grid](
+        x, weight, cache, out, inp.slots, inp.tap_map,
+        t, c, cache.shape[0] * cache.shape[2],
+        weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
+        WS=width, N=bs.N, W=bs.W, BLOCK_T=bt, BLOCK_C=bc,
+        CONST_C=c if v.const_c else 0, I32=v.i32, FAST=v.fast, CS=v.cs, BUG=v.bug, TAPS=not v.floor,
+        num_warps=nw,
+    )
+
+
+def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Tensor, cache: torch.Tensor,
+                inp: bs.Inputs, off: int, width: int, out: torch.Tensor) -> Callable[[], Any]:
+    if v.lib:
+        return lambda: fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out)
+    assert tile is not None
+    return lambda: launch_exp(v, tile, inp.x, weight, cache, inp, off, width, out)
+
+
+# --------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------
+
+GPU_CASES = ["prefill 8192, ATTN", "prefill 8192, K", "prefill 16384, K (sliding)",
+             "mixed 2048 + 255 decodes, ATTN", "chunked 8192 after 8190, ATTN"]
+
+
+def gpu_cases() -> list[bs.Case]:
+    by_name = {c.name: c for c in bs.cases()}
+    missing = [n for n in GPU_CASES if n not in by_name]
+    if missing:
+        raise SystemExit(f"bench_sconv has no case named {missing}")
+    return [by_name[n] for n in GPU_CASES]
+
+
+def dry_cases() -> list[bs.Case]:
+    attn = (2, 512, 128, 256)  # (H, D, stream offset, stream width): ATTN-like, tiny
+    k = (2, 128, 0, 128)  # K-like, tiny (a 256-channel tile covers both heads)
+    return [
+        bs.Case("tiny prefill 100, ATTN-like", attn, [(0, 100)], 0.0),
+        bs.Case("tiny prefill 100, K-like", k, [(0, 100)], 0.0),
+        bs.Case("tiny two prompts 37 + 60, K-like", k, [(0, 37), (0, 60)], 0.0),
+        bs.Case("tiny chunked 70 after 10, ATTN-like", attn, [(10, 70)], 0.0),
+        bs.Case("tiny mixed 40 + 5 decodes, ATTN-like", attn, [(0, 40)] + [(bs._hist(i), 1) for i in range(5)], 0.0),
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# Check and time
+# --------------------------------------------------------------------------------------
+
+ATOL = RTOL = 1.6e-2  # bf16 out: a different fp32 summation order may move the last bit
+
+
+def check(launch_on: Callable[[torch.Tensor, torch.Tensor], None], x: torch.Tensor, cache: torch.Tensor,
+          ref_out: torch.Tensor, ref_cache: torch.Tensor) -> dict[str, Any]:
+    """Run once on a copy of the pre-call cache and a NaN-poisoned out; compare."""
+    c2 = cache.clone()
+    out = torch.full_like(x, float("nan"))
+    launch_on(c2, out)
+    if out.is_cuda:
+        torch.cuda.synchronize()
+    err = (out.float() - ref_out.float()).abs()
+    close = torch.isclose(out.float(), ref_out.float(), rtol=RTOL, atol=ATOL)
+    cache_ok = bool(torch.equal(c2, ref_cache))
+    bad = int((~close).sum())
+    ok = bad == 0 and cache_ok
+    res = dict(ok=ok, max_abs_err=float(err.nan_to_num(float("inf")).max()), bad_out=bad, cache_equal=cache_ok)
+    del c2, out
+    return res
+
+
+def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, gen: torch.Generator,
+             device: str, copy_gbps: float | None, deadline: float) -> dict[str, Any]:
+    heads, _, off, width = case.stream
+    nbytes = bs.min_bytes(case)
+    num_sets = 2 if args.dry_run else max(2, min(16, math.ceil(256e6 / nbytes)))
+    cache, weight, sets = bs.build(case, num_sets, gen, device=device)
+    # [C, W] view of a [W, C] contiguous copy (variants with wt): stride 1 along channels
+    weight_t = weight.t().contiguous().t()
+    t, c = sets[0].x.shape
+    s0 = sets[0]
+    ref_cache = cache.clone()
+    ref_out = fused_sconv_ref(s0.x, weight, ref_cache, s0.batch, off, width)
+    res: dict[str, Any] = dict(case=case.name, T=t, C=c, bytes=nbytes, sets=num_sets, variants=[])
+    outs = [torch.empty_like(s.x) for s in sets]
+    lib_us = None
+    log(f"case {case.name}: T={t} C={c} sets={num_sets} min bytes {nbytes / 1e6:.1f} MB")
+    for v in variants:
+        row: dict[str, Any] = dict(name=v.name, desc=v.desc)
+        res["variants"].append(row)
+        if time.monotonic() > deadline:
+            row["status"] = "SKIP (budget)"
+            log(f"  {v.name}: skipped, budget spent")
+            continue
+        if v.lib:
+            cfg = choose_config(t, heads, width, mapped=True)
+            tile = None
+            row["tile"] = f"{cfg.block_t}x{cfg.block_c}/{cfg.num_warps}w"
+        else:
+            tile = resolve_tile(v, t, heads, width, args.dry_run)
+            row["tile"] = f"{tile[0]}x{tile[1]}/{tile[2]}w"
+            why = applicable(v, tile, s0.x, cache, width)
+            if why:
+                row["status"] = f"SKIP ({why})"
+                log(f"  {v.name}: skipped: {why}")
+                continue
+        t_start = time.monotonic()
+        try:
+            w = weight_t if v.wt else weight
+            chk = check(lambda cc, oo: make_launch(v, tile, w, cc, s0, off, width, oo)(),
+                        s0.x, cache, ref_out, ref_cache)
+        except Exception as e:  # a variant that fails to compile or launch: report, go on
+            row["status"] = f"ERROR {type(e).__name__}: {str(e)[:200]}"
+            log(f"  {v.name} [{row['tile']}]: {row['status']}")
+            continue
+        if v.floor:  # not a conv: only its slot stores are checked
+            chk["ok"] = chk["cache_equal"]
+        row.update(chk)
+        row["status"] = ("PASS (cache only)" if v.floor else "PASS") if chk["ok"] else "FAIL"
+        msg = (f"  {v.name} [{row['tile']}]: {row['status']} max|err| {chk['max_abs_err']:.3g} "
+               f"bad out {chk['bad_out']} cache equal {chk['cache_equal']} ({time.monotonic() - t_start:.1f}s incl. compile)")
+        if not chk["ok"] or args.dry_run:
+            log(msg)
+            continue
+        launches = [make_launch(v, tile, w, cache, s, off, width, o) for s, o in zip(sets, outs)]
+        us = bs.time_graph(launches, args.reps)
+        gbps = nbytes / (us * 1e-6) / 1e9
+        row.update(us=us, GBps=gbps, of_copy=gbps / copy_gbps if copy_gbps else None)
+        if v.lib and lib_us is None:
+            lib_us = us
+        row["speedup_vs_lib"] = lib_us / us if lib_us else None
+        log(msg + f" | {us:.2f} µs {gbps:.0f} GB/s {row['of_copy']:.3f} of copy"
+            + (f" {row['speedup_vs_lib']:.3f}x lib" if row["speedup_vs_lib"] else ""))
+    # the baseline again at the end of the case: a noise gauge
+    if not args.dry_run and lib_us is not None and time.monotonic() <= deadline:
+        launches = [make_launch(VARIANTS[0], None, weight, cache, s, off, width, o) for s, o in zip(sets, outs)]
+        us = bs.time_graph(launches, args.reps)
+        res["lib_repeat_us"] = us
+        log(f"  lib (repeat): {us:.2f} µs")
+    del cache, sets, outs, ref_cache, weight_t
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"Copy baseline (same run, bench_sconv.copy_baseline, read+write): {results.get('copy_GBps') or float('nan'):.0f} GB/s",
+        "",
+        "| case | variant | tile | check | µs | GB/s | of copy | speed-up vs lib |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["cases"]:
+        for v in r["variants"]:
+            us = v.get("us")
+            lines.append(
+                f"| {r['case']} | {v['name']} | {v.get('tile', '')} | {v['status']} | "
+                + (f"{us:.2f} | {v['GBps']:.0f} | {v['of_copy']:.3f} | "
+                   + (f"{v['speedup_vs_lib']:.3f}x" if v.get("speedup_vs_lib") else "—") + " |"
+                   if us is not None else "— | — | — | — |")
+            )
+        if "lib_repeat_us" in r:
+            lines.append(f"| {r['case']} | lib (repeat, noise gauge) | | | {r['lib_repeat_us']:.2f} | | | |")
+    lines += ["", "Variants:"] + [f"- **{v.name}**: {v.desc}" for v in VARIANTS]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, checks only")
+    ap.add_argument("--json", type=pathlib.Path, default=None)
+    ap.add_argument("--budget-s", type=float, default=200.0, help="start no new measurement after this many seconds")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--variants", default=None, help="comma-separated variant names (lib is always run)")
+    args = ap.parse_args()
+    deadline = T0 + args.budget_s
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    variants = VARIANTS
+    if args.variants:
+        keep = {n.strip() for n in args.variants.split(",")}
+        variants = [v for v in VARIANTS if v.lib or v.name in keep]
+    if args.dry_run:
+        device, cases = "cpu", dry_cases()
+        variants = variants + CANARIES
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: use --dry-run on a CPU machine")
+        device, cases = "cuda", gpu_cases()
+    if args.only:
+        cases = [c for c in cases if args.only in c.name]
+    results: dict[str, Any] = dict(
+        device=torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)",
+        torch=torch.__version__, triton=triton.__version__, dry_run=args.dry_run,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join(sys.argv), variants=[dataclasses.asdict(v) for v in variants], cases=[],
+    )
+    copy_gbps = None
+    if device == "cuda":
+        log("copy baseline ...")
+        results["copy_baseline"] = bs.copy_baseline()
+        copy_gbps = results["copy_baseline"]["GBps"]
+        log(f"copy baseline {copy_gbps:.0f} GB/s")
+    results["copy_GBps"] = copy_gbps
+    for case in cases:
+        if time.monotonic() > deadline:
+            log(f"budget spent: case {case.name} not started")
+            results["cases"].append(dict(case=case.name, variants=[], skipped="budget"))
+            continue
+        results["cases"].append(run_case(case, variants, args, gen, device, copy_gbps, deadline))
+        if args.json:  # partial results survive a kill
+            args.json.write_text(json.dumps(results, indent=1))
+    results["elapsed_s"] = time.monotonic() - T0
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(markdown(results), flush=True)
+    # verdict: real variants must pass, canaries must fail
+    failed = []
+    for r in results["cases"]:
+        for v in r["variants"]:
+            st = v.get("status", "")
+            canary = v["name"].startswith("canary")
+            if canary and st == "PASS":
+                failed.append(f"{r['case']}: {v['name']} PASSED (the check would miss a wrong kernel)")
+            elif not canary and (st == "FAIL" or st.startswith("ERROR")):
+                failed.append(f"{r['case']}: {v['name']} {st}")
+    log(f"done in {time.monotonic() - T0:.1f}s; " + ("all checks as expected" if not failed else
+                                                      "problems:\n  " + "\n  ".join(failed)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
