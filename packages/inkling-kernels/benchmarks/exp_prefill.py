@@ -349,6 +349,7 @@ def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, g
     nbytes = bs.min_bytes(case)
     num_sets = 2 if args.dry_run else max(2, min(16, math.ceil(256e6 / nbytes)))
     cache, weight, sets = bs.build(case, num_sets, gen, device=device)
+    pristine = cache.clone()  # timing writes every set's slots into cache; checks start from this
     # [C, W] view of a [W, C] contiguous copy (variants with wt): stride 1 along channels
     weight_t = weight.t().contiguous().t()
     t, c = sets[0].x.shape
@@ -382,7 +383,7 @@ def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, g
         try:
             w = weight_t if v.wt else weight
             chk = check(lambda cc, oo: make_launch(v, tile, w, cc, s0, off, width, oo)(),
-                        s0.x, cache, ref_out, ref_cache)
+                        s0.x, pristine, ref_out, ref_cache)
         except Exception as e:  # a variant that fails to compile or launch: report, go on
             row["status"] = f"ERROR {type(e).__name__}: {str(e)[:200]}"
             log(f"  {v.name} [{row['tile']}]: {row['status']}")
