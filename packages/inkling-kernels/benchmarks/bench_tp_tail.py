@@ -103,6 +103,20 @@ class Comm:
         dist.reduce_scatter_tensor(out, src)
         return out.t().contiguous()
 
+    def reduce_scatter_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The same result with the column blocks laid out as row blocks first (one
+        copy of contiguous ``shard``-wide runs, not an element transpose) and no copy
+        after: reduce-scatter along dim 0 of ``[tp * T, shard]`` returns ``[T, shard]``."""
+        t, h = x.shape
+        blocks = x.view(t, self.tp, h // self.tp).transpose(0, 1).reshape(self.tp * t, h // self.tp)
+        if DRY:
+            y = blocks.clone()
+            dist.all_reduce(y)
+            return y[dist.get_rank() * t:(dist.get_rank() + 1) * t].contiguous()
+        out = torch.empty(t, h // self.tp, dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(out, blocks)
+        return out
+
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[T, shard] -> [T, shard * tp] (rank order)."""
         out = torch.empty(self.tp, *x.shape, dtype=x.dtype, device=x.device)
@@ -188,13 +202,13 @@ class Tails:
                 self.symm, self.symm_error = None, repr(exc)[:300]
         self.hidden_size = lay.shape.hidden
 
-    def conv_add(self, i: int, cache: torch.Tensor) -> torch.Tensor:
+    def conv_add(self, i: int, cache: torch.Tensor, blocks: bool = False) -> torch.Tensor:
         lay, s = self.lay, self.lay.sets[i]
-        d = self.comm.reduce_scatter(self.partial[i])
+        d = (self.comm.reduce_scatter_blocks if blocks else self.comm.reduce_scatter)(self.partial[i])
         return fused_sconv_add(s.hidden, d, lay.w_attn, cache, s.mapped, lay.a_off, lay.hph)
 
-    def a(self, i: int, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        new_h = self.conv_add(i, cache)
+    def a(self, i: int, cache: torch.Tensor, blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        new_h = self.conv_add(i, cache, blocks)
         return new_h, self.norm(self.comm.all_gather(new_h), self.lay.nw_attn)
 
     def b(self, i: int, cache: torch.Tensor, lower_bound: bool, symm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,6 +224,9 @@ class Tails:
     # pieces
     def piece_rs(self, i: int) -> torch.Tensor:
         return self.comm.reduce_scatter(self.partial[i])
+
+    def piece_rs_blocks(self, i: int) -> torch.Tensor:
+        return self.comm.reduce_scatter_blocks(self.partial[i])
 
     def piece_ag(self, i: int) -> torch.Tensor:
         return self.comm.all_gather(self.lay.sets[i].hidden)
@@ -246,7 +263,8 @@ class Tails:
                                                       lay.hph).float()).to(DTYPE)
         want_n = rms_norm_ref(self.comm.all_gather(want_h), lay.nw_attn, EPS)
         res: dict[str, Any] = {}
-        for name, fn in (("A", lambda c: self.a(0, c)), ("B", lambda c: self.b(0, c, False))):
+        for name, fn in (("A", lambda c: self.a(0, c)), ("B", lambda c: self.b(0, c, False)),
+                         ("A blocks", lambda c: self.a(0, c, True))):
             cache = lay.cache.clone()
             h, n = fn(cache)
             u_h, u_n = ulp_stats(h, want_h)[1], ulp_stats(n, want_n)[1]
@@ -293,6 +311,7 @@ def run_case(step: str, requests: list[tuple[int, int]], tp: int, reps: int, gen
         return [lambda i=i: f(i) for i in sets]
 
     res["A_us"] = timer(each(lambda i: tails.a(i, cache)), reps)
+    res["A_blocks_us"] = timer(each(lambda i: tails.a(i, cache, True)), reps)
     res["B_lower_us"] = timer(each(lambda i: tails.b(i, cache, True)), reps)
     res["B_unfused_us"] = timer(each(lambda i: tails.b(i, cache, False)), reps)
     if tails.symm is not None:
@@ -301,7 +320,7 @@ def run_case(step: str, requests: list[tuple[int, int]], tp: int, reps: int, gen
             res["piece_ar_symm_us"] = timer(each(tails.piece_ar_symm), reps)
         except Exception as exc:  # noqa: BLE001
             res["symm_error"] = repr(exc)[:300]
-    for name in ("rs", "ag", "ar", "ar_wide", "norm_full", "scale", "sumsq"):
+    for name in ("rs", "rs_blocks", "ag", "ar", "ar_wide", "norm_full", "scale", "sumsq"):
         res[f"piece_{name}_us"] = timer(each(getattr(tails, f"piece_{name}")), reps)
     res["piece_conv_add_us"] = timer(each(lambda i: tails.piece_conv_add(i, cache)), reps)
     res["B_lower_over_A"] = res["B_lower_us"] / res["A_us"]
@@ -376,23 +395,24 @@ def worker(rank: int, tp: int, args: argparse.Namespace, port: int) -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = ["| step | T | A µs | B lower µs | B unfused µs | B lower / A | B lower, symm AR µs | RS | conv+add | AG | "
-             "AR | AR [T,16] | AR symm | norm full | scale shard | sumsq | check |", "|" + "---|" * 17]
+    lines = ["| step | T | A µs | A, block RS µs | B lower µs | B unfused µs | B lower / A | B lower, symm AR µs | RS | conv+add | AG | "
+             "AR | AR [T,16] | AR symm | norm full | scale shard | sumsq | RS blocks | check |", "|" + "---|" * 19]
 
     def f(v: Any) -> str:
         return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
 
     for c in results["cases"]:
         if "A_us" not in c:
-            lines.append(f"| {c['step']} | | {c.get('error') or c.get('skipped')} |" + " |" * 14)
+            lines.append(f"| {c['step']} | | {c.get('error') or c.get('skipped')} |" + " |" * 16)
             continue
-        ok = all(r["A"]["ok"] and r["B"]["ok"] for r in c["check_ranks"])
+        ok = all(all(v["ok"] for v in r.values()) for r in c["check_ranks"])
         lines.append(
-            f"| {c['step']} | {c['T']} | {f(c['A_us'])} | {f(c['B_lower_us'])} | {f(c['B_unfused_us'])} | "
+            f"| {c['step']} | {c['T']} | {f(c['A_us'])} | {f(c['A_blocks_us'])} | {f(c['B_lower_us'])} | {f(c['B_unfused_us'])} | "
             f"{c['B_lower_over_A']:.3f} | {f(c.get('B_lower_symm_us'))} | {f(c['piece_rs_us'])} | "
             f"{f(c['piece_conv_add_us'])} | {f(c['piece_ag_us'])} | {f(c['piece_ar_us'])} | "
             f"{f(c['piece_ar_wide_us'])} | {f(c.get('piece_ar_symm_us'))} | {f(c['piece_norm_full_us'])} | "
-            f"{f(c['piece_scale_us'])} | {f(c['piece_sumsq_us'])} | {'ok' if ok else 'FAIL'} |")
+            f"{f(c['piece_scale_us'])} | {f(c['piece_sumsq_us'])} | {f(c['piece_rs_blocks_us'])} | "
+            f"{'ok' if ok else 'FAIL'} |")
     return "\n".join(lines) + "\n"
 
 
