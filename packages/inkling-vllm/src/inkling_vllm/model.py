@@ -153,13 +153,28 @@ def _layer_dims(spec: InklingTextSpec, layer_idx: int) -> tuple[bool, int, int, 
     return False, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
 
 
+def _reduce_scatter_columns(partial: torch.Tensor) -> torch.Tensor:
+    """This rank's ``hidden / tp`` columns of a row-parallel output, summed over ranks:
+    ``[T, hidden]`` -> ``[T, hidden / tp]``, contiguous.
+
+    vLLM's reduce-scatter along the last dimension transposes the whole tensor
+    element by element before the collective and again after it. Here the column
+    blocks are laid out as row blocks instead (one copy of contiguous ``hidden / tp``
+    runs), and the reduce-scatter along dim 0 returns the shard as it is; the
+    collective moves the same bytes (inkling-kernels/benchmarks/RESULTS_tp_tail.md
+    measures both)."""
+    tp = get_tensor_model_parallel_world_size()
+    t, hidden = partial.shape
+    blocks = partial.reshape(t, tp, hidden // tp).transpose(0, 1).reshape(tp * t, hidden // tp)
+    return tensor_model_parallel_reduce_scatter(blocks, dim=0)
+
+
 def _sharded_conv(conv: InklingShortConv, partial: torch.Tensor) -> torch.Tensor:
     """Sum a row-parallel output over ranks, convolve this rank's hidden shard,
     and gather the full hidden vector (identity collectives at tp 1)."""
     if get_tensor_model_parallel_world_size() == 1:
         return conv(partial)
-    shard = tensor_model_parallel_reduce_scatter(partial, dim=-1).contiguous()
-    return tensor_model_parallel_all_gather(conv(shard), dim=-1)
+    return tensor_model_parallel_all_gather(conv(_reduce_scatter_columns(partial)), dim=-1)
 
 
 class InklingAttention(nn.Module):
@@ -334,8 +349,7 @@ class InklingDecoderLayer(nn.Module):
             return paged_short_conv_add_rmsnorm(
                 hidden, partial, conv.weight, norm.weight, owner, stream, norm.variance_epsilon
             )
-        shard = tensor_model_parallel_reduce_scatter(partial, dim=-1).contiguous()
-        hidden = paged_short_conv_add(hidden, shard, conv.weight, owner, stream)
+        hidden = paged_short_conv_add(hidden, _reduce_scatter_columns(partial), conv.weight, owner, stream)
         return hidden, norm(tensor_model_parallel_all_gather(hidden, dim=-1))
 
 
