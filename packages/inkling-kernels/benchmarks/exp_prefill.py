@@ -198,6 +198,153 @@ def _exp_sconv_kernel(
 
 
 # --------------------------------------------------------------------------------------
+# Experimental kernel "stream": each program owns a channel chunk [BLOCK_C] (inside one
+# head's stream range or covering whole heads, as above) and ROWS consecutive rows, and
+# walks the rows one at a time, keeping the x values of the last W-1 rows in registers
+# (loop-carried fp32 vectors p1, p2, p3 = rows t-1, t-2, t-3 of this run), so an x
+# element is loaded once. Per row t: x load, slot store, the row's W-1 map codes
+# (scalars, decoded by the library's decode_tap_codes); tap at distance d: the register
+# copy when the code names x row t-d and that row is in this run already walked,
+# otherwise a masked x-row load (some other row of x) or a masked cache load (pre-forward
+# slot), or 0. Same arithmetic and order as _exp_sconv_kernel: acc = w[W-1]*x, += w*tap
+# for dist 1..W-1, += x (residual), one rounding to out's dtype. int32 offsets (the host
+# checks the sizes), constexpr C, weights as [W, C] contiguous vectors (host passes wT).
+# NS: num_stages of the row loop (tl.range; Triton 3.6 does not pipeline these loads on
+# sm_90, offline compile shows no async copies); PF: the x, slot and codes of rows
+# t+1..t+PF are loaded ahead by hand (a loop-carried queue), 0 = in the iteration.
+# Bytes in flight per SM are what bound this kernel: 1 warp x 256 channels gives 16-byte
+# loads per thread, and PF multiplies the rows in flight per program.
+# BUG 4 (canary): the dist-1 register tap reads the dist-2 register.
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _stream_row(x_ptr, slot_ptr, map_ptr, t, ok, chan, C, W: tl.constexpr):
+    """Row t's x chunk, slot and W-1 map codes (-1 past W-1), masked by ok (scalar)."""
+    xt = tl.load(x_ptr + (t * C + chan), mask=ok, other=0.0)
+    slot = tl.load(slot_ptr + t, mask=ok, other=-1)
+    c1 = tl.load(map_ptr + t * (W - 1), mask=ok, other=-1)
+    c2 = tl.load(map_ptr + t * (W - 1) + 1, mask=ok & (W > 2), other=-1)
+    c3 = tl.load(map_ptr + t * (W - 1) + 2, mask=ok & (W > 3), other=-1)
+    return xt, slot, c1, c2, c3
+
+
+@triton.jit
+def _stream_tap(acc, p, xrow, cslot, t, i, dist, wk, x_ptr, cache_ptr, chan, ccol, C, stride_cb, stride_cn,
+                N: tl.constexpr):
+    reg = (xrow == t - dist) & (i >= dist)  # the register copy of row t - dist holds it
+    need_x = (xrow >= 0) & (reg == 0)
+    tap = tl.load(x_ptr + (xrow * C + chan), mask=need_x, other=0.0).to(tl.float32)
+    cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
+    tap += tl.load(cache_ptr + (cdst + ccol), mask=cslot >= 0, other=0.0).to(tl.float32)
+    tap = tl.where(reg, p, tap)
+    return acc + wk * tap
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _stream_sconv_kernel(
+    x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr,
+    num_tokens, num_slots,
+    stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+    C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, UNROLL: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    ccol = (chan // WS) * stride_ch + stream_offset + chan % WS
+    wbase = w_ptr + chan * stride_wc
+    w_cur = tl.load(wbase + (W - 1) * stride_wk).to(tl.float32)
+    w1 = tl.load(wbase + (W - 2) * stride_wk).to(tl.float32)  # dist 1
+    if W > 2:
+        w2 = tl.load(wbase + (W - 3) * stride_wk).to(tl.float32)  # dist 2
+    else:
+        w2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    if W > 3:
+        w3 = tl.load(wbase + (W - 4) * stride_wk).to(tl.float32)  # dist 3
+    else:
+        w3 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    start = pid_t * ROWS
+    p1 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    p2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    p3 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    # prefetch queue: x, slot and codes of rows ``t + 1`` (n*) and ``t + 2`` (m*); unused
+    # entries stay constant (PF < 2) and fold away
+    nx = tl.zeros([BLOCK_C], dtype=x_ptr.dtype.element_ty)
+    ns = tl.full([], -1, tl.int64)
+    nc1 = tl.full([], -1, tl.int64)
+    nc2 = tl.full([], -1, tl.int64)
+    nc3 = tl.full([], -1, tl.int64)
+    mx, ms, mc1, mc2, mc3 = nx, ns, nc1, nc2, nc3
+    if PF >= 1:
+        nx, ns, nc1, nc2, nc3 = _stream_row(x_ptr, slot_ptr, map_ptr, start, start < num_tokens, chan, C, W)
+    if PF >= 2:
+        mx, ms, mc1, mc2, mc3 = _stream_row(x_ptr, slot_ptr, map_ptr, start + 1,
+                                            (start + 1 < num_tokens) & (ROWS > 1), chan, C, W)
+    if UNROLL:  # the row loop fully unrolled: the queue and the registers are renames, no moves
+        for i in tl.static_range(ROWS):
+            p1, p2, p3, nx, ns, nc1, nc2, nc3, mx, ms, mc1, mc2, mc3 = _stream_step(
+                i, start, num_tokens, num_slots, p1, p2, p3, nx, ns, nc1, nc2, nc3, mx, ms, mc1, mc2, mc3,
+                x_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, chan, ccol, w_cur, w1, w2, w3,
+                stride_cb, stride_cn, C, N, W, ROWS, PF, BUG)
+    else:
+        for i in tl.range(0, ROWS, num_stages=NS):
+            p1, p2, p3, nx, ns, nc1, nc2, nc3, mx, ms, mc1, mc2, mc3 = _stream_step(
+                i, start, num_tokens, num_slots, p1, p2, p3, nx, ns, nc1, nc2, nc3, mx, ms, mc1, mc2, mc3,
+                x_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, chan, ccol, w_cur, w1, w2, w3,
+                stride_cb, stride_cn, C, N, W, ROWS, PF, BUG)
+
+
+@triton.jit
+def _stream_step(
+    i, start, num_tokens, num_slots, p1, p2, p3, nx, ns, nc1, nc2, nc3, mx, ms, mc1, mc2, mc3,
+    x_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, chan, ccol, w_cur, w1, w2, w3,
+    stride_cb, stride_cn, C: tl.constexpr, N: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
+    PF: tl.constexpr, BUG: tl.constexpr,
+):
+    """Row ``start + i``: take it from the queue (or load it), refill the queue, store its
+    slot, its conv and out; return the shifted registers and queue."""
+    t = start + i
+    live = t < num_tokens
+    if PF == 0:
+        xt, slot, c1, c2, c3 = _stream_row(x_ptr, slot_ptr, map_ptr, t, live, chan, C, W)
+    elif PF == 1:
+        xt, slot, c1, c2, c3 = nx, ns, nc1, nc2, nc3
+        nx, ns, nc1, nc2, nc3 = _stream_row(x_ptr, slot_ptr, map_ptr, t + 1,
+                                            (t + 1 < num_tokens) & (i + 1 < ROWS), chan, C, W)
+    else:
+        xt, slot, c1, c2, c3 = nx, ns, nc1, nc2, nc3
+        nx, ns, nc1, nc2, nc3 = mx, ms, mc1, mc2, mc3
+        mx, ms, mc1, mc2, mc3 = _stream_row(x_ptr, slot_ptr, map_ptr, t + 2,
+                                            (t + 2 < num_tokens) & (i + 2 < ROWS), chan, C, W)
+    # the row's own slot
+    ok = live & (slot >= 0) & (slot < num_slots)
+    ws = tl.where(ok, slot, 0).to(tl.int32)
+    tl.store(cache_ptr + ((ws // N) * stride_cb + (ws % N) * stride_cn + ccol), xt, mask=ok)
+    xf = xt.to(tl.float32)
+    acc = w_cur * xf
+    r1, s1 = decode_tap_codes(c1, num_slots)
+    if BUG == 4:
+        acc = _stream_tap(acc, p2, r1.to(tl.int32), s1.to(tl.int32), t, i, 1, w1, x_ptr, cache_ptr, chan, ccol,
+                          C, stride_cb, stride_cn, N)
+    else:
+        acc = _stream_tap(acc, p1, r1.to(tl.int32), s1.to(tl.int32), t, i, 1, w1, x_ptr, cache_ptr, chan, ccol,
+                          C, stride_cb, stride_cn, N)
+    if W > 2:
+        r2, s2 = decode_tap_codes(c2, num_slots)
+        acc = _stream_tap(acc, p2, r2.to(tl.int32), s2.to(tl.int32), t, i, 2, w2, x_ptr, cache_ptr, chan, ccol,
+                          C, stride_cb, stride_cn, N)
+    if W > 3:
+        r3, s3 = decode_tap_codes(c3, num_slots)
+        acc = _stream_tap(acc, p3, r3.to(tl.int32), s3.to(tl.int32), t, i, 3, w3, x_ptr, cache_ptr, chan, ccol,
+                          C, stride_cb, stride_cn, N)
+    acc += xf
+    tl.store(out_ptr + (t * C + chan), acc.to(out_ptr.dtype.element_ty), mask=live)
+    return xf, p1, p2, nx, ns, nc1, nc2, nc3, mx, ms, mc1, mc2, mc3
+
+
+# --------------------------------------------------------------------------------------
 # Variants
 # --------------------------------------------------------------------------------------
 
@@ -215,6 +362,10 @@ class Variant:
     cs: bool = False
     wt: bool = False  # weights passed as [W, C] contiguous
     floor: bool = False  # no taps: a bandwidth reference, not a conv
+    stream: bool = False  # _stream_sconv_kernel; tile = (rows per program, block_c, warps)
+    stages: int = 1  # stream: num_stages of the row loop (not unrolled)
+    pf: int = 0  # stream: rows prefetched ahead by hand (0, 1, 2)
+    unroll: bool = False  # stream: the row loop fully unrolled (tl.static_range)
     bug: int = 0
 
 
@@ -236,6 +387,26 @@ VARIANTS = [
     Variant("fast+wT 32x256/8w", "(d) fast+wT on 32x256 tiles, 8 warps", tile=(32, 256, 8), i32=True, const_c=True,
             fast=True, wt=True),
 ]
+
+
+def _stream(rows: int, bc: int, nw: int, stages: int = 1, pf: int = 0, unroll: bool = False) -> Variant:
+    name = (f"stream {rows}x{bc}/{nw}w" + (f"/s{stages}" if stages > 1 else "") + (f"/pf{pf}" if pf else "")
+            + ("/u" if unroll else ""))
+    desc = (f"row-streaming kernel: {rows} rows x {bc} channels per program, {nw} warps, last W-1 rows in "
+            f"registers, row loop " + ("fully unrolled" if unroll else f"num_stages={stages}")
+            + (f", next {pf} row(s) prefetched by hand" if pf else ""))
+    return Variant(name, desc, tile=(rows, bc, nw), i32=True, const_c=True, wt=True, stream=True, stages=stages, pf=pf,
+                   unroll=unroll)
+
+
+# H200, prefill 8192 ATTN (lib 109.4 µs, floor 80.3, copy 4266 GB/s): the plain loops 140-260 µs;
+# num_stages 3 changed nothing (no async copies); the hand prefetch helped some (32x256/1w/pf2
+# 117.7 µs, 0.93x lib; on prefill 8192 K 0.68x lib). Fully unrolled (UNROLL) was worse and slow
+# to compile (16x256/1w/pf2/u 0.83x lib; 32 rows 0.35x; 64 rows 77 s of compile): no variant.
+VARIANTS += [
+    _stream(64, 128, 1), _stream(64, 128, 2), _stream(64, 256, 2), _stream(128, 256, 4), _stream(32, 256, 2),
+    _stream(128, 128, 2), _stream(64, 256, 1, pf=1), _stream(32, 256, 1, pf=2),
+]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
     Variant("canary: fast path bug", "fast, its fast path with the dist-1 tap on the wrong weight", i32=True,
@@ -243,7 +414,13 @@ CANARIES = [
     Variant("canary: general path bug", "fast, its general path with the dist-1 tap on the wrong weight", i32=True,
             const_c=True, fast=True, bug=3),
     Variant("canary: no slot store", "cols+i32 without the slot store", i32=True, bug=2),
+    Variant("canary: stream register bug", "stream 32x256/2w, the dist-1 register tap reads the dist-2 register",
+            tile=(32, 256, 2), i32=True, const_c=True, wt=True, stream=True, bug=4),
 ]
+
+
+def width_taps() -> int:
+    return bs.W
 
 
 def resolve_tile(v: Variant, t: int, heads: int, width: int, dry: bool) -> tuple[int, int, int]:
@@ -262,6 +439,8 @@ def applicable(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, cache: t
         return f"tile {bc} channels does not fit C={c}, head {width}"
     if triton.cdiv(t, bt) > 65535:
         return "grid axis 1 too large"
+    if v.stream and not 2 <= width_taps() <= 4:
+        return "stream kernel holds at most 3 earlier rows (W <= 4)"
     if v.i32 and (x.numel() >= 2**31 or cache.numel() >= 2**31 or t * (bs.W - 1) >= 2**31):
         return "int32 offsets would overflow"
     return None
@@ -272,6 +451,15 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
     t, c = x.shape
     bt, bc, nw = tile
     grid = (c // bc, triton.cdiv(t, bt))
+    if v.stream:
+        _stream_sconv_kernel[grid](
+            x, weight, cache, out, inp.slots, inp.tap_map,
+            t, cache.shape[0] * cache.shape[2],
+            weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
+            C=c, WS=width, N=bs.N, W=bs.W, ROWS=bt, BLOCK_C=bc, NS=v.stages, PF=v.pf, UNROLL=v.unroll, BUG=v.bug,
+            num_warps=nw,
+        )
+        return
     _exp_sconv_kernel[grid](
         x, weight, cache, out, inp.slots, inp.tap_map,
         t, c, cache.shape[0] * cache.shape[2],
