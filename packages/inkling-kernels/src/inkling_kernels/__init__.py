@@ -10,13 +10,15 @@ Public API:
   :func:`fused_sconv_add` — the conv + residual add without the norm (a tp > 1 shard);
   :func:`fused_sconv_kv` — the K and V convs of a layer in one launch;
   :func:`fused_sconv_vllm` — the drop-in with vLLM's in-tree signature;
+- :func:`gathered_rms_norm` — the RMSNorm of rows all-gathered in per-rank pieces
+  (tp > 1), reading the pieces where the all-gather put them;
 - :func:`sconv_seq_metadata`, :func:`sconv_tap_map` — the per-step metadata ops;
 - the references (``*_ref``, :func:`causal_conv_ref`) and the relative-logit
   attention ops (:mod:`inkling_kernels.rel_attention`).
 
 Every op is a ``torch.ops.inkling.*`` custom op; CPU tensors run the reference, CUDA
 tensors the Triton kernel (:func:`uses_triton`). One folder per op (``sconv/``,
-``sconv_add_rmsnorm/``, ``sconv_kv/``, ``tap_map/``, ``seq_metadata/``, ``rel_attention/``: the
+``sconv_add_rmsnorm/``, ``sconv_kv/``, ``gathered_rmsnorm/``, ``tap_map/``, ``seq_metadata/``, ``rel_attention/``: the
 public function in ``__init__.py``, ``kernel.py``, ``reference.py``); host checks in
 :mod:`inkling_kernels.checks`; shared Triton helpers in ``_triton_common.py`` and their
 PyTorch twins in ``_reference_common.py``.
@@ -25,6 +27,7 @@ PyTorch twins in ``_reference_common.py``.
 from ._dispatch import uses_triton
 from .batch import SconvBatch
 from .checks import ACTIVATION_DTYPES as SUPPORTED_DTYPES
+from .gathered_rmsnorm import gathered_rms_norm, gathered_rms_norm_ref
 from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
 from .sconv import causal_conv_ref, fused_sconv, fused_sconv_ref, fused_sconv_vllm
 from .sconv_add_rmsnorm import (
@@ -52,6 +55,8 @@ __all__ = [
     "fused_sconv_kv_ref",
     "fused_sconv_ref",
     "fused_sconv_vllm",
+    "gathered_rms_norm",
+    "gathered_rms_norm_ref",
     "paged_rel_attention",
     "rel_attention_ref",
     "sconv_seq_metadata",

@@ -380,24 +380,48 @@ def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_
     """What the fused conv + residual + RMSNorm adds to a conv launch (``d`` checked
     as ``x`` by :func:`check_conv_call`)."""
     _check_hidden(hidden, d)
+    check_norm_weight_eps(
+        norm_weight, prob.channels, d.device, eps,
+        "(the full row the norm reads), got {shape}; the fused op needs the conv to see "
+        "the whole hidden row (tp == 1 for the ATTN/MLP streams); on a shard use "
+        "fused_sconv_add, all-gather, then the norm",
+    )
+
+
+def check_norm_weight_eps(norm_weight: object, channels: int, device: torch.device, eps: object, hint: str) -> None:
+    """An RMSNorm's weight (``[channels]``, contiguous, a float dtype, on ``device``) and
+    ``eps`` (a finite float >= 0); ``hint`` (with ``{shape}``) ends the shape error."""
     norm_weight = need_tensor("norm_weight", norm_weight)
-    if norm_weight.dim() != 1 or norm_weight.shape[0] != prob.channels:
-        raise ValueError(
-            f"norm_weight must have shape [C] = [{prob.channels}] (the full row the norm "
-            f"reads), got {tuple(norm_weight.shape)}; the fused op needs the conv to see "
-            "the whole hidden row (tp == 1 for the ATTN/MLP streams); on a shard use "
-            "fused_sconv_add, all-gather, then the norm"
-        )
+    if norm_weight.dim() != 1 or norm_weight.shape[0] != channels:
+        raise ValueError(f"norm_weight must have shape [C] = [{channels}] " + hint.format(shape=tuple(norm_weight.shape)))
     if norm_weight.dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"norm_weight must be a float tensor, got {norm_weight.dtype}")
-    if norm_weight.device != d.device:
-        raise ValueError(f"norm_weight is on {norm_weight.device} but d is on {d.device}")
-    if prob.channels > 1 and norm_weight.stride(0) != 1:
+    if norm_weight.device != device:
+        raise ValueError(f"norm_weight is on {norm_weight.device} but the rows are on {device}")
+    if channels > 1 and norm_weight.stride(0) != 1:
         raise ValueError("norm_weight must be contiguous: pass norm_weight.contiguous()")
     if isinstance(eps, bool) or not isinstance(eps, (float, int)):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite float >= 0, got {eps}")
+
+
+def check_gathered_rms_norm_args(shards: object, norm_weight: object, eps: object) -> None:
+    """``gathered_rms_norm``'s arguments: ``shards`` [tp, T, S] contiguous in an
+    activation dtype (an all-gather's output along dim 0, viewed per rank), the weight
+    of the whole ``tp * S`` row, ``eps``."""
+    shards = need_tensor("shards", shards)
+    if shards.dim() != 3:
+        raise ValueError(
+            f"shards must be [tp, T, S] (each rank's [T, S] shard, as an all-gather along dim 0 "
+            f"returns them), got shape {tuple(shards.shape)}"
+        )
+    if shards.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"shards must be bfloat16, float16 or float32, got {shards.dtype}")
+    if not shards.is_contiguous():
+        raise ValueError("shards must be contiguous: pass the all-gather's output buffer (or .contiguous())")
+    tp, _, width = shards.shape
+    check_norm_weight_eps(norm_weight, tp * width, shards.device, eps, "(tp * S: the whole row), got {shape}")
 
 
 def check_seq_metadata_args(

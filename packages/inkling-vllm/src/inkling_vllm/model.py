@@ -78,6 +78,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.sequence import IntermediateTensors
 
 from inkling_cache import InklingTextSpec, Stream, text_spec
+from inkling_kernels import gathered_rms_norm
 from inkling_model import (
     InklingRelAttention,
     InklingShortConv,
@@ -350,7 +351,10 @@ class InklingDecoderLayer(nn.Module):
                 hidden, partial, conv.weight, norm.weight, owner, stream, norm.variance_epsilon
             )
         hidden = paged_short_conv_add(hidden, _reduce_scatter_columns(partial), conv.weight, owner, stream)
-        return hidden, norm(tensor_model_parallel_all_gather(hidden, dim=-1))
+        # the ranks' new residual shards as the all-gather along dim 0 leaves them,
+        # [tp, T, S]: the norm reads them there and writes whole rows (no layout copy)
+        pieces = tensor_model_parallel_all_gather(hidden, dim=0).view(self.tp_size, *hidden.shape)
+        return hidden, gathered_rms_norm(pieces, norm.weight, norm.variance_epsilon)
 
 
 @support_torch_compile(

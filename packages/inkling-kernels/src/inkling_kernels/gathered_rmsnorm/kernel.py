@@ -1,0 +1,85 @@
+"""Triton kernel of :func:`inkling_kernels.gathered_rms_norm`.
+
+Grid ``(cdiv(T, BLOCK_T),)``: a program owns ``BLOCK_T`` rows and walks each row's
+``tp`` pieces (``shards[r, t, :]``, contiguous) in ``BLOCK_S``-wide chunks twice:
+first adding up the squares (fp32), then normalising the same chunks (re-read from
+L1/L2: a row is at most a few tens of KB) into the contiguous output row. Rounding as
+:func:`inkling_kernels.sconv_add_rmsnorm.rms_norm_ref`: ``dt(w * dt(x * rstd))``.
+Nothing is allocated but the output and nothing syncs with the host: the launch replays
+under CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton_common import pow2_ceil
+
+__all__ = ["GatheredNormConfig", "choose_gathered_norm_config", "launch_gathered_rms_norm"]
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _gathered_rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, num_tokens, eps,
+    TP: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = (rows < num_tokens)[:, None]
+    rows64 = rows.to(tl.int64)[:, None]
+    cols = tl.arange(0, BLOCK_S)
+    sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for r in range(TP):
+        base = (r * num_tokens + rows64) * S  # piece r of the rows
+        for c0 in range(0, S, BLOCK_S):
+            c = c0 + cols
+            m = rmask & (c < S)[None, :]
+            x = tl.load(x_ptr + base + c[None, :], mask=m, other=0.0).to(tl.float32)
+            sumsq += tl.sum(x * x, axis=1)
+    rstd = (1.0 / tl.sqrt_rn(sumsq / (TP * S) + eps))[:, None]
+    for r in range(TP):
+        base = (r * num_tokens + rows64) * S
+        obase = rows64 * (TP * S) + r * S
+        for c0 in range(0, S, BLOCK_S):
+            c = c0 + cols
+            m = rmask & (c < S)[None, :]
+            x = tl.load(x_ptr + base + c[None, :], mask=m, other=0.0)
+            y = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+            w = tl.load(w_ptr + r * S + c, mask=c < S, other=0.0).to(tl.float32)
+            tl.store(out_ptr + obase + c[None, :], (w[None, :] * y).to(x.dtype), mask=m)
+
+
+@dataclass(frozen=True)
+class GatheredNormConfig:
+    block_t: int
+    block_s: int
+    num_warps: int
+
+
+def choose_gathered_norm_config(num_tokens: int, width: int) -> GatheredNormConfig:
+    """One row a program (up to 1024-wide chunks of a piece) below 1024 rows; two rows
+    a program above (benchmarks/RESULTS_tp_tail.md)."""
+    block_s = min(1024, pow2_ceil(width))
+    block_t = 1 if num_tokens < 1024 else 2
+    return GatheredNormConfig(block_t, block_s, max(1, min(8, block_t * block_s // 256)))
+
+
+def launch_gathered_rms_norm(
+    shards: torch.Tensor, norm_weight: torch.Tensor, eps: float, config: GatheredNormConfig | None = None
+) -> torch.Tensor:
+    """Launch on checked arguments (:func:`inkling_kernels.checks.check_gathered_rms_norm_args`)."""
+    tp, t, width = shards.shape
+    out = torch.empty(t, tp * width, dtype=shards.dtype, device=shards.device)
+    if t == 0:
+        return out
+    cfg = config or choose_gathered_norm_config(t, width)
+    if cfg.block_t & (cfg.block_t - 1) or cfg.block_s & (cfg.block_s - 1):
+        raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
+    _gathered_rms_norm_kernel[(triton.cdiv(t, cfg.block_t),)](
+        shards, norm_weight, out, t, float(eps),
+        TP=tp, S=width, BLOCK_T=cfg.block_t, BLOCK_S=cfg.block_s, num_warps=cfg.num_warps,
+    )
+    return out

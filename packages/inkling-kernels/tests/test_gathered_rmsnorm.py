@@ -1,0 +1,105 @@
+"""gathered_rms_norm: the RMSNorm of rows all-gathered in per-rank pieces [tp, T, S].
+
+The Triton kernel (TRITON_INTERPRET=1 on CPU; compiled where there is a GPU) and the
+public op's CPU reference, on random pieces, against an independent float64 RMSNorm of
+the rows put together with torch.cat, rounded as transformers' InklingRMSNorm; the
+kernel against the reference within one rounding step (the fp32 sums of squares may
+add up in another order); argument checks before any launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inkling_kernels import gathered_rms_norm, gathered_rms_norm_ref
+from inkling_kernels.gathered_rmsnorm.kernel import GatheredNormConfig, launch_gathered_rms_norm
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+EPS = 1e-5
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Compiled kernels round to nearest (half a step, twice: after the normalisation and
+# after the weight); Triton's interpreter converts fp32 to bf16 by truncation (up to a
+# whole step each time).
+KERNEL_STEPS = 1.01 if DEVICE.type == "cuda" else 2.01
+# float32 has no rounding to a narrower dtype: fp32 sums and rsqrt against float64.
+FP32_STEPS = 16.01
+
+
+def _tol(dtype: torch.dtype, kernel: bool) -> float:
+    return FP32_STEPS if dtype == torch.float32 else (KERNEL_STEPS if kernel else 1.01)
+
+
+def _pieces(tp: int, t: int, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    shards = (3 * torch.randn(tp, t, width) + 0.5).to(dtype)
+    weight = (1 + 0.3 * torch.randn(tp * width)).to(dtype)
+    return shards, weight
+
+
+def _independent(shards: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float64 RMSNorm of the rows joined by cat, rounded where transformers rounds."""
+    rows = torch.cat(list(shards.unbind(0)), dim=1).double()
+    y = (rows / torch.sqrt((rows * rows).mean(dim=1, keepdim=True) + eps)).to(shards.dtype)
+    return (weight.double() * y.double()).to(shards.dtype)
+
+
+def _steps(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest difference in units of one rounding step at the value's magnitude."""
+    unit = torch.finfo(want.dtype).eps * want.float().abs().clamp_min(1e-3)
+    return float(((got.float() - want.float()).abs() / unit).max()) if want.numel() else 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tp,t,width", [(1, 5, 64), (2, 1, 48), (2, 37, 96), (4, 3, 24), (8, 9, 16), (2, 0, 32)])
+def test_reference_and_kernel(dtype: torch.dtype, tp: int, t: int, width: int) -> None:
+    shards, weight = _pieces(tp, t, width, dtype)
+    want = _independent(shards, weight, EPS)
+    ref = gathered_rms_norm_ref(shards, weight, EPS)
+    assert ref.shape == (t, tp * width) and ref.dtype == dtype
+    assert _steps(ref, want) <= _tol(dtype, False)
+    got = launch_gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS).cpu()
+    assert got.shape == (t, tp * width) and got.dtype == dtype
+    assert _steps(got, want) <= _tol(dtype, True)
+    assert _steps(got, ref) <= _tol(dtype, True)
+    # the public op (reference on CPU, the kernel on CUDA)
+    assert _steps(gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS).cpu(), want) <= _tol(dtype, True)
+
+
+@pytest.mark.parametrize("cfg", [GatheredNormConfig(4, 16, 1), GatheredNormConfig(2, 32, 2), GatheredNormConfig(1, 128, 4)])
+def test_kernel_tiles(cfg: GatheredNormConfig) -> None:
+    """Several chunks a piece, masked chunk tails (width 40) and masked rows (T 7)."""
+    shards, weight = _pieces(3, 7, 40, torch.bfloat16)
+    got = launch_gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS, config=cfg).cpu()
+    assert _steps(got, _independent(shards, weight, EPS)) <= KERNEL_STEPS
+
+
+def test_pieces_are_read_in_rank_order() -> None:
+    """Swapping two ranks' pieces changes the rows (the op is not a per-piece norm)."""
+    shards, weight = _pieces(2, 4, 32, torch.float32)
+    got = gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS).cpu()
+    swapped = gathered_rms_norm(shards.flip(0).contiguous().to(DEVICE), weight.to(DEVICE), EPS).cpu()
+    assert not torch.allclose(got, swapped)
+    assert torch.allclose(got[:, :32], _independent(shards, weight, EPS)[:, :32], rtol=1e-5, atol=1e-6)
+
+
+def test_op_registration() -> None:
+    shards, weight = _pieces(2, 3, 16, torch.bfloat16)
+    torch.library.opcheck(torch.ops.inkling.gathered_rms_norm.default, (shards, weight, EPS))
+
+
+@pytest.mark.parametrize(
+    "shards,weight,eps,err,match",
+    [
+        (torch.zeros(4, 8), torch.ones(8), EPS, ValueError, r"\[tp, T, S\]"),
+        (torch.zeros(2, 4, 8, dtype=torch.int32), torch.ones(16), EPS, TypeError, "bfloat16, float16 or float32"),
+        (torch.zeros(2, 8, 4).transpose(1, 2), torch.ones(16), EPS, ValueError, "contiguous"),
+        (torch.zeros(2, 4, 8), torch.ones(8), EPS, ValueError, r"\[C\] = \[16\]"),
+        (torch.zeros(2, 4, 8), torch.ones(16, dtype=torch.int64), EPS, TypeError, "float tensor"),
+        (torch.zeros(2, 4, 8), torch.ones(32)[::2], EPS, ValueError, "contiguous"),
+        (torch.zeros(2, 4, 8), torch.ones(16), -1.0, ValueError, ">= 0"),
+        (torch.zeros(2, 4, 8), torch.ones(16), True, TypeError, "eps must be a float"),
+        ("not a tensor", torch.ones(16), EPS, TypeError, "shards"),
+    ],
+)
+def test_bad_arguments(shards: object, weight: object, eps: object, err: type, match: str) -> None:
+    with pytest.raises(err, match=match):
+        gathered_rms_norm(shards, weight, eps)  # type: ignore[arg-type]
