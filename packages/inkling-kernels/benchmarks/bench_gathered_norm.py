@@ -10,7 +10,7 @@ the ``[tp, T, S]`` pieces. The collective is the same on both sides and not time
 (one GPU); the pieces are random ``[tp, T, 6144 / tp]`` bf16.
 
 Correctness first: every timed output against ``gathered_rms_norm_ref`` (bf16, within
-one rounding step; the compiled norm within two). Timing: bench_sconv.time_graph over
+two rounding steps: the normalised value and the product are each rounded). Timing: bench_sconv.time_graph over
 several input sets (median of replays, µs). Minimum bytes: read the pieces, write the
 rows (``2 T 6144`` bf16); "of copy" against the events-timed copy baseline of the run.
 
@@ -66,7 +66,8 @@ def main() -> int:
         "copy + compiled": lambda x, w: compiled(rows_of(x), w),
     }
     configs = {"default": None, "1x1024/4w": GatheredNormConfig(1, 1024, 4), "2x1024/8w": GatheredNormConfig(2, 1024, 8),
-               "4x512/8w": GatheredNormConfig(4, 512, 8), "1x512/2w": GatheredNormConfig(1, 512, 2)}
+               "4x512/8w": GatheredNormConfig(4, 512, 8), "1x512/2w": GatheredNormConfig(1, 512, 2),
+               "1x2048/8w": GatheredNormConfig(1, 2048, 8), "1x256/1w": GatheredNormConfig(1, 256, 1)}
     base = copy_baseline()
     res: dict[str, Any] = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -93,7 +94,7 @@ def main() -> int:
             row["before_us"], row["after_us"] = before, row["us"]["default"]
             row["speedup"] = before / row["after_us"]
             row["after_of_copy"] = nbytes / (row["after_us"] * 1e-6) / 1e9 / base["GBps"]
-            ok = all(v <= (2.01 if "compiled" in k else 1.01) for k, v in row["check"].items())
+            ok = all(v <= 2.01 for v in row["check"].values())  # two roundings
             row["ok"] = ok
             res["rows"].append(row)
             print(f"tp {tp} {step:16s} T {t:5d}: before {before:8.2f} µs, gathered_rms_norm {row['after_us']:8.2f} "

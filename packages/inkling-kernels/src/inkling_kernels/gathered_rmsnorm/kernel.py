@@ -1,9 +1,10 @@
 """Triton kernel of :func:`inkling_kernels.gathered_rms_norm`.
 
-Grid ``(cdiv(T, BLOCK_T),)``: a program owns ``BLOCK_T`` rows and walks each row's
-``tp`` pieces (``shards[r, t, :]``, contiguous) in ``BLOCK_S``-wide chunks twice:
-first adding up the squares (fp32), then normalising the same chunks (re-read from
-L1/L2: a row is at most a few tens of KB) into the contiguous output row. Rounding as
+Grid ``(cdiv(T, BLOCK_T),)``: a program owns ``BLOCK_T`` rows and loads each row's
+``tp`` pieces (``shards[r, t, :]``, contiguous) as ``BLOCK_S``-wide chunks in one
+unrolled pass (all loads in flight together: a decode step's single row would
+otherwise wait for each chunk in turn), adds up the squares (fp32), then normalises
+the chunks it kept in registers into the contiguous output row. A row is read once. Rounding as
 :func:`inkling_kernels.sconv_add_rmsnorm.rms_norm_ref`: ``dt(w * dt(x * rstd))``.
 Nothing is allocated but the output and nothing syncs with the host: the launch replays
 under CUDA graphs.
@@ -27,29 +28,30 @@ def _gathered_rms_norm_kernel(
     x_ptr, w_ptr, out_ptr, num_tokens, eps,
     TP: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    NC: tl.constexpr = (S + BLOCK_S - 1) // BLOCK_S  # chunks a piece
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = (rows < num_tokens)[:, None]
     rows64 = rows.to(tl.int64)[:, None]
     cols = tl.arange(0, BLOCK_S)
+    # every chunk of the rows loaded up front (a static loop: the loads are in flight
+    # together and the chunks stay in registers for the second pass)
+    kept = ()
     sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for r in range(TP):
-        base = (r * num_tokens + rows64) * S  # piece r of the rows
-        for c0 in range(0, S, BLOCK_S):
-            c = c0 + cols
-            m = rmask & (c < S)[None, :]
-            x = tl.load(x_ptr + base + c[None, :], mask=m, other=0.0).to(tl.float32)
-            sumsq += tl.sum(x * x, axis=1)
+    for k in tl.static_range(TP * NC):
+        c = (k % NC) * BLOCK_S + cols
+        m = rmask & (c < S)[None, :]
+        x = tl.load(x_ptr + ((k // NC) * num_tokens + rows64) * S + c[None, :], mask=m, other=0.0)
+        kept = kept + (x,)
+        xf = x.to(tl.float32)
+        sumsq += tl.sum(xf * xf, axis=1)
     rstd = (1.0 / tl.sqrt_rn(sumsq / (TP * S) + eps))[:, None]
-    for r in range(TP):
-        base = (r * num_tokens + rows64) * S
-        obase = rows64 * (TP * S) + r * S
-        for c0 in range(0, S, BLOCK_S):
-            c = c0 + cols
-            m = rmask & (c < S)[None, :]
-            x = tl.load(x_ptr + base + c[None, :], mask=m, other=0.0)
-            y = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
-            w = tl.load(w_ptr + r * S + c, mask=c < S, other=0.0).to(tl.float32)
-            tl.store(out_ptr + obase + c[None, :], (w[None, :] * y).to(x.dtype), mask=m)
+    for k in tl.static_range(TP * NC):
+        c = (k % NC) * BLOCK_S + cols
+        m = rmask & (c < S)[None, :]
+        x = kept[k]
+        y = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+        w = tl.load(w_ptr + (k // NC) * S + c, mask=c < S, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows64 * (TP * S) + (k // NC) * S + c[None, :], (w[None, :] * y).to(x.dtype), mask=m)
 
 
 @dataclass(frozen=True)
