@@ -67,7 +67,8 @@ def main() -> int:
     }
     configs = {"default": None, "1x1024/4w": GatheredNormConfig(1, 1024, 4), "2x1024/8w": GatheredNormConfig(2, 1024, 8),
                "4x512/8w": GatheredNormConfig(4, 512, 8), "1x512/2w": GatheredNormConfig(1, 512, 2),
-               "1x2048/8w": GatheredNormConfig(1, 2048, 8), "1x256/1w": GatheredNormConfig(1, 256, 1)}
+               "1x2048/8w": GatheredNormConfig(1, 2048, 8), "1x256/1w": GatheredNormConfig(1, 256, 1),
+               "1x512/1w": GatheredNormConfig(1, 512, 1), "1x256/2w": GatheredNormConfig(1, 256, 2), "1x2048/4w": GatheredNormConfig(1, 2048, 4)}
     base = copy_baseline()
     res: dict[str, Any] = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -3,7 +3,8 @@
 Grid ``(cdiv(T, BLOCK_T),)``: a program owns ``BLOCK_T`` rows and loads each row's
 ``tp`` pieces (``shards[r, t, :]``, contiguous) as ``BLOCK_S``-wide chunks in one
 unrolled pass (all loads in flight together: a decode step's single row would
-otherwise wait for each chunk in turn), adds up the squares (fp32), then normalises
+otherwise wait for each chunk in turn), adds up the squares lane by lane (fp32; one
+cross-lane reduction a row: one per chunk cost ~0.3 µs each at decode), then normalises
 the chunks it kept in registers into the contiguous output row. A row is read once. Rounding as
 :func:`inkling_kernels.sconv_add_rmsnorm.rms_norm_ref`: ``dt(w * dt(x * rstd))``.
 Nothing is allocated but the output and nothing syncs with the host: the launch replays
@@ -36,15 +37,15 @@ def _gathered_rms_norm_kernel(
     # every chunk of the rows loaded up front (a static loop: the loads are in flight
     # together and the chunks stay in registers for the second pass)
     kept = ()
-    sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T, BLOCK_S], dtype=tl.float32)  # squares per lane: one reduction
     for k in tl.static_range(TP * NC):
         c = (k % NC) * BLOCK_S + cols
         m = rmask & (c < S)[None, :]
         x = tl.load(x_ptr + ((k // NC) * num_tokens + rows64) * S + c[None, :], mask=m, other=0.0)
         kept = kept + (x,)
         xf = x.to(tl.float32)
-        sumsq += tl.sum(xf * xf, axis=1)
-    rstd = (1.0 / tl.sqrt_rn(sumsq / (TP * S) + eps))[:, None]
+        sq += xf * xf
+    rstd = (1.0 / tl.sqrt_rn(tl.sum(sq, axis=1) / (TP * S) + eps))[:, None]
     for k in tl.static_range(TP * NC):
         c = (k % NC) * BLOCK_S + cols
         m = rmask & (c < S)[None, :]
