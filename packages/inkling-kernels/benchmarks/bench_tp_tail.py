@@ -5,7 +5,7 @@ At TP > 1 the served model (``inkling_vllm.model``) keeps the residual stream sh
 by hidden columns. After a row-parallel sublayer (o_proj, the MLP's down_proj) each
 rank holds a partial sum of the full row; the tail that follows is
 
-* **A (served now)** -- reduce-scatter the partial (each rank: its ``hidden/tp``
+* **A (served until 2026-12-01)** -- reduce-scatter the partial (each rank: its ``hidden/tp``
   columns, summed), ``fused_sconv_add`` on the shard (conv + residual add, slot store,
   one launch), all-gather the new residual shard into the full row, RMSNorm of the
   full row on every rank (the next column-parallel GEMM reads the full normed row).
@@ -24,7 +24,9 @@ bound is not faster than A, no kernel change can make B win.
 The all-gather along the last dimension is done as vLLM's ``all_gather(dim=-1)``
 does it: gather into ``[tp, T, shard]``, then lay the rows out as ``[T, hidden]``
 (one copy); the reduce-scatter likewise (transpose, reduce-scatter, transpose back).
-Both schemes do the same reduce-scatter. The norms are the faster of a
+Both schemes do the same reduce-scatter. **served** is the tail as inkling_vllm.model
+runs it since: A with the reduce-scatter of the column blocks laid out as row blocks,
+the all-gather along dim 0 and ``gathered_rms_norm`` reading the pieces. The norms are the faster of a
 torch.compile'd RMSNorm and ``F.rms_norm`` (A: full row; B: the compiled shard scale).
 Collectives: torch.distributed's NCCL backend, captured in the CUDA graph.
 
@@ -73,7 +75,7 @@ from bench_sconv_add_rmsnorm import ulp_stats  # noqa: E402
 from bench_sconv_kv import STEPS  # noqa: E402
 
 from inkling_cache import ConvStateLayout  # noqa: E402
-from inkling_kernels import fused_sconv_add, fused_sconv_ref  # noqa: E402
+from inkling_kernels import fused_sconv_add, fused_sconv_ref, gathered_rms_norm  # noqa: E402
 from inkling_kernels.sconv_add_rmsnorm import rms_norm_ref  # noqa: E402
 
 TOL_ULP_NORMED = 8.01 if DRY else 4.01
@@ -117,14 +119,18 @@ class Comm:
         dist.reduce_scatter_tensor(out, blocks)
         return out
 
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, shard] -> [T, shard * tp] (rank order)."""
+    def all_gather_pieces(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, shard] -> [tp, T, shard]: the all-gather along dim 0, no copy after it."""
         out = torch.empty(self.tp, *x.shape, dtype=x.dtype, device=x.device)
         if DRY:
             dist.all_gather(list(out.unbind(0)), x)
         else:
             dist.all_gather_into_tensor(out, x)
-        return out.permute(1, 0, 2).reshape(x.shape[0], -1)
+        return out
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, shard] -> [T, shard * tp] (rank order; one layout copy, as vLLM's dim=-1)."""
+        return self.all_gather_pieces(x).permute(1, 0, 2).reshape(x.shape[0], -1)
 
     @staticmethod
     def all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -211,6 +217,12 @@ class Tails:
         new_h = self.conv_add(i, cache, blocks)
         return new_h, self.norm(self.comm.all_gather(new_h), self.lay.nw_attn)
 
+    def served(self, i: int, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A as inkling_vllm.model runs it now: block reduce-scatter, conv + add, the
+        all-gather along dim 0 and gathered_rms_norm of the pieces."""
+        new_h = self.conv_add(i, cache, True)
+        return new_h, gathered_rms_norm(self.comm.all_gather_pieces(new_h), self.lay.nw_attn, EPS)
+
     def b(self, i: int, cache: torch.Tensor, lower_bound: bool, symm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         new_h = self.conv_add(i, cache)
         if symm:
@@ -264,7 +276,7 @@ class Tails:
         want_n = rms_norm_ref(self.comm.all_gather(want_h), lay.nw_attn, EPS)
         res: dict[str, Any] = {}
         for name, fn in (("A", lambda c: self.a(0, c)), ("B", lambda c: self.b(0, c, False)),
-                         ("A blocks", lambda c: self.a(0, c, True))):
+                         ("A blocks", lambda c: self.a(0, c, True)), ("served", lambda c: self.served(0, c))):
             cache = lay.cache.clone()
             h, n = fn(cache)
             u_h, u_n = ulp_stats(h, want_h)[1], ulp_stats(n, want_n)[1]
@@ -312,6 +324,7 @@ def run_case(step: str, requests: list[tuple[int, int]], tp: int, reps: int, gen
 
     res["A_us"] = timer(each(lambda i: tails.a(i, cache)), reps)
     res["A_blocks_us"] = timer(each(lambda i: tails.a(i, cache, True)), reps)
+    res["served_us"] = timer(each(lambda i: tails.served(i, cache)), reps)
     res["B_lower_us"] = timer(each(lambda i: tails.b(i, cache, True)), reps)
     res["B_unfused_us"] = timer(each(lambda i: tails.b(i, cache, False)), reps)
     if tails.symm is not None:
@@ -395,19 +408,19 @@ def worker(rank: int, tp: int, args: argparse.Namespace, port: int) -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = ["| step | T | A µs | A, block RS µs | B lower µs | B unfused µs | B lower / A | B lower, symm AR µs | RS | conv+add | AG | "
-             "AR | AR [T,16] | AR symm | norm full | scale shard | sumsq | RS blocks | check |", "|" + "---|" * 19]
+    lines = ["| step | T | A µs | A, block RS µs | served µs | B lower µs | B unfused µs | B lower / A | B lower, symm AR µs | RS | conv+add | AG | "
+             "AR | AR [T,16] | AR symm | norm full | scale shard | sumsq | RS blocks | check |", "|" + "---|" * 20]
 
     def f(v: Any) -> str:
         return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
 
     for c in results["cases"]:
         if "A_us" not in c:
-            lines.append(f"| {c['step']} | | {c.get('error') or c.get('skipped')} |" + " |" * 16)
+            lines.append(f"| {c['step']} | | {c.get('error') or c.get('skipped')} |" + " |" * 17)
             continue
         ok = all(all(v["ok"] for v in r.values()) for r in c["check_ranks"])
         lines.append(
-            f"| {c['step']} | {c['T']} | {f(c['A_us'])} | {f(c['A_blocks_us'])} | {f(c['B_lower_us'])} | {f(c['B_unfused_us'])} | "
+            f"| {c['step']} | {c['T']} | {f(c['A_us'])} | {f(c['A_blocks_us'])} | {f(c['served_us'])} | {f(c['B_lower_us'])} | {f(c['B_unfused_us'])} | "
             f"{c['B_lower_over_A']:.3f} | {f(c.get('B_lower_symm_us'))} | {f(c['piece_rs_us'])} | "
             f"{f(c['piece_conv_add_us'])} | {f(c['piece_ag_us'])} | {f(c['piece_ar_us'])} | "
             f"{f(c['piece_ar_wide_us'])} | {f(c.get('piece_ar_symm_us'))} | {f(c['piece_norm_full_us'])} | "
