@@ -380,7 +380,7 @@ def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_
     """What the fused conv + residual + RMSNorm adds to a conv launch (``d`` checked
     as ``x`` by :func:`check_conv_call`)."""
     _check_hidden(hidden, d)
-    check_norm_weight_eps(
+    _check_norm_weight_eps(
         norm_weight, prob.channels, d.device, eps,
         "(the full row the norm reads), got {shape}; the fused op needs the conv to see "
         "the whole hidden row (tp == 1 for the ATTN/MLP streams); on a shard use "
@@ -388,7 +388,7 @@ def check_norm_extras(hidden: object, d: torch.Tensor, prob: SconvProblem, norm_
     )
 
 
-def check_norm_weight_eps(norm_weight: object, channels: int, device: torch.device, eps: object, hint: str) -> None:
+def _check_norm_weight_eps(norm_weight: object, channels: int, device: torch.device, eps: object, hint: str) -> None:
     """An RMSNorm's weight (``[channels]``, contiguous, a float dtype, on ``device``) and
     ``eps`` (a finite float >= 0); ``hint`` (with ``{shape}``) ends the shape error."""
     norm_weight = need_tensor("norm_weight", norm_weight)
@@ -421,7 +421,7 @@ def check_gathered_rms_norm_args(shards: object, norm_weight: object, eps: objec
     if not shards.is_contiguous():
         raise ValueError("shards must be contiguous: pass the all-gather's output buffer (or .contiguous())")
     tp, _, width = shards.shape
-    check_norm_weight_eps(norm_weight, tp * width, shards.device, eps, "(tp * S: the whole row), got {shape}")
+    _check_norm_weight_eps(norm_weight, tp * width, shards.device, eps, "(tp * S: the whole row), got {shape}")
 
 
 def check_seq_metadata_args(
