@@ -103,3 +103,26 @@ def test_op_registration() -> None:
 def test_bad_arguments(shards: object, weight: object, eps: object, err: type, match: str) -> None:
     with pytest.raises(err, match=match):
         gathered_rms_norm(shards, weight, eps)  # type: ignore[arg-type]
+
+
+def test_traces_under_torch_compile_with_dynamic_rows() -> None:
+    """The public function (host checks on fake tensors, the custom op's fake) inside a
+    full graph with a dynamic row count, as vLLM compiles the served model: a module
+    holding the weight and a float eps, the token dimension marked dynamic, no grad."""
+
+    class Norm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter((1 + 0.3 * torch.randn(32)).to(torch.bfloat16))
+            self.eps = EPS
+
+        def forward(self, shards: torch.Tensor) -> torch.Tensor:
+            return gathered_rms_norm(shards, self.weight, self.eps)
+
+    norm = Norm()
+    fn = torch.compile(norm, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        for t in (3, 5, 9):
+            shards = _pieces(2, t, 16, torch.bfloat16)[0]
+            torch._dynamo.mark_dynamic(shards, 1)
+            assert torch.equal(fn(shards), gathered_rms_norm(shards, norm.weight, EPS))
