@@ -187,23 +187,29 @@ COPY_LOOP = 20  # copies between one pair of events
 COPY_LOOPS = 5  # loops per size (median)
 
 
-def events_copy_rates(a: torch.Tensor, b: torch.Tensor) -> list[float]:
-    """GB/s (bytes read + written) of COPY_LOOPS loops of COPY_LOOP plain ``b.copy_(a)``
-    calls, each loop between two CUDA events (no graph), after a warm-up."""
-    nbytes = a.numel() * a.element_size()
+def events_loop_us(f: Callable[[], Any], loop: int = COPY_LOOP, loops: int = COPY_LOOPS) -> list[float]:
+    """µs per call of ``f`` in each of ``loops`` plain loops of ``loop`` calls, each loop
+    between two CUDA events (no graph), after a warm-up."""
     for _ in range(3):
-        b.copy_(a)
+        f()
     torch.cuda.synchronize()
-    rates = []
-    for _ in range(COPY_LOOPS):
+    times = []
+    for _ in range(loops):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(COPY_LOOP):
-            b.copy_(a)
+        for _ in range(loop):
+            f()
         end.record()
         torch.cuda.synchronize()
-        rates.append(2 * nbytes * COPY_LOOP / (start.elapsed_time(end) * 1e-3) / 1e9)
-    return rates
+        times.append(start.elapsed_time(end) * 1000.0 / loop)
+    return times
+
+
+def events_copy_rates(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    """GB/s (bytes read + written) of COPY_LOOPS loops of COPY_LOOP plain ``b.copy_(a)``
+    calls (:func:`events_loop_us`)."""
+    nbytes = a.numel() * a.element_size()
+    return [2 * nbytes / (us * 1e-6) / 1e9 for us in events_loop_us(lambda: b.copy_(a))]
 
 
 def copy_baseline() -> dict[str, Any]:

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_sconv import time_graph  # noqa: E402
+from bench_sconv import events_loop_us, time_graph  # noqa: E402
 
 
 @triton.jit
@@ -52,20 +52,8 @@ def triton_copy(a: torch.Tensor, b: torch.Tensor) -> None:
     _copy_kernel[(triton.cdiv(n, 8192),)](a, b, n, BLOCK=8192, num_warps=8)
 
 
-def eager_us(f: Callable[[], Any], loop: int = 20, loops: int = 5) -> float:
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(loops):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(loop):
-            f()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1000.0 / loop)
-    return statistics.median(times)
+def eager_us(f: Callable[[], Any]) -> float:
+    return statistics.median(events_loop_us(f))
 
 
 def main() -> int:
