@@ -62,12 +62,10 @@ class GatheredNormConfig:
     num_warps: int
 
 
-def choose_gathered_norm_config(num_tokens: int, width: int) -> GatheredNormConfig:
+def choose_gathered_norm_config(width: int) -> GatheredNormConfig:
     """One row a program, pieces in chunks of up to 2048 channels, four warps: the best
     or within 4 % of the best of 11 tiles at every step size, tp 2 and tp 8 (H200,
-    benchmarks/RESULTS_tp_tail.md). ``num_tokens`` is unused (kept for the signature the
-    other ops' choosers share)."""
-    del num_tokens
+    benchmarks/RESULTS_tp_tail.md); the row count does not change the choice."""
     block_s = min(2048, pow2_ceil(width))
     return GatheredNormConfig(1, block_s, max(1, min(4, block_s // 256)))
 
@@ -80,7 +78,7 @@ def launch_gathered_rms_norm(
     out = torch.empty(t, tp * width, dtype=shards.dtype, device=shards.device)
     if t == 0:
         return out
-    cfg = config or choose_gathered_norm_config(t, width)
+    cfg = config or choose_gathered_norm_config(width)
     if cfg.block_t & (cfg.block_t - 1) or cfg.block_s & (cfg.block_s - 1):
         raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
     _gathered_rms_norm_kernel[(triton.cdiv(t, cfg.block_t),)](
