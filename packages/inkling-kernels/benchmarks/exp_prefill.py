@@ -668,7 +668,9 @@ def dry_cases() -> list[bs.Case]:
         bs.Case("tiny prefill 100, K-like", k, [(0, 100)], 0.0),
         bs.Case("tiny two prompts 37 + 60, K-like", k, [(0, 37), (0, 60)], 0.0),
         bs.Case("tiny chunked 70 after 10, ATTN-like", attn, [(10, 70)], 0.0),
-        bs.Case("tiny mixed 40 + 5 decodes, ATTN-like", attn, [(0, 40)] + [(bs._hist(i), 1) for i in range(5)], 0.0),
+        # 72 prompt rows: a 32-row shift tile (rows 28..55, or 32..63) lies wholly in-forward (on-chip taps,
+        # their canaries fail here too) and the next one mixes prompt and decode rows
+        bs.Case("tiny mixed 72 + 5 decodes, ATTN-like", attn, [(0, 72)] + [(bs._hist(i), 1) for i in range(5)], 0.0),
     ]
 
 
@@ -798,12 +800,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, checks only")
     ap.add_argument("--json", type=pathlib.Path, default=None)
-    ap.add_argument("--budget-s", type=float, default=200.0, help="start no new measurement after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new measurement after this many seconds (default 200; none in --dry-run, where a "
+                         "skipped check would go unnoticed)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--only", default=None, help="substring filter on case names")
     ap.add_argument("--variants", default=None, help="comma-separated variant names (lib is always run)")
     args = ap.parse_args()
-    deadline = T0 + args.budget_s
+    deadline = T0 + (args.budget_s if args.budget_s is not None else math.inf if args.dry_run else 200.0)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     variants = VARIANTS
