@@ -7,6 +7,9 @@ Run on a GPU machine from the repository root:
     PYTHONPATH=packages/inkling-kernels/src:packages/inkling-cache/src \\
       python3 packages/inkling-kernels/benchmarks/bench_rel_attention.py --json out.json --md out.md
 
+(``--sweep-rows diag``: of each case's tilings only the default and the ``bias="diag"``
+rows; ``--only`` picks cases by a substring of their names.)
+
 Shapes: Inkling 975B global layer at tp 1: 64 query heads, 8 KV heads, head dim 128,
 d_rel 16, extent 1024, log scaling, bf16; the cache in Inkling's page layout
 ``[num_blocks, Hkv, N, 2*Dh]`` with random physical pages.
@@ -77,6 +80,12 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
         return RelAttentionConfig(**{**d.__dict__, **kw})
 
     out = {"default": d}
+    # the near tiles' bias as one block-diagonal MMA (no gather); on prefill shapes
+    # also with 16 queries a tile (MMA depth 256) and with whole-width near tiles
+    out["diag"] = alt(bias="diag")
+    if case.kind == "prefill":
+        out["diag q16 w8"] = alt(bias="diag", block_q=16, num_warps=8)
+        out["diag near64"] = alt(bias="diag", near_block_n=64)
     if case.kind == "decode" and len(case.mix) <= 4:  # few long requests: the split sizing
         for fused in (True, False):
             tag = "fused" if fused else "2 launches"
@@ -545,6 +554,8 @@ def run_case(case: Case, args: argparse.Namespace, t_start: float) -> dict[str, 
     sweep_ok = args.sweep_only is None or case.name in args.sweep_only.split("|")
     if not args.no_sweep and sweep_ok and time.time() - t_start < args.budget_s:
         configs = sweep_configs(case, default)
+        if args.sweep_rows is not None:
+            configs = {k: v for k, v in configs.items() if k == "default" or args.sweep_rows in k}
     want = None
     if not args.no_torch:
         try:
@@ -643,6 +654,8 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sweeps once this much time has passed")
     ap.add_argument("--sweep-only", default=None, help="sweep tilings only in these cases (names ('|'-separated)")
+    ap.add_argument("--sweep-rows", default=None,
+                    help="time only the default and the sweep rows whose names contain this (e.g. 'diag')")
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--baseline", default=None,
                     help="package holding another build of the op (its .kernel module), timed against ours")

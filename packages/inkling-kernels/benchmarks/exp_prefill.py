@@ -3,7 +3,9 @@
 # fused_sconv_triton (default config, the baseline) against experimental one-stream
 # kernels defined below (activation None, residual True): per-column map loads, int32
 # offsets, a per-tile "all taps in-forward" fast path with constexpr C, streaming
-# stores, other tiles/warps. Every variant is checked (out and cache) against
+# stores, other tiles/warps, a row-streaming kernel, and taps shifted on chip from one
+# x tile (mmashift: tl.dot with 0/1 shift matrices; gathershift: tl.gather; overlap:
+# an aligned tile plus a small halo tile). Every variant is checked (out and cache) against
 # fused_sconv_ref on the case's data before it is timed; a mismatch is FAIL, not timed.
 # Reports median µs (CUDA-graph replay over several input sets), GB/s of minimum bytes,
 # share of the copy baseline measured in this run, speed-up over the library kernel.
@@ -11,7 +13,7 @@
 """Prefill experiment for the mapped fused_sconv (see the header above).
 
 ``--dry-run`` runs on CPU under TRITON_INTERPRET=1 at tiny shapes: every variant's
-correctness check and two deliberately wrong canary kernels (which must FAIL); no
+correctness check and the deliberately wrong canary kernels (which must FAIL); no
 timing. Exit status 1 when a variant fails or a canary passes.
 """
 
@@ -46,6 +48,7 @@ from inkling_kernels._triton_common import decode_tap_codes  # noqa: E402
 from inkling_kernels.sconv.kernel import choose_config, fused_sconv_triton  # noqa: E402
 
 T0 = time.monotonic()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # tl.dot operands through fp32 (shift kernels)
 
 
 def log(msg: str) -> None:
@@ -345,6 +348,116 @@ def _stream_step(
 
 
 # --------------------------------------------------------------------------------------
+# Experimental kernel "shift": each x element is loaded from global memory once per
+# tile and the shifted rows (taps) are made on chip from that one tile. One stream,
+# activation None, residual True, int32 offsets, constexpr C, weights as [1, BLOCK_C]
+# (the host passes them transposed, wt). A program owns BLOCK_C channels (inside one
+# head's stream range or covering whole heads, as above) and loads the x tile X of
+# BLOCK_T rows starting OV rows before its first output row t0:
+#   SHIFT 1 "mmashift"   OV = 4: X holds rows t0-4 .. t0+BLOCK_T-5, output rows are
+#                        t0 .. t0+BLOCK_T-5 (tile rows OV..BLOCK_T-1; the grid steps
+#                        BLOCK_T-OV rows, rows before 0 load as 0); the tap at
+#                        distance d is tl.dot(S_d, X) with S_d[i, k] = (k == i - d)
+#                        ([BLOCK_T, BLOCK_T] 0/1 bf16, fp32 accumulation: exact)
+#   SHIFT 2 "gathershift" the same tile; the tap is tl.gather(X, max(i - d, 0), axis=0)
+#   SHIFT 3 "overlap"    OV = 0: X holds the output rows t0 .. t0+BLOCK_T-1 (the grid
+#                        steps BLOCK_T rows), plus a halo tile Xh of HALO = 16 rows
+#                        t0-16 .. t0-1 of which only the last W-1 are loaded (the rest
+#                        masked: no traffic); tap = S_d @ X + H_d @ Xh with
+#                        H_d[i, j] = (j == i - d + HALO)
+# Only when the map says every tap of every output row of the tile is the in-forward
+# row ``row - dist`` (the same check as "fast": all those rows lie inside X, or X and Xh);
+# otherwise the general (map-decoding) path of _exp_sconv_kernel over the output rows.
+# Slot store and out store: the output rows only (each row once), as the library does.
+# Same arithmetic as _exp_sconv_kernel: acc = w[W-1]*x, += w*tap for dist 1..W-1, += x,
+# one rounding to out's dtype (the dot's fp32 result is the bf16 value exactly).
+# INTERPRET: under TRITON_INTERPRET=1 tl.dot multiplies 16-bit floats wrongly, so both
+# sides go through fp32 there (exact for 0/1 and bf16 values).
+# BUG (canaries, dry run only): 5 = the dist-1 tap is shifted by 2 rows in the on-chip
+# path; 6 = overlap without the halo dot (each tile's first rows miss their taps).
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _shift_mma(a, b, acc, INTERPRET: tl.constexpr):
+    """``acc + a @ b``, fp32 accumulation (fp32 operands under the interpreter)."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _shift_sconv_kernel(
+    x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr,
+    num_tokens, num_slots,
+    stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+    C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, OV: tl.constexpr, HALO: tl.constexpr,
+    SHIFT: tl.constexpr, INTERPRET: tl.constexpr, BUG: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    ccol = (chan // WS) * stride_ch + stream_offset + chan % WS
+    i = tl.arange(0, BLOCK_T)
+    t0 = pid_t * (BLOCK_T - OV)  # first output row
+    rows = t0 - OV + i  # the tile's rows (int32: the host checks the sizes)
+    live = (rows >= 0) & (rows < num_tokens)
+    om = live & (i >= OV)  # output rows
+    xoff = rows[:, None] * C + chan[None, :]  # x and out are contiguous [T, C]
+    X = tl.load(x_ptr + xoff, mask=live[:, None], other=0.0)
+
+    # the output rows' own slots
+    slot = tl.load(slot_ptr + rows, mask=om, other=-1)
+    wmask = om & (slot >= 0) & (slot < num_slots)
+    wslot = tl.where(wmask, slot, 0).to(tl.int32)
+    dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
+    tl.store(cache_ptr + dst[:, None] + ccol[None, :], X, mask=wmask[:, None])
+
+    w_cur = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1) * stride_wk).to(tl.float32)  # [1, BLOCK_C]
+    xf = X.to(tl.float32)
+    acc = w_cur * xf
+
+    # every output row's tap at distance d must be code -(row - d) - 2 (in-forward row)
+    bad = tl.zeros([BLOCK_T, 1], dtype=tl.int32)
+    for k in tl.static_range(W - 1):
+        code = tl.load(map_ptr + rows[:, None] * (W - 1) + k, mask=om[:, None], other=0)
+        want = (k + 1 - 2) - rows[:, None].to(tl.int64)
+        bad += (om[:, None] & (code != want)).to(tl.int32)
+    if tl.max(tl.max(bad, axis=1), axis=0) == 0:
+        if SHIFT == 3:
+            j = tl.arange(0, HALO)
+            hrows = t0 - HALO + j
+            hm = (j >= HALO - (W - 1)) & (hrows >= 0)
+            Xh = tl.load(x_ptr + (hrows[:, None] * C + chan[None, :]), mask=hm[:, None], other=0.0)
+        for k in tl.static_range(W - 1):
+            dist = k + 1
+            sh = dist
+            if BUG == 5:
+                if dist == 1:
+                    sh = 2
+            wv = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1 - dist) * stride_wk).to(tl.float32)
+            if SHIFT == 2:
+                idx = tl.broadcast_to(tl.maximum(i - sh, 0)[:, None], [BLOCK_T, BLOCK_C])
+                tap = tl.gather(X, idx, axis=0).to(tl.float32)
+            else:
+                # (through tl.where: the interpreter converts bool to bf16 as 0)
+                s_d = tl.where(i[None, :] == i[:, None] - sh, 1.0, 0.0).to(X.dtype)  # [BLOCK_T, BLOCK_T]
+                tap = _shift_mma(s_d, X, tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32), INTERPRET)
+                if SHIFT == 3:
+                    if BUG != 6:
+                        h_d = tl.where(j[None, :] == i[:, None] - sh + HALO, 1.0, 0.0).to(X.dtype)  # [BLOCK_T, HALO]
+                        tap = _shift_mma(h_d, Xh, tap, INTERPRET)
+            acc += wv * tap
+    else:
+        acc = _general_taps(acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, om, chan, ccol, num_slots, C,
+                            stride_wc, stride_wk, stride_cb, stride_cn, N, W, True, 0)
+    acc += xf
+    tl.store(out_ptr + xoff, acc.to(out_ptr.dtype.element_ty), mask=om[:, None])
+
+
+# --------------------------------------------------------------------------------------
 # Variants
 # --------------------------------------------------------------------------------------
 
@@ -366,6 +479,7 @@ class Variant:
     stages: int = 1  # stream: num_stages of the row loop (not unrolled)
     pf: int = 0  # stream: rows prefetched ahead by hand (0, 1, 2)
     unroll: bool = False  # stream: the row loop fully unrolled (tl.static_range)
+    shift: int = 0  # _shift_sconv_kernel: 1 mmashift, 2 gathershift, 3 overlap; tile = (rows, block_c, warps)
     bug: int = 0
 
 
@@ -407,6 +521,33 @@ VARIANTS += [
     _stream(64, 128, 1), _stream(64, 128, 2), _stream(64, 256, 2), _stream(128, 256, 4), _stream(32, 256, 2),
     _stream(128, 128, 2), _stream(64, 256, 1, pf=1), _stream(32, 256, 1, pf=2),
 ]
+
+
+SHIFT_OV = 4  # mmashift / gathershift: rows of the x tile before its first output row (>= W-1)
+SHIFT_HALO = 16  # overlap: rows of the halo tile (the last W-1 loaded; a dot needs K >= 16)
+_SHIFT_NAMES = {1: "mmashift", 2: "gathershift", 3: "overlap"}
+_SHIFT_DESC = {
+    1: "x tile of {bt} rows loaded once ({ov} of them before the output rows, grid steps {step} rows), "
+       "taps = tl.dot(S_d, X) with 0/1 shift matrices",
+    2: "x tile of {bt} rows loaded once ({ov} of them before the output rows, grid steps {step} rows), "
+       "taps = tl.gather(X, max(i - d, 0), axis=0)",
+    3: "aligned x tile of {bt} output rows + a {halo}-row halo tile (only its last W-1 rows loaded), "
+       "taps = S_d @ X + H_d @ Xh",
+}
+
+
+def _shift(kind: int, bt: int, bc: int, nw: int) -> Variant:
+    ov = 0 if kind == 3 else SHIFT_OV
+    desc = (_SHIFT_DESC[kind].format(bt=bt, ov=ov, step=bt - ov, halo=SHIFT_HALO)
+            + f"; {bc} channels, {nw} warps; only where the map says every tap of the tile is in-forward "
+              "(else the general path); int32, constexpr C, wT")
+    return Variant(f"{_SHIFT_NAMES[kind]} {bt}x{bc}/{nw}w", desc, tile=(bt, bc, nw), i32=True, const_c=True, wt=True,
+                   shift=kind)
+
+
+# H200: not measured yet.
+VARIANTS += [_shift(kind, bt, bc, nw) for kind in (1, 2) for bt in (32, 64) for bc in (64, 128) for nw in (4, 8)]
+VARIANTS += [_shift(3, bt, bc, nw) for bt, bc, nw in ((32, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8))]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
     Variant("canary: fast path bug", "fast, its fast path with the dist-1 tap on the wrong weight", i32=True,
@@ -416,11 +557,22 @@ CANARIES = [
     Variant("canary: no slot store", "cols+i32 without the slot store", i32=True, bug=2),
     Variant("canary: stream register bug", "stream 32x256/2w, the dist-1 register tap reads the dist-2 register",
             tile=(32, 256, 2), i32=True, const_c=True, wt=True, stream=True, bug=4),
+    Variant("canary: mmashift shift bug", "mmashift 32x64/4w, the dist-1 tap shifted by 2 rows", tile=(32, 64, 4),
+            i32=True, const_c=True, wt=True, shift=1, bug=5),
+    Variant("canary: gathershift shift bug", "gathershift 32x64/4w, the dist-1 tap gathered 2 rows back",
+            tile=(32, 64, 4), i32=True, const_c=True, wt=True, shift=2, bug=5),
+    Variant("canary: overlap without halo", "overlap 32x64/4w without the halo dot", tile=(32, 64, 4), i32=True,
+            const_c=True, wt=True, shift=3, bug=6),
 ]
 
 
 def width_taps() -> int:
     return bs.W
+
+
+def shift_overlap(v: Variant) -> int:
+    """Rows of a shift kernel's x tile before its first output row."""
+    return SHIFT_OV if v.shift in (1, 2) else 0
 
 
 def resolve_tile(v: Variant, t: int, heads: int, width: int, dry: bool) -> tuple[int, int, int]:
@@ -437,8 +589,12 @@ def applicable(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, cache: t
     bt, bc, _ = tile
     if c % bc or (width % bc and bc % width):
         return f"tile {bc} channels does not fit C={c}, head {width}"
-    if triton.cdiv(t, bt) > 65535:
+    if triton.cdiv(t, bt - shift_overlap(v)) > 65535:
         return "grid axis 1 too large"
+    if v.shift and not 2 <= width_taps() <= min(SHIFT_OV, SHIFT_HALO) + 1:
+        return f"shift kernels hold at most {min(SHIFT_OV, SHIFT_HALO)} earlier rows"
+    if v.shift and (bt < 16 or bt <= shift_overlap(v)):
+        return "shift kernels need at least 16 rows per tile (tl.dot) and some output rows"
     if v.stream and not 2 <= width_taps() <= 4:
         return "stream kernel holds at most 3 earlier rows (W <= 4)"
     if v.i32 and (x.numel() >= 2**31 or cache.numel() >= 2**31 or t * (bs.W - 1) >= 2**31):
@@ -450,7 +606,17 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
                inp: bs.Inputs, off: int, width: int, out: torch.Tensor) -> None:
     t, c = x.shape
     bt, bc, nw = tile
-    grid = (c // bc, triton.cdiv(t, bt))
+    grid = (c // bc, triton.cdiv(t, bt - shift_overlap(v)))
+    if v.shift:
+        _shift_sconv_kernel[grid](
+            x, weight, cache, out, inp.slots, inp.tap_map,
+            t, cache.shape[0] * cache.shape[2],
+            weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
+            C=c, WS=width, N=bs.N, W=bs.W, BLOCK_T=bt, BLOCK_C=bc, OV=shift_overlap(v), HALO=SHIFT_HALO,
+            SHIFT=v.shift, INTERPRET=INTERPRET, BUG=v.bug,
+            num_warps=nw,
+        )
+        return
     if v.stream:
         _stream_sconv_kernel[grid](
             x, weight, cache, out, inp.slots, inp.tap_map,
@@ -502,7 +668,9 @@ def dry_cases() -> list[bs.Case]:
         bs.Case("tiny prefill 100, K-like", k, [(0, 100)], 0.0),
         bs.Case("tiny two prompts 37 + 60, K-like", k, [(0, 37), (0, 60)], 0.0),
         bs.Case("tiny chunked 70 after 10, ATTN-like", attn, [(10, 70)], 0.0),
-        bs.Case("tiny mixed 40 + 5 decodes, ATTN-like", attn, [(0, 40)] + [(bs._hist(i), 1) for i in range(5)], 0.0),
+        # 72 prompt rows: a 32-row shift tile (rows 28..55, or 32..63) lies wholly in-forward (on-chip taps,
+        # their canaries fail here too) and the next one mixes prompt and decode rows
+        bs.Case("tiny mixed 72 + 5 decodes, ATTN-like", attn, [(0, 72)] + [(bs._hist(i), 1) for i in range(5)], 0.0),
     ]
 
 
@@ -632,12 +800,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, checks only")
     ap.add_argument("--json", type=pathlib.Path, default=None)
-    ap.add_argument("--budget-s", type=float, default=200.0, help="start no new measurement after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new measurement after this many seconds (default 200; none in --dry-run, where a "
+                         "skipped check would go unnoticed)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--only", default=None, help="substring filter on case names")
     ap.add_argument("--variants", default=None, help="comma-separated variant names (lib is always run)")
     args = ap.parse_args()
-    deadline = T0 + args.budget_s
+    deadline = T0 + (args.budget_s if args.budget_s is not None else math.inf if args.dry_run else 200.0)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     variants = VARIANTS

@@ -20,6 +20,7 @@ import torch
 
 from inkling_kernels.rel_attention import (
     RelAttentionConfig,
+    choose_rel_attention_config,
     paged_rel_attention,
     paged_rel_attention_triton,
     rel_attention_uses_triton,
@@ -71,16 +72,19 @@ def _run(w: World, config: RelAttentionConfig | None = None, *, device_meta: boo
 # --- small worlds: interpreter on CPU, compiled on GPU ------------------------------
 
 
-@pytest.mark.parametrize("variant", ["band", "table-split"])
+@pytest.mark.parametrize("variant", ["band", "table-split", "diag-split"])
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_matches_reference(layer: str, variant: str) -> None:
-    seed = 2000 + 31 * list(LAYERS).index(layer) + (7 if variant != "band" else 0)
+    seed = 2000 + 31 * list(LAYERS).index(layer) + {"band": 0, "table-split": 7, "diag-split": 13}[variant]
     if variant == "band":  # [2, nb, N, Hkv, Dh] views, one split, tiles span pages
         w = build_world(seed=seed, mix=MIX, layer=layer, group=2, n=16)
         cfg = _cfg(2, block_n=32, near_block_n=16)
-    else:  # [nb, 2, N, Hkv, Dh] views, N = 3, keys split 3 ways, precomputed bias table
+    elif variant == "table-split":  # [nb, 2, N, Hkv, Dh] views, N = 3, keys split 3 ways, precomputed bias table
         w = build_world(seed=seed, mix=MIX, layer=layer, group=2, n=3, layout="split1")
         cfg = _cfg(2, block_n=16, splits=3, bias="table")
+    else:  # block-diagonal bias MMA; N = 5 (tiles across pages), near tiles half the far ones, 2 splits
+        w = build_world(seed=seed, mix=MIX, layer=layer, group=2, n=5)
+        cfg = _cfg(2, block_n=32, splits=2, bias="diag", near_block_n=16)
     want = w.reference()
     d = _on(w, DEV)
     out = torch.full_like(d.q, float("nan"))  # every row must be written (pad rows: zeros)
@@ -106,6 +110,26 @@ def test_dtypes_groups_default_config(dtype: torch.dtype, group: int, layer: str
     # the op only reads the cache
     bits = {torch.float32: torch.int32}.get(dtype, torch.int16)
     assert torch.equal(d.storage.view(bits), before.view(bits)), f"seed {seed}: cache changed"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "group", "layer", "n", "block_q"),
+    [(torch.bfloat16, 8, "global_log", 16, 2), (torch.float32, 3, "sliding_small", 4, 4),
+     (torch.float16, 1, "global_plain", 8, 16), (torch.bfloat16, 5, "global_log", 4, 2)],
+    ids=["bf16-g8", "fp32-g3-sliding", "fp16-g1-bq16", "bf16-g5-bq2"],
+)
+def test_diag_bias_dtypes_groups(dtype: torch.dtype, group: int, layer: str, n: int, block_q: int) -> None:
+    """``bias="diag"`` (the near tiles' bias as one block-diagonal MMA) on 16-bit and
+    fp32 inputs, GQA groups 8, 1 and not powers of two (3, 5: padded tile rows), one
+    to 16 queries a tile (MMA depth ``block_q * 16``), pad rows."""
+    seed = 2120 + 10 * group + block_q
+    w = build_world(seed=seed, mix=MIX, layer=layer, group=group, n=n, dtype=dtype)
+    want = w.reference()
+    d = _on(w, DEV)
+    cfg = RelAttentionConfig(block_q=block_q, block_n=16, bias="diag", min_split_tiles=1)
+    got = _run(d, cfg, out=torch.full_like(d.q, float("nan")))
+    assert torch.equal(got[w.num_rows:].cpu(), torch.zeros_like(want[w.num_rows:])), f"seed {seed}: pad rows"
+    _check_close(got.cpu(), want, dtype, f"seed {seed} diag {dtype} group {group} block_q {block_q}")
 
 
 @pytest.mark.parametrize("near_cost", [1, 3, 9])
@@ -259,6 +283,8 @@ def test_validation_base_is_valid_and_config_checks() -> None:
     for bad in (dict(block_q=3), dict(block_n=0), dict(bias="dense"), dict(num_stages=0), dict(near_block_n=32)):
         with pytest.raises(ValueError):
             RelAttentionConfig(**{**dict(block_q=4, block_n=16), **bad})
+    for mode in ("band", "table", "diag"):
+        assert RelAttentionConfig(block_q=4, block_n=16, bias=mode).bias == mode
     kw = _small_kw()
     with pytest.raises(TypeError, match="RelAttentionConfig"):
         paged_rel_attention_triton(*[kw.pop(k) for k in list(kw)[:9]], scale=0.1, config=(4, 16))
@@ -413,6 +439,19 @@ def test_gpu_975b_shapes(name: str) -> None:
                                  num_warps=4, num_stages=2)
         alt = paged_rel_attention_triton(*w.args(), **w.kwargs(), config=cfg)
         _compare_big(alt, want, w, f"seed {seed} {name} table/split")
+    # the block-diagonal bias MMA on the default tiling, and with 16 queries a tile
+    # (MMA depth 256 on prefill shapes) and whole-width near tiles
+    prob = check_paged_rel_attention_triton_args(*w.args(), 1.0 / w.q.shape[2], w.window, w.log_scaling, None,
+                                                 1 << 24)
+    default = choose_rel_attention_config(prob, w.q.device)
+    diag = {"default": RelAttentionConfig(**{**default.__dict__, "bias": "diag"})}
+    if name in ("prefill-8k", "chunked-8k-after-8k", "mixed", "spec-64x4"):
+        diag["q16 w8"] = RelAttentionConfig(**{**diag["default"].__dict__, "block_q": 16, "num_warps": 8})
+        diag["near64"] = RelAttentionConfig(**{**diag["default"].__dict__, "near_block_n": None})
+    for tag, cfg in diag.items():
+        alt = paged_rel_attention_triton(*w.args(), **w.kwargs(), config=cfg,
+                                         out=torch.full_like(w.q, float("nan")))
+        _compare_big(alt, want, w, f"seed {seed} {name} diag {tag}")
 
 
 @gpu
@@ -439,8 +478,6 @@ def test_gpu_fused_split_graph_replay(warm: bool) -> None:
     out = torch.empty_like(q)
     prob = check_paged_rel_attention_triton_args(q, r, wa.rel_proj, kc, vc, pos, bt, qsl, sl, 1.0 / 128, None,
                                                  wa.log_scaling, None, 1 << 24)
-    from inkling_kernels.rel_attention import choose_rel_attention_config
-
     default = choose_rel_attention_config(prob, q.device, 32768)
     assert default.num_splits > 2 and default.flat_grid, default
     cfg = RelAttentionConfig(**{**default.__dict__, "fused_combine": True})  # opt-in single launch

@@ -29,9 +29,18 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   ``BLOCK_Q + near_block_n - 1`` consecutive values, so the program
   multiplies its rows' ``r`` [BLOCK_M, d_rel] by those columns of ``rel_proj`` (one
   small ``tl.dot``; exact fp32 products when both are bf16/fp16) and picks each
-  (row, key)'s distance out of that band with ``tl.gather``. ``"table"``: the
-  launcher precomputes ``rl = r @ rel_proj`` [T, Hq, E] in fp32 and the tile gathers
-  from it (one fp32 load per score; memory ``T * Hq * E * 4`` bytes).
+  (row, key)'s distance out of that band with ``tl.gather``. ``"diag"``: the bias
+  tile is one MMA and nothing is gathered. Once per program the rows' ``r`` become a
+  block-diagonal ``A`` [BLOCK_M, BLOCK_Q * DR] (the row of query ``qi`` holds its
+  ``r`` in columns ``qi * DR ..``, zeros elsewhere; ``DR``: d_rel rounded up to a
+  power of two, at least 16); each near tile loads ``B`` [BLOCK_Q * DR, near_block_n]
+  whose block ``qi`` holds the ``rel_proj`` columns at query ``qi``'s distances to
+  the tile's keys (zero outside ``0 <= d < extent``; ``rel_proj`` is small and stays
+  in cache), and ``A @ B`` is the bias (fp32 accumulation, exact products for
+  bf16/fp16 as in ``"band"``). The MMA is ``BLOCK_Q`` times deeper than the band's
+  and ``A`` stays in registers. ``"table"``: the launcher precomputes
+  ``rl = r @ rel_proj`` [T, Hq, E] in fp32 and the tile gathers from it (one fp32
+  load per score; memory ``T * Hq * E * 4`` bytes).
 * **Softmax.** Online (running max and sum) in fp32, base 2; ``tau(p)`` (log
   scaling) multiplies each row's fp32 scores and bias, never the bf16 ``q``.
 * **Split KV** (flash-decoding). With ``num_splits > 1`` a query block with many
@@ -71,7 +80,7 @@ __all__ = [
     "write_kv_triton",
 ]
 
-BIAS_MODES = ("band", "table")
+BIAS_MODES = ("band", "table", "diag")
 
 
 # --------------------------------------------------------------------------- kernels
@@ -102,8 +111,8 @@ def _attend_tile(
     N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-    PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
+    INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
 ):
     """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
 
@@ -134,6 +143,18 @@ def _attend_tile(
             ok = (dist >= 0) & (dist < extent) & kv_ok[None, :] & row_ok[:, None]
             bias = tl.load(rl_ptr + rows64[:, None] * stride_rlt + heads[:, None] * stride_rlh + dist,
                            mask=ok, other=0.0)
+        elif BIAS_DIAG:
+            # r_rows is block-diagonal [BLOCK_M, BLOCK_Q * DR] (row of query qi holds its
+            # r in columns qi * DR ..); B's block qi2 holds rel_proj's columns at the
+            # distances of query qi2 to this tile's keys, so A @ B is the bias itself
+            offs_k = tl.arange(0, BLOCK_Q * DR)
+            kq = offs_k // DR
+            kc = offs_k % DR
+            dist = p_first + kq[:, None] - j[None, :]  # [BLOCK_Q * DR, BLOCK_N]
+            bm = (kc < D_REL)[:, None] & (dist >= 0) & (dist < extent)
+            bmat = tl.load(rp_ptr + kc[:, None] * stride_rpc + dist * stride_rpe, mask=bm, other=0.0)
+            bias = _mma(r_rows, bmat.to(r_rows.dtype), tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
+                        BAND_PREC, INTERPRET)
         else:
             # distances of this (rows, keys) tile: dbase .. dbase + BLOCK_Q + BLOCK_N - 2
             dbase = p_first - j0 - (BLOCK_N - 1)
@@ -182,8 +203,8 @@ def _key_loop(
     N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-    PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
+    INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
 ):
     """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
     if INTERPRET:  # the interpreter cannot range() over runtime ints
@@ -196,7 +217,7 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
             )
             t += 1
     else:
@@ -208,7 +229,7 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
             )
     return m_i, l_i, acc
 
@@ -261,8 +282,8 @@ def _rel_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEAR_BN: tl.constexpr,
     DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr, FUSED: tl.constexpr,
-    MIN_SPLIT_TILES: tl.constexpr,
+    BIAS_TABLE: tl.constexpr, BIAS_DIAG: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
+    FUSED: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
     NEAR_COST: tl.constexpr, COMBINE_CH: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
 ):
@@ -345,6 +366,17 @@ def _rel_attention_kernel(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if BIAS_TABLE:
         r_rows = q  # unused
+    elif BIAS_DIAG:
+        # block-diagonal [BLOCK_M, BLOCK_Q * DR]: row (qi, hg) holds r[row, head] in the
+        # columns qi * DR .. qi * DR + D_REL - 1, zeros elsewhere (built once, kept)
+        offs_k = tl.arange(0, BLOCK_Q * DR)
+        kq = offs_k // DR
+        kc = offs_k % DR
+        a_ok = row_ok[:, None] & (kq[None, :] == qi[:, None]) & (kc < D_REL)[None, :]
+        r_rows = tl.load(r_ptr + rows64[:, None] * stride_rt + heads[:, None] * stride_rh
+                         + kc[None, :] * stride_rc, mask=a_ok, other=0.0)
+        if BAND_PREC == "ieee":
+            r_rows = r_rows.to(tl.float32)
     else:
         offs_c = tl.arange(0, DR)
         r_rows = tl.load(r_ptr + rows64[:, None] * stride_rt + heads[:, None] * stride_rh
@@ -370,7 +402,7 @@ def _rel_attention_kernel(
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
         stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
+        BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
     )
     # near tiles in steps of NEAR_BN keys (a narrower bias band: fewer registers)
     m_i, l_i, acc = _key_loop(
@@ -380,7 +412,7 @@ def _rel_attention_kernel(
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
         stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_TABLE, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
+        BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
     )
 
     has = l_i > 0.0
@@ -515,8 +547,13 @@ class RelAttentionConfig:
 
     ``block_q`` query rows x the group's heads (rounded up to a power of two) per
     program, ``block_n`` keys per tile, ``num_splits`` programs per query block
-    along the keys (1: no workspace, no combine launch), ``bias`` ``"band"`` or
-    ``"table"`` (see the module docstring); a query block splits only into as many
+    along the keys (1: no workspace, no combine launch), ``bias``: how near tiles
+    get the relative bias (see the module docstring): ``"band"`` (one small MMA per
+    tile, then a gather of each score's distance), ``"diag"`` (one MMA per tile: the
+    rows' ``r`` as a block-diagonal matrix [tile rows, block_q * d_rel'] times the
+    tile's ``rel_proj`` columns, d_rel' = d_rel rounded up to a power of two >= 16;
+    no gather, the MMA depth and the registers holding ``r`` grow with ``block_q``)
+    or ``"table"`` (``r @ rel_proj`` precomputed in fp32); a query block splits only into as many
     splits as give each at least ``min_split_tiles`` key tiles (one split: it writes
     its output directly). Tiles that need the bias or a mask (the last ``extent``
     keys before a query block, the diagonal, the window) are processed
@@ -840,6 +877,7 @@ def paged_rel_attention_triton(
     band = max(16, _next_pow2(block_q + near_bn - 1))
 
     use_table = config.bias == "table"
+    use_diag = config.bias == "diag"
     if q.dtype == torch.float32:
         dot_prec = "ieee"
     else:
@@ -889,7 +927,7 @@ def paged_rel_attention_triton(
         NUM_Q_HEADS=prob.num_q_heads, GROUP=group, GP=gp, N=prob.block_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
         DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
-        LOG_SCALE=prob.log_scaling is not None, BIAS_TABLE=use_table, NUM_SPLITS=splits,
+        LOG_SCALE=prob.log_scaling is not None, BIAS_TABLE=use_table, BIAS_DIAG=use_diag, NUM_SPLITS=splits,
         FLAT=config.flat_grid and splits > 1, FUSED=fused,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, COMBINE_CH=combine_ch,
         INTERPRET=_is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
