@@ -648,7 +648,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="rel_attention_bench.json")
     ap.add_argument("--md", default="rel_attention_bench.md")
-    ap.add_argument("--only", default=None, help="substring of the case names to run")
+    ap.add_argument("--only", default=None, help="run the cases whose names contain one of these ('|'-separated)")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
@@ -692,7 +692,7 @@ def main() -> None:
             f.write(render(meta, results))
 
     for case in CASES:
-        if args.only and args.only not in case.name:
+        if args.only and not any(part in case.name for part in args.only.split("|")):
             continue
         results.append(run_case(case, args, t_start))
         torch.cuda.empty_cache()
