@@ -7,7 +7,7 @@ Run on a GPU machine from the repository root:
     PYTHONPATH=packages/inkling-kernels/src:packages/inkling-cache/src \\
       python3 packages/inkling-kernels/benchmarks/bench_rel_attention.py --json out.json --md out.md
 
-(``--sweep-rows diag``: of each case's tilings only the default and the ``bias="diag"``
+(``--sweep-rows bias``: of each case's tilings only the default and the ``bias``
 rows; ``--only`` picks cases by a substring of their names.)
 
 Shapes: Inkling 975B global layer at tp 1: 64 query heads, 8 KV heads, head dim 128,
@@ -69,6 +69,9 @@ CASES = [
     Case("prefill 8k", "prefill", [(0, 8192)]),
     Case("chunked prefill 8k after 8k", "prefill", [(8192, 8192)]),
     Case("mixed 2048 after 2048 + 255 decodes @ 4k", "prefill", [(2048, 2048)] + [(4095, 1)] * 255, num_pad=9),
+    # a sliding layer (window = extent = 512, no log scaling): every key tile is near
+    Case("sliding prefill 8k, window 512", "prefill", [(0, 8192)], window=512),
+    Case("sliding decode 256 x 8k, window 512", "decode", [(8191, 1)] * 256, window=512),
 ]
 
 
@@ -80,12 +83,15 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
         return RelAttentionConfig(**{**d.__dict__, **kw})
 
     out = {"default": d}
-    # the near tiles' bias as one block-diagonal MMA (no gather); on prefill shapes
-    # also with 16 queries a tile (MMA depth 256) and with whole-width near tiles
-    out["diag"] = alt(bias="diag")
+    # the near tiles' bias the other way (band: small MMA + gather; diag: one
+    # block-diagonal MMA); on prefill shapes also the session-8 default (band, 32-key
+    # near tiles), diag on 32-key near tiles and diag with 16 queries a tile
+    other = "band" if d.bias == "diag" else "diag"
+    out[f"bias {other}"] = alt(bias=other)
     if case.kind == "prefill":
-        out["diag q16 w8"] = alt(bias="diag", block_q=16, num_warps=8)
-        out["diag near64"] = alt(bias="diag", near_block_n=64)
+        out["bias band near32"] = alt(bias="band", near_block_n=32)
+        out["bias diag near32"] = alt(bias="diag", near_block_n=32)
+        out["bias diag q16 w8"] = alt(bias="diag", block_q=16, num_warps=8)
     if case.kind == "decode" and len(case.mix) <= 4:  # few long requests: the split sizing
         for fused in (True, False):
             tag = "fused" if fused else "2 launches"

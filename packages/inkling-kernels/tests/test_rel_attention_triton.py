@@ -439,19 +439,22 @@ def test_gpu_975b_shapes(name: str) -> None:
                                  num_warps=4, num_stages=2)
         alt = paged_rel_attention_triton(*w.args(), **w.kwargs(), config=cfg)
         _compare_big(alt, want, w, f"seed {seed} {name} table/split")
-    # the block-diagonal bias MMA on the default tiling, and with 16 queries a tile
-    # (MMA depth 256 on prefill shapes) and whole-width near tiles
+    # the other near-tile bias on the default tiling (band <-> diag), and on prefill
+    # shapes diag with 16 queries a tile (MMA depth 256) and both modes on 32-key near tiles
     prob = check_paged_rel_attention_triton_args(*w.args(), 1.0 / w.q.shape[2], w.window, w.log_scaling, None,
                                                  1 << 24)
     default = choose_rel_attention_config(prob, w.q.device)
-    diag = {"default": RelAttentionConfig(**{**default.__dict__, "bias": "diag"})}
+    other = "band" if default.bias == "diag" else "diag"
+    variants = {other: RelAttentionConfig(**{**default.__dict__, "bias": other})}
     if name in ("prefill-8k", "chunked-8k-after-8k", "mixed", "spec-64x4"):
-        diag["q16 w8"] = RelAttentionConfig(**{**diag["default"].__dict__, "block_q": 16, "num_warps": 8})
-        diag["near64"] = RelAttentionConfig(**{**diag["default"].__dict__, "near_block_n": None})
-    for tag, cfg in diag.items():
+        variants["diag q16 w8"] = RelAttentionConfig(**{**default.__dict__, "bias": "diag", "block_q": 16,
+                                                        "num_warps": 8})
+        for bias in ("band", "diag"):
+            variants[f"{bias} near32"] = RelAttentionConfig(**{**default.__dict__, "bias": bias, "near_block_n": 32})
+    for tag, cfg in variants.items():
         alt = paged_rel_attention_triton(*w.args(), **w.kwargs(), config=cfg,
                                          out=torch.full_like(w.q, float("nan")))
-        _compare_big(alt, want, w, f"seed {seed} {name} diag {tag}")
+        _compare_big(alt, want, w, f"seed {seed} {name} bias {tag}")
 
 
 @gpu

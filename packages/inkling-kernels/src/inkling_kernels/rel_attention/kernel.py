@@ -756,7 +756,12 @@ def choose_rel_attention_config(
     if max_seq_len is not None:
         while splits > 1 and -(-max_seq_len // block_n) < 4 * splits:
             splits //= 2
-    near_bn = None
+    # Near tiles' bias: batches with many rows per request (prefill, chunked prefill,
+    # mixed) get the block-diagonal MMA on whole-width near tiles; decode-like ones
+    # the band (measured on the H200: prefill 8k 5.18 -> 3.64 ms, mixed 2.78 -> 1.97,
+    # decode within +-6 % either way; benchmarks/RESULTS_rel_attention.md, session 9).
+    # The interpreter follows the same rule, so CPU runs take the GPU's code paths.
+    bias = "band" if t <= 8 * reqs else "diag"
     if decode:
         # measured on the H200: 2 warps once there are >= 2048 programs; below that
         # 4 warps, and 128-key tiles when the keys are not split
@@ -765,10 +770,8 @@ def choose_rel_attention_config(
             warps = 4
             if splits == 1:
                 block_n = 128
-    elif device.type != "cpu" and block_n >= 32:
-        near_bn = block_n // 2  # bias/mask tiles: half the band (fewer registers)
-    return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias="band",
-                              num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=flat)
+    return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
+                              num_warps=warps, num_stages=stages, flat_grid=flat)
 
 
 # Ticket counters of the fused combine, per (device, stream): int32 zeros that every
