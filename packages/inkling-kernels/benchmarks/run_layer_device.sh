@@ -12,30 +12,18 @@
 # the cases it finished. Run from anywhere, with .peer carried (fetch_peer.py output);
 # INKLING_COMMIT names the tree where the device copy has no .git (bench_layer.py records it):
 #   INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_layer_device.sh
-set -o pipefail
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-cd "$ROOT"
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$ROOT/packages/inkling-kernels/src:$ROOT/packages/inkling-cache/src PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 GPU_TESTS=${GPU_TESTS:-"packages/inkling-kernels/tests/test_gpu.py packages/inkling-kernels/tests/test_sconv_add_rmsnorm.py"}
 BUDGET=${BUDGET:-540}      # seconds for the whole call
 TESTS_LIMIT=${TESTS_LIMIT:-270}  # test_gpu.py took 148 s, test_sconv_add_rmsnorm.py 38-88 s
 RESERVE=20                 # kept for packing the results
 REPS=${REPS:-50}
-T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 lim() { local v=$(( $(left) - RESERVE )); [ "$v" -lt 5 ] && v=5; [ -n "$1" ] && [ "$1" -lt "$v" ] && v=$1; echo "$v"; }
-stage() { echo "== $1 at +$(( $(date +%s) - T0 )) s (left $(left) s)" | tee -a "$OUT/stages.txt"; }
 BENCH=packages/inkling-kernels/benchmarks/bench_layer.py
 
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
-  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  echo "commit $(git rev-parse HEAD 2>/dev/null || echo "${INKLING_COMMIT:-unknown (no .git on the device; set INKLING_COMMIT)}")"
-  echo "peer: $(tr '\n' ' ' < .peer/PROVENANCE.txt 2>/dev/null || echo 'missing: .peer not carried')"
-  date -u +%Y-%m-%dT%H:%M:%SZ
-} 2>&1 | tee "$OUT/device.txt"
+device_info
+echo "peer: $(tr '\n' ' ' < .peer/PROVENANCE.txt 2>/dev/null || echo 'missing: .peer not carried')" | tee -a "$OUT/device.txt"
 
 stage "a. gpu tests: $GPU_TESTS"
 # shellcheck disable=SC2086  # GPU_TESTS is a list of paths

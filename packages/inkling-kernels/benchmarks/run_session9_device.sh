@@ -3,21 +3,8 @@
 # "diag" included); b. bench_rel_attention.py, the default tiling against the "diag"
 # rows (prefill-like cases, then decode); c. exp_prefill.py with the shift kernels.
 # From the repo root:  INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_session9_device.sh
-set -o pipefail
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-cd "$ROOT"
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$ROOT/packages/inkling-kernels/src:$ROOT/packages/inkling-cache/src PYTHONUNBUFFERED=1
-B=packages/inkling-kernels/benchmarks
-T0=$(date +%s)
-stage() { echo "== $1 at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/stages.txt"; }
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
-  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  echo "commit ${INKLING_COMMIT:-unknown}"
-  date -u +%Y-%m-%dT%H:%M:%SZ
-} 2>&1 | tee "$OUT/device.txt"
+source "$(dirname "$0")/device_env.sh"
+device_info
 stage "a. GPU tests"
 timeout 130 python3 -m pytest -q -n 8 -p no:cacheprovider packages/inkling-kernels/tests/test_rel_attention_triton.py \
   packages/inkling-kernels/tests/test_rel_attention.py 2>&1 | tail -30 | tee "$OUT/tests.log"

@@ -6,27 +6,14 @@
 #   c. GPU tests named in GPU_TESTS (pytest -n XDIST) with the time left;
 # then $OUT is packed into $OUT/tail.tgz. Run from the repository root:
 #   INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_tp_tail_device.sh
-set -o pipefail
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-cd "$ROOT"
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$ROOT/packages/inkling-kernels/src:$ROOT/packages/inkling-cache/src PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-560}
 GPU_TESTS=${GPU_TESTS:-"packages/inkling-kernels/tests/test_gpu.py"}
 GPU_K=${GPU_K:-"cuda_graph or add_same_step"}
 XDIST=${XDIST:-16}
-T0=$(date +%s)
+source "$(dirname "$0")/device_env.sh"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-stage() { echo "== $1 at +$(( $(date +%s) - T0 )) s (left $(left) s)" | tee -a "$OUT/stages.txt"; }
-B=packages/inkling-kernels/benchmarks
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
-  nvidia-smi topo -m
-  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
-  echo "commit ${INKLING_COMMIT:-unknown}"
-  date -u +%Y-%m-%dT%H:%M:%SZ
-} 2>&1 | tee "$OUT/device.txt"
+device_info
+nvidia-smi topo -m 2>&1 | tee -a "$OUT/device.txt"
 stage "a. graph copy"
 timeout 60 python3 $B/exp_graph_copy.py --json "$OUT/copy.json" 2>&1 | tee "$OUT/copy.log"
 stage "b. tp tail"
