@@ -69,6 +69,9 @@ CASES = [
     Case("prefill 8k", "prefill", [(0, 8192)]),
     Case("chunked prefill 8k after 8k", "prefill", [(8192, 8192)]),
     Case("mixed 2048 after 2048 + 255 decodes @ 4k", "prefill", [(2048, 2048)] + [(4095, 1)] * 255, num_pad=9),
+    # fewer query heads a KV head (group 4, 2): taller block-diagonal MMAs by default
+    Case("prefill 8k, Hkv=16", "prefill", [(0, 8192)], hkv=16),
+    Case("prefill 8k, Hkv=32", "prefill", [(0, 8192)], hkv=32),
     # a sliding layer (window = extent = 512, no log scaling): every key tile is near
     Case("sliding prefill 8k, window 512", "prefill", [(0, 8192)], window=512),
     Case("sliding decode 256 x 8k, window 512", "decode", [(8191, 1)] * 256, window=512),
@@ -92,6 +95,8 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
         out["bias band near32"] = alt(bias="band", near_block_n=32)
         out["bias diag near32"] = alt(bias="diag", near_block_n=32)
         out["bias diag q16 w8"] = alt(bias="diag", block_q=16, num_warps=8)
+        if d.block_q > 8:  # the block-diagonal MMA 128 deep (d_rel 16), as measured on Hkv 8
+            out["bias diag q8"] = alt(bias="diag", block_q=8)
     if case.kind == "decode" and len(case.mix) <= 4:  # few long requests: the split sizing
         for fused in (True, False):
             tag = "fused" if fused else "2 launches"
