@@ -25,7 +25,8 @@ from inkling_kernels.rel_attention import (
     paged_rel_attention_triton,
     rel_attention_uses_triton,
 )
-from inkling_kernels.rel_attention.kernel import check_paged_rel_attention_triton_args
+from inkling_kernels.rel_attention import kernel as rel_kernel
+from inkling_kernels.rel_attention.kernel import RelAttentionProblem, check_paged_rel_attention_triton_args
 
 from test_rel_attention import LAYERS, World, _check_close, build_world
 
@@ -422,6 +423,32 @@ BIG: dict[str, dict[str, Any]] = {
     "block-256": dict(mix=[(5000, 1), (3000, 7), (0, 700), (900, 1)], hkv=8, n=256, window=512,
                       log_scaling=None),
 }
+
+
+def _problem(rows: int, reqs: int, hkv: int, d_rel: int = 16) -> RelAttentionProblem:
+    return RelAttentionProblem(num_rows=rows, num_reqs=reqs, num_q_heads=64, num_kv_heads=hkv, head_dim=128,
+                               d_rel=d_rel, extent=1024, block_size=64, scale=1 / 128, window=None,
+                               log_scaling=None)
+
+
+@pytest.mark.parametrize("dev", ["cuda", "cpu"])
+def test_default_bias_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch, dev: str) -> None:
+    """The default tiling takes the block-diagonal bias MMA only for prefill-like
+    batches where it is at most 128 deep (block_q x d_rel), on whole-width near tiles;
+    else the band (on the GPU, on half-width near tiles for prefill-like batches).
+    The GPU rule is checked without a GPU (only the SM count is read from it)."""
+    monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
+    device = torch.device(dev)
+    prefill = choose_rel_attention_config(_problem(8192, 1, 8), device)  # group 8: block_q 8, depth 128
+    assert (prefill.bias, prefill.block_q, prefill.near_block_n) == ("diag", 8, None)
+    mixed = choose_rel_attention_config(_problem(2303, 256, 8), device)
+    assert mixed.bias == "diag"
+    for case in (_problem(8192, 1, 16), _problem(8192, 1, 32), _problem(8192, 1, 8, d_rel=32)):
+        cfg = choose_rel_attention_config(case, device)  # depth 256 / 512 / 256
+        assert cfg.bias == "band", case
+        assert cfg.near_block_n == (cfg.block_n // 2 if dev == "cuda" else None), cfg
+    for case in (_problem(256, 256, 8), _problem(1, 1, 8), _problem(256, 64, 8)):  # decode, spec verify
+        assert choose_rel_attention_config(case, device).bias == "band", case
 
 
 @gpu

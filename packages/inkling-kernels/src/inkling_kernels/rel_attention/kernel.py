@@ -81,6 +81,9 @@ __all__ = [
 ]
 
 BIAS_MODES = ("band", "table", "diag")
+#: the default tiling takes ``bias="diag"`` only up to this MMA depth (block_q x d_rel
+#: rounded up): deeper, the bias MMA outweighs the QK one (head dim 128)
+DIAG_MAX_DEPTH = 128
 
 
 # --------------------------------------------------------------------------- kernels
@@ -757,11 +760,19 @@ def choose_rel_attention_config(
         while splits > 1 and -(-max_seq_len // block_n) < 4 * splits:
             splits //= 2
     # Near tiles' bias: batches with many rows per request (prefill, chunked prefill,
-    # mixed) get the block-diagonal MMA on whole-width near tiles; decode-like ones
-    # the band (measured on the H200: prefill 8k 5.18 -> 3.64 ms, mixed 2.78 -> 1.97,
-    # decode within +-6 % either way; benchmarks/RESULTS_rel_attention.md, session 9).
+    # mixed) get the block-diagonal MMA on whole-width near tiles when it is at most
+    # as deep as the QK one (block_q * d_rel <= 128); otherwise, and for decode-like
+    # batches, the band (measured on the H200, benchmarks/RESULTS_rel_attention.md,
+    # session 9: Hkv 8 prefill 8k 5.18 -> 3.64 ms, mixed 2.78 -> 1.97; at Hkv 16 / 32
+    # the 256 / 512-deep diag took 2.2x / 3.3x the band's time; decode within +-10 %).
     # The interpreter follows the same rule, so CPU runs take the GPU's code paths.
-    bias = "band" if t <= 8 * reqs else "diag"
+    near_bn = None
+    if t <= 8 * reqs or block_q * max(16, _next_pow2(problem.d_rel)) > DIAG_MAX_DEPTH:
+        bias = "band"
+        if not decode and device.type != "cpu" and block_n >= 32:
+            near_bn = block_n // 2  # band tiles: half the keys (a narrower band to gather)
+    else:
+        bias = "diag"
     if decode:
         # measured on the H200: 2 warps once there are >= 2048 programs; below that
         # 4 warps, and 128-key tiles when the keys are not split
@@ -771,7 +782,7 @@ def choose_rel_attention_config(
             if splits == 1:
                 block_n = 128
     return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
-                              num_warps=warps, num_stages=stages, flat_grid=flat)
+                              num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=flat)
 
 
 # Ticket counters of the fused combine, per (device, stream): int32 zeros that every
