@@ -97,6 +97,7 @@ def engine_calls(func: Any) -> list[tuple[str, str]]:
     return found
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the engines still wanted
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     wanted: dict[tuple[str, str], None] = {}
     for item in items:
