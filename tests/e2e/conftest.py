@@ -31,14 +31,14 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "run_scenarios.py"
 #: per engine running alone; side by side each gets ``jobs`` times as long (the
-#: interpreted-Triton engine takes ~900 s beside another engine on two cores)
+#: interpreted-Triton engine took up to 1180 s beside another on two cores)
 ENGINE_TIMEOUT_S = 900
 #: tiny checkpoints the engines run on: "default" (transformers' format, every
 #: feature on), "padded" (the same with unpadded conv pages), "release" (the same
 #: weights in the original release layout)
 VARIANTS = ("default", "padded", "release")
-#: engines started first when several run side by side, longest first (measured
-#: side by side on two cores: 900+, 394, 139, 125, 123, 121 s; the others 52-96 s),
+#: engines started first when several run side by side, longest first (two cores:
+#: interp_map ~570 s alone, interp_attn 320-390 s beside another, the rest 35-140 s),
 #: so that no long one is left running alone at the end
 LONG_ENGINES = ("interp_map", "interp_attn", "preempt_tail", "bf16", "tp2", "release")
 _WANTED = pytest.StashKey[list[tuple[str, str]]]()
