@@ -56,21 +56,21 @@ def _run(llm: Any, token_prompts: list[list[int]], params: Any) -> Any:
 
 
 # --- scenarios ---------------------------------------------------------------------
+def _greedy_batch(llm: Any, seed: int, lengths: list[int], max_tokens: int) -> dict[str, Any]:
+    ps = prompts(seed, lengths)
+    return {"prompts": ps, "tokens": _tokens(_run(llm, ps, greedy(max_tokens)))}
+
+
 def sc_concurrent(llm: Any) -> dict[str, Any]:
     # many prompts of different lengths (1 token to past the sliding window and
     # several conv blocks) in one batch
-    lengths = [1, 2, 3, 4, 5, 7, 13, 24, 25, 31, 64, 65, 100, 129, 200, 231]
-    ps = prompts(1, lengths)
-    out = _run(llm, ps, greedy(12))
-    return {"prompts": ps, "tokens": _tokens(out)}
+    return _greedy_batch(llm, 1, [1, 2, 3, 4, 5, 7, 13, 24, 25, 31, 64, 65, 100, 129, 200, 231], 12)
 
 
 def sc_concurrent_small(llm: Any) -> dict[str, Any]:
     # the same kind of batch, smaller, for the interpreted-Triton engine (a quarter of
     # the tokens): 1 token to past the sliding window and the relative extent
-    ps = prompts(11, [1, 3, 5, 13, 31, 64, 65, 100])
-    out = _run(llm, ps, greedy(8))
-    return {"prompts": ps, "tokens": _tokens(out)}
+    return _greedy_batch(llm, 11, [1, 3, 5, 13, 31, 64, 65, 100], 8)
 
 
 def sc_logprobs(llm: Any) -> dict[str, Any]:
