@@ -97,19 +97,24 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
         out["bias diag q16 w8"] = alt(bias="diag", block_q=16, num_warps=8)
         if d.block_q > 8:  # the block-diagonal MMA 128 deep (d_rel 16), as measured on Hkv 8
             out["bias diag q8"] = alt(bias="diag", block_q=8)
+    out["pdl"] = alt(pdl=not d.pdl)  # programmatic dependent launch the other way
     if case.kind == "decode" and len(case.mix) <= 4:  # few long requests: the split sizing
-        for fused in (True, False):
-            tag = "fused" if fused else "2 launches"
-            for s in (32, 40, 44, 48, 56, 64, 96, 128):
-                out[f"s{s} {tag}"] = alt(num_splits=s, fused_combine=fused)
-        for s in (48, 64, 128):
-            out[f"s{s} st3"] = alt(num_splits=s, num_stages=3)
-            out[f"s{s} st1"] = alt(num_splits=s, num_stages=1)
-            out[f"s{s} bn32"] = alt(num_splits=s, block_n=32)
-            out[f"s{s} w2"] = alt(num_splits=s, num_warps=2)
-        out["s96 bn32 st3"] = alt(num_splits=96, block_n=32, num_stages=3)
-        out["s64 near cost 6"] = alt(num_splits=64, near_cost=6)
-        out["s48 near cost 6"] = alt(num_splits=48, near_cost=6)
+        # (sessions 5-6 timed 32-128 splits, fused combine, 1-3 stages, 32-key tiles,
+        # 2 warps: RESULTS_rel_attention.md); session 10: launch overlap and occupancy
+        for s in (16, 32, 64):
+            for st in (2, 3):
+                for pdl in (False, True):
+                    out[f"s{s} st{st}{' pdl' if pdl else ''}"] = alt(num_splits=s, num_stages=st, pdl=pdl)
+        for s in (24, 33):
+            out[f"s{s} pdl"] = alt(num_splits=s, pdl=True)
+        out["s32 w8 pdl"] = alt(num_splits=32, num_warps=8, pdl=True)
+        out["s32 w2 st3 pdl"] = alt(num_splits=32, num_warps=2, num_stages=3, pdl=True)
+        out["s32 bn32 st4 pdl"] = alt(num_splits=32, block_n=32, num_stages=4, pdl=True)
+        out["s16 bn128 pdl"] = alt(num_splits=16, block_n=128, pdl=True)
+        out["s32 bn128 pdl"] = alt(num_splits=32, block_n=128, pdl=True)
+        for cost in (2, 6, 8):
+            out[f"s32 near cost {cost} pdl"] = alt(num_splits=32, near_cost=cost, pdl=True)
+        out["s32 fused"] = alt(num_splits=32, fused_combine=True)
         return out
     if case.kind == "decode" and d.num_splits > 1:
         out["2 launches"] = alt(fused_combine=False)
@@ -148,6 +153,32 @@ def sweep_configs(case: Case, default: RelAttentionConfig) -> dict[str, RelAtten
 
 def _events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def compiled_kernels() -> dict[tuple[str, Any], Any]:
+    """Every compiled build of the op's Triton kernels so far, by (kernel, key)."""
+    from inkling_kernels.rel_attention import kernel as kmod
+
+    found: dict[tuple[str, Any], Any] = {}
+    for fn in (kmod._rel_attention_kernel, kmod._combine_kernel):
+        for caches in fn.device_caches.values():
+            for key, kern in caches[0].items():
+                found[(fn.__name__, key)] = kern
+    return found
+
+
+def kernel_info(kern: Any) -> dict[str, Any]:
+    """Registers, spills, shared memory of a compiled kernel, and how many of its
+    programs fit on one SM by each (65536 registers, 228 KB shared on an H100/H200)."""
+    md = kern.metadata
+    regs = getattr(kern, "n_regs", None)
+    threads = md.num_warps * 32
+    info = {"regs": regs, "spills": getattr(kern, "n_spills", None), "shared": md.shared,
+            "warps": md.num_warps, "stages": md.num_stages}
+    if regs:
+        info["fit_by_regs"] = 65536 // (max(regs, 1) * threads)
+    info["fit_by_shared"] = (233472 // md.shared) if md.shared else None
+    return info
 
 
 def time_graph(fn: Callable[[], Any], target_ms: float = 20.0, samples: int = 9) -> tuple[float, str]:
@@ -411,7 +442,8 @@ def flex_fn(w: World, mode: str, kernel_options: dict[str, Any] | None = None
                 pages = list(range(lo_pos // n, last // n + 1))
                 full_lo = 0 if window is None else last - window + 1
                 full = [p for p in pages if p * n >= full_lo and p * n + n - 1 <= a]
-                part = [p for p in pages if p not in set(full)]
+                full_set = set(full)
+                part = [p for p in pages if p not in full_set]
                 kv_num[b, 0, i] = len(part)
                 full_num[b, 0, i] = len(full)
                 if part:
@@ -476,6 +508,74 @@ def flex_fn(w: World, mode: str, kernel_options: dict[str, Any] | None = None
         got = torch.zeros_like(w.q)
         for b in range(reqs):
             got[starts[b]:starts[b + 1]] = o[b, :, :qlens[b]].transpose(0, 1)
+        return got
+
+    return run, result
+
+
+# Flex (Inductor) indexes a K/V operand of 2^31 or more elements with int32 offsets
+# and fails to compile it (torch 2.11); such caches are timed in parts.
+FLEX_MAX_ELEMENTS = (1 << 31) - 1
+
+
+def sub_world(w: World, b0: int, b1: int) -> World:
+    """Requests ``b0 .. b1 - 1`` of ``w`` as a world of their own: their pages copied
+    (same contents) into a cache of just those pages, the block table renumbered."""
+    c = w.case
+    dev = w.q.device
+    per_req = [-(-(x + t) // c.n) for x, t in c.mix[b0:b1]]
+    pages = torch.cat([w.table[b, :cnt].long() for b, cnt in zip(range(b0, b1), per_req)])
+    page = torch.cat([w.page[pages], torch.zeros_like(w.page[:1])])  # + a spare page, as in build()
+    kv = page.unflatten(-1, (2, DH)).transpose(1, 2)
+    table = torch.zeros(b1 - b0, max(per_req), dtype=torch.int32, device=dev)
+    at = 0
+    for i, cnt in enumerate(per_req):
+        table[i, :cnt] = torch.arange(at, at + cnt, dtype=torch.int32, device=dev)
+        at += cnt
+    starts = w.qsl_cpu.tolist()
+    r0, r1 = starts[b0], starts[b1]
+    qsl_cpu = w.qsl_cpu[b0:b1 + 1] - r0
+    sl_cpu = w.sl_cpu[b0:b1].clone()
+    sub = Case(f"{c.name} [{b0}:{b1}]", c.kind, c.mix[b0:b1], hkv=c.hkv, n=c.n, window=c.window)
+    return World(case=sub, q=w.q[r0:r1], r=w.r[r0:r1], rel_proj=w.rel_proj, page=page, kc=kv[..., 0, :],
+                 vc=kv[..., 1, :], positions=w.positions[r0:r1], table=table, qsl=qsl_cpu.to(dev),
+                 sl=sl_cpu.to(dev), qsl_cpu=qsl_cpu, sl_cpu=sl_cpu, out=torch.empty_like(w.q[r0:r1]))
+
+
+def flex_parts(w: World) -> int:
+    """How many request groups Flex needs so that each group's re-laid-out K (and V)
+    stays under ``FLEX_MAX_ELEMENTS`` (1: the whole batch at once)."""
+    c = w.case
+    per_req = [-(-(x + t) // c.n) * c.n * c.hkv * DH for x, t in c.mix]
+    parts = 1
+    while True:
+        size = -(-len(per_req) // parts)
+        groups = [per_req[i:i + size] for i in range(0, len(per_req), size)]
+        if all(sum(g) + c.n * c.hkv * DH < FLEX_MAX_ELEMENTS for g in groups) or size == 1:
+            return parts
+        parts += 1
+
+
+def flex_split_fn(w: World, parts: int, kernel_options: dict[str, Any] | None = None
+                  ) -> tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
+    """Flex over ``parts`` request groups in turn (each its own paged cache of the
+    same pages, see :func:`sub_world`): the timed call runs all of them."""
+    reqs = len(w.case.mix)
+    size = -(-reqs // parts)
+    starts = w.qsl_cpu.tolist()
+    subs = []
+    for b0 in range(0, reqs, size):
+        b1 = min(reqs, b0 + size)
+        subs.append((starts[b0], starts[b1], flex_fn(sub_world(w, b0, b1), "paged", kernel_options)))
+
+    def run() -> None:
+        for _, _, (sub_run, _) in subs:
+            sub_run()
+
+    def result() -> torch.Tensor:
+        got = torch.zeros_like(w.q)
+        for r0, r1, (_, sub_result) in subs:
+            got[r0:r1] = sub_result()
         return got
 
     return run, result
@@ -609,11 +709,14 @@ def run_case(case: Case, args: argparse.Namespace, t_start: float) -> dict[str, 
             continue
         try:
             fn = triton_fn(w, cfg)
+            before = set(compiled_kernels())
             fn()
+            built = {k[0]: kernel_info(v) for k, v in compiled_kernels().items() if k not in before}
             err = _err(w.out, want, rows) if want is not None else None
             ms, how = time_graph(fn)
-            res["triton"][name] = {"ms": ms, "timing": how, "max_err_vs_torch": err, "config": cfg.__dict__}
-            print(f"  triton {name:12s} {ms:.4f} ms  err {err}", flush=True)
+            res["triton"][name] = {"ms": ms, "timing": how, "max_err_vs_torch": err, "config": cfg.__dict__,
+                                   "kernels": built}
+            print(f"  triton {name:12s} {ms:.4f} ms  err {err}  {built}", flush=True)
         except Exception as exc:  # noqa: BLE001
             res["triton"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             print(f"  triton {name} failed: {exc}", flush=True)
@@ -633,12 +736,19 @@ def run_case(case: Case, args: argparse.Namespace, t_start: float) -> dict[str, 
         res["sdpa_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         print("  sdpa failed:", res["sdpa_error"], flush=True)
     if not args.no_flex:
-        attempts = [("paged", None), ("paged", {"BLOCK_N": min(64, case.n), "BLOCK_M": 64}), ("dense", None)]
+        parts = flex_parts(w)
+        if parts > 1:  # too large for one Flex call: the same paged cache in parts
+            attempts = [(f"paged, {parts} parts", None)]
+        else:
+            attempts = [("paged", None), ("paged", {"BLOCK_N": min(64, case.n), "BLOCK_M": 64}), ("dense", None)]
         for mode, opts in attempts:
             tag = mode if opts is None else f"{mode} {opts}"
             try:
                 t0 = time.time()
-                run, result = flex_fn(w, mode, opts)
+                if parts > 1:
+                    run, result = flex_split_fn(w, parts, opts)
+                else:
+                    run, result = flex_fn(w, mode, opts)
                 got = result()
                 res["flex_compile_s"] = time.time() - t0
                 res["flex_err_vs_torch"] = _err(got, want, rows) if want is not None else None

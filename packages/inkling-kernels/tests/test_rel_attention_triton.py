@@ -281,7 +281,8 @@ def test_validation(case: tuple[str, str, Any, type[Exception], str]) -> None:
 def test_validation_base_is_valid_and_config_checks() -> None:
     prob = check_paged_rel_attention_triton_args(**_small_kw())
     assert (prob.num_reqs, prob.num_q_heads, prob.num_kv_heads, prob.block_size) == (2, 4, 2, 4)
-    for bad in (dict(block_q=3), dict(block_n=0), dict(bias="dense"), dict(num_stages=0), dict(near_block_n=32)):
+    for bad in (dict(block_q=3), dict(block_n=0), dict(bias="dense"), dict(num_stages=0), dict(near_block_n=32),
+                dict(pdl=1)):
         with pytest.raises(ValueError):
             RelAttentionConfig(**{**dict(block_q=4, block_n=16), **bad})
     for mode in ("band", "table", "diag"):
@@ -543,6 +544,57 @@ def test_gpu_fused_split_graph_replay(warm: bool) -> None:
         _compare_big(out, want, w, f"seed {seed} fused graph replay {i}")
     torch.cuda.synchronize()
     assert _tickets_zero(), "ticket counters not reset"
+
+
+@gpu
+@pytest.mark.parametrize("splits", [32, 1], ids=["split", "one-launch"])
+def test_gpu_pdl_back_to_back_graph(splits: int) -> None:
+    """Programmatic dependent launch (``pdl``): two calls captured back to back in one
+    CUDA graph, each launch allowed to start while the one before it finishes. The
+    second call's workspace may reuse the first's memory (graph pool) and its main
+    kernel writes partials the first call's combine may still be reading: each
+    launch must wait for the one before it. Both outputs against the PyTorch path,
+    replayed with the other world's inputs."""
+    seed = 3400 + splits
+    mix_a = [(31000, 1), (4000, 1), (12000, 1)]
+    mix_b = [(9000, 1), (30000, 1), (100, 1)]
+    worlds = [big_world(m, hkv=8, n=16, seed=seed + i) for i, m in enumerate((mix_a, mix_b))]
+    wa, wb = worlds
+    prob = check_paged_rel_attention_triton_args(*wa.args(), 1.0 / 128, None, wa.log_scaling, None, 1 << 24)
+    default = choose_rel_attention_config(prob, wa.q.device, 32768)
+    cfg = RelAttentionConfig(**{**default.__dict__, "num_splits": splits, "pdl": True,
+                                "flat_grid": default.flat_grid and splits > 1})
+    ins = [[t.clone() for t in (w.q, w.r, w.positions)] for w in worlds]
+    outs = [torch.empty_like(wa.q) for _ in worlds]
+    meta = [(w.qsl_cpu.cuda(), w.sl_cpu.cuda()) for w in worlds]
+
+    def step() -> None:
+        for (q, r, pos), w, out, (qsl, sl) in zip(ins, worlds, outs, meta):
+            paged_rel_attention_triton(q, r, w.rel_proj, w.key_cache, w.value_cache, pos, w.block_table,
+                                       qsl, sl, **w.kwargs(), out=out, config=cfg)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    wants = [paged_rel_attention(*w.args(device_meta=False), **w.kwargs()) for w in worlds]
+    for rep in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (o, w, want) in enumerate(zip(outs, worlds, wants)):
+            _compare_big(o, want, w, f"seed {seed} pdl replay {rep} call {i}")
+    # new queries copied into the captured buffers: the replay must use them
+    for q, _, _ in ins:
+        q.copy_(torch.randn_like(q.float()).to(q.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, ((q, r, pos), w, o) in enumerate(zip(ins, worlds, outs)):
+        want = paged_rel_attention(q, r, w.rel_proj, w.key_cache, w.value_cache, pos, w.block_table,
+                                   w.qsl_cpu, w.sl_cpu, **w.kwargs())
+        _compare_big(o, want, w, f"seed {seed} pdl new queries call {i}")
 
 
 @gpu

@@ -289,7 +289,14 @@ def _rel_attention_kernel(
     FUSED: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
     NEAR_COST: tl.constexpr, COMBINE_CH: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:
+        # launched early (programmatic dependent launch): wait for the kernel before
+        # this one in the stream (it may produce our inputs or still read `ws`),
+        # then let the next one (the combine) launch and wait in its turn
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if FLAT:
         # one flat grid, split fastest, query block slowest: a single long request's
         # programs are dispatched first, its spare query block's after them
@@ -467,10 +474,13 @@ def _combine_kernel(
     ws_ptr, wml_ptr, nsp_ptr, out_ptr, num_rows,
     stride_ot, stride_oh, stride_od,
     NUM_Q_HEADS: tl.constexpr, HB: tl.constexpr, SP: tl.constexpr, DP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Merge the splits' partial softmax states of one row and ``HB`` heads, all
     splits at once (rows whose block ran in one split already hold their output)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the main kernel's partials are complete and visible
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     offs_s = tl.arange(0, SP)
@@ -567,7 +577,10 @@ class RelAttentionConfig:
     a persistent buffer that the merging program resets); off: a second launch
     merges them. ``flat_grid`` (split mode): a 1-D grid, split fastest, query block
     slowest (else ``(blocks, kv heads, splits)``). ``num_splits`` need not be a power
-    of two."""
+    of two. ``pdl`` (CUDA, SM 9.0+): programmatic dependent launch; each launch may
+    start while the kernel before it in the stream finishes, and waits for it
+    (``griddepcontrol.wait``) before touching memory, so only launch latency
+    overlaps; ignored under the interpreter and on older GPUs."""
 
     block_q: int
     block_n: int
@@ -580,9 +593,10 @@ class RelAttentionConfig:
     near_cost: int = 4
     fused_combine: bool = False
     flat_grid: bool = False
+    pdl: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("fused_combine", "flat_grid"):
+        for name in ("fused_combine", "flat_grid", "pdl"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RelAttentionConfig.{name} must be a bool, got {getattr(self, name)!r}")
         nb = self.near_block_n
@@ -817,6 +831,11 @@ def _ticket_buffer(dev: torch.device, count: int) -> torch.Tensor:
     return buf
 
 
+def _pdl_supported(dev: torch.device) -> bool:
+    """Programmatic dependent launch: compiled CUDA on SM 9.0 or newer."""
+    return dev.type == "cuda" and not _is_interpreter() and torch.cuda.get_device_capability(dev)[0] >= 9
+
+
 def _is_interpreter() -> bool:
     import os
 
@@ -926,6 +945,8 @@ def paged_rel_attention_triton(
     while combine_ch < 8 and 2 * combine_ch * block_m_dp <= 8192:
         combine_ch *= 2
     kc, vc = key_cache, value_cache
+    pdl = config.pdl and _pdl_supported(dev)
+    launch = {"launch_pdl": True} if pdl else {}
     _rel_attention_kernel[grid](
         q, r, rel_proj, rl, kc, vc, block_table, qsl, sl, result, ws, wml, nsp, tickets,
         t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0,
@@ -945,8 +966,8 @@ def paged_rel_attention_triton(
         FLAT=config.flat_grid and splits > 1, FUSED=fused,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, COMBINE_CH=combine_ch,
         INTERPRET=_is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
-        PAGE_TILE=prob.block_size % block_n == 0,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        PAGE_TILE=prob.block_size % block_n == 0, USE_PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
     )
     if splits > 1 and not fused:
         sp = _next_pow2(splits)
@@ -955,8 +976,8 @@ def paged_rel_attention_triton(
             hb *= 2
         _combine_kernel[(t_rows, -(-prob.num_q_heads // hb))](
             ws, wml, nsp, result, t_rows, result.stride(0), result.stride(1), result.stride(2),
-            NUM_Q_HEADS=prob.num_q_heads, HB=hb, SP=sp, DP=dp, HEAD_DIM=prob.head_dim,
-            num_warps=4,
+            NUM_Q_HEADS=prob.num_q_heads, HB=hb, SP=sp, DP=dp, HEAD_DIM=prob.head_dim, USE_PDL=pdl,
+            num_warps=4, **launch,
         )
     return result
 
