@@ -580,7 +580,9 @@ class RelAttentionConfig:
     of two. ``pdl`` (CUDA, SM 9.0+): programmatic dependent launch; each launch may
     start while the kernel before it in the stream finishes, and waits for it
     (``griddepcontrol.wait``) before touching memory, so only launch latency
-    overlaps; ignored under the interpreter and on older GPUs."""
+    overlaps; ignored under the interpreter and on older GPUs. ``max_registers``
+    (CUDA): a cap on the main kernel's registers per thread (ptxas ``maxnreg``), so
+    that more programs fit on an SM."""
 
     block_q: int
     block_n: int
@@ -594,8 +596,12 @@ class RelAttentionConfig:
     fused_combine: bool = False
     flat_grid: bool = False
     pdl: bool = False
+    max_registers: int | None = None
 
     def __post_init__(self) -> None:
+        mr = self.max_registers
+        if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or not 24 <= mr <= 255):
+            raise ValueError(f"RelAttentionConfig.max_registers must be None or an int in [24, 255], got {mr!r}")
         for name in ("fused_combine", "flat_grid", "pdl"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RelAttentionConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -947,6 +953,9 @@ def paged_rel_attention_triton(
     kc, vc = key_cache, value_cache
     pdl = config.pdl and _pdl_supported(dev)
     launch = {"launch_pdl": True} if pdl else {}
+    main_launch = dict(launch)
+    if config.max_registers is not None and dev.type == "cuda" and not _is_interpreter():
+        main_launch["maxnreg"] = config.max_registers
     _rel_attention_kernel[grid](
         q, r, rel_proj, rl, kc, vc, block_table, qsl, sl, result, ws, wml, nsp, tickets,
         t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0,
@@ -967,7 +976,7 @@ def paged_rel_attention_triton(
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, COMBINE_CH=combine_ch,
         INTERPRET=_is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0, USE_PDL=pdl,
-        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
+        num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
     )
     if splits > 1 and not fused:
         sp = _next_pow2(splits)
