@@ -144,6 +144,17 @@ def test_cost_weighted_key_splits(near_cost: int) -> None:
     _check_close(got.cpu(), w.reference(), torch.float32, f"seed {seed} near_cost {near_cost}")
 
 
+def test_launch_options_pdl_and_register_cap() -> None:
+    """``pdl`` and ``max_registers`` (the few-request decode default on CUDA): the same
+    results as the reference. Compiled on a GPU they change the launch (overlap) and
+    the register allocation (spills); under the interpreter they are ignored."""
+    seed = 2160
+    w = build_world(seed=seed, mix=[(61, 1), (40, 2), (3, 1)], layer="global_log", group=4, n=4)
+    cfg = _cfg(4, block_n=16, splits=5, near_cost=3, pdl=True, max_registers=64, flat_grid=True)
+    got = _run(_on(w, DEV), cfg, out=torch.full_like(w.q, float("nan"), device=DEV))
+    _check_close(got.cpu(), w.reference(), torch.float32, f"seed {seed} pdl + register cap")
+
+
 def _tickets_zero() -> bool:
     from inkling_kernels.rel_attention import kernel
 
@@ -450,6 +461,31 @@ def test_default_bias_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch,
         assert cfg.near_block_n == (cfg.block_n // 2 if dev == "cuda" else None), cfg
     for case in (_problem(256, 256, 8), _problem(1, 1, 8), _problem(256, 64, 8)):  # decode, spec verify
         assert choose_rel_attention_config(case, device).bias == "band", case
+
+
+def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's decode tiling as measured on the H200 (132 SMs; checked without a
+    GPU): a few long requests fill exactly one wave of 3 register-capped programs on
+    every SM (1 x 8 KV heads: 49 splits) with launch overlap; many requests on a
+    global layer 2 warps, on a sliding layer 4."""
+    import dataclasses
+
+    monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    one = choose_rel_attention_config(_problem(1, 1, 8), cuda, 32768)
+    assert (one.num_splits, one.flat_grid, one.pdl, one.max_registers) == (49, True, True, 160), one
+    assert (one.num_warps, one.num_stages, one.near_cost, one.block_n) == (4, 3, 3, 64), one
+    assert rel_kernel.DECODE_FEW_PER_SM * one.max_registers * one.num_warps * 32 <= 65536
+    four = choose_rel_attention_config(_problem(4, 4, 8), cuda, 32768)
+    assert (four.num_splits, four.pdl) == (3 * 132 // 32, True), four
+    short = choose_rel_attention_config(_problem(1, 1, 8), cuda, 2048)  # 32 tiles: a few splits
+    assert short.num_splits * 4 <= 32, short
+    many = choose_rel_attention_config(_problem(256, 256, 8), cuda, 8192)
+    assert (many.num_warps, many.pdl, many.max_registers) == (2, False, None), many
+    sliding = dataclasses.replace(_problem(256, 256, 8), window=512, extent=512)
+    assert choose_rel_attention_config(sliding, cuda, 8192).num_warps == 4
+    cpu = choose_rel_attention_config(_problem(1, 1, 8), torch.device("cpu"), 32768)
+    assert (cpu.pdl, cpu.max_registers) == (False, None), cpu
 
 
 @gpu

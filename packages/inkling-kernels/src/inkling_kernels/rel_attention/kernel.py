@@ -62,6 +62,7 @@ the values of ``positions`` are not read.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -735,8 +736,12 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-# decode with few long requests: key splits for about this many programs per SM
-DECODE_FEW_PER_SM = 2
+# decode with few long requests (measured on the H200, RESULTS_rel_attention.md session
+# 10, 1 x 32k: 48.3 -> 42.7 us): the main kernel capped at DECODE_FEW_REGS registers a
+# thread (205 uncapped, 16 spilled at the cap) so that DECODE_FEW_PER_SM programs of 4
+# warps fit on an SM, and key splits for one whole wave of them
+DECODE_FEW_REGS = 160
+DECODE_FEW_PER_SM = 65536 // (DECODE_FEW_REGS * 4 * 32)  # 3
 MAX_SPLITS = 128
 
 
@@ -766,16 +771,15 @@ def choose_rel_attention_config(
     splits = 1
     while splits < 64 and blocks * hkv * splits * 2 <= target:
         splits *= 2
-    flat = False
+    flat = few = False
     if decode and splits >= 16 and device.type == "cuda":
-        # few long requests: about DECODE_FEW_PER_SM programs per SM (a power of two),
-        # flat grid (measured on the H200, 1 x 32k: 32 splits 48.6 us, 64 splits 50.7,
-        # 48 splits 58.0; see benchmarks/RESULTS_rel_attention.md, 2026-12-01)
-        splits = 1
-        while splits < MAX_SPLITS and blocks * hkv * splits * 2 <= DECODE_FEW_PER_SM * _num_sms(device):
-            splits *= 2
-        splits = max(2, splits)
-        flat = True
+        # few long requests: the splits fill exactly one wave of DECODE_FEW_PER_SM
+        # programs on every SM (1 request x 8 KV heads on 132 SMs: 49 splits), flat
+        # grid. A second wave, or a wave with empty slots, is what cost before: uncapped
+        # (2 programs an SM) 32 splits took 48.3 us, 33 splits 44.6, 48 splits 58.0.
+        splits = max(2, min(MAX_SPLITS, DECODE_FEW_PER_SM * _num_sms(device) // (blocks * hkv)))
+        flat = few = True
+        stages = 3
     if max_seq_len is not None:
         while splits > 1 and -(-max_seq_len // block_n) < 4 * splits:
             splits //= 2
@@ -794,13 +798,21 @@ def choose_rel_attention_config(
     else:
         bias = "diag"
     if decode:
-        # measured on the H200: 2 warps once there are >= 2048 programs; below that
-        # 4 warps, and 128-key tiles when the keys are not split
+        # measured on the H200: 2 warps once there are >= 2048 programs on global
+        # layers (256 x 8k: 2.08 ms, 4 warps 2.19); sliding layers (every tile near:
+        # 255 registers and spills at 2 warps) take 4 (256 x 8k, window 512: 0.211 ->
+        # 0.181 ms); below 2048 programs 4 warps, and 128-key tiles when the keys are
+        # not split
         programs = blocks * hkv * splits
-        if programs < 2048:
+        if programs < 2048 or problem.window is not None:
             warps = 4
-            if splits == 1:
+            if splits == 1 and programs < 2048:
                 block_n = 128
+    if few:
+        # near tiles weigh 3 far ones in the split, launches overlap (pdl), registers capped
+        return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
+                                  num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=True,
+                                  near_cost=3, pdl=True, max_registers=DECODE_FEW_REGS)
     return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
                               num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=flat)
 
@@ -839,7 +851,12 @@ def _ticket_buffer(dev: torch.device, count: int) -> torch.Tensor:
 
 def _pdl_supported(dev: torch.device) -> bool:
     """Programmatic dependent launch: compiled CUDA on SM 9.0 or newer."""
-    return dev.type == "cuda" and not _is_interpreter() and torch.cuda.get_device_capability(dev)[0] >= 9
+    return dev.type == "cuda" and not _is_interpreter() and _major_capability(dev.index) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _major_capability(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def _is_interpreter() -> bool:
