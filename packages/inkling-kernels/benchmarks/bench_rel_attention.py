@@ -75,6 +75,9 @@ CASES = [
     # a sliding layer (window = extent = 512, no log scaling): every key tile is near
     Case("sliding prefill 8k, window 512", "prefill", [(0, 8192)], window=512),
     Case("sliding decode 256 x 8k, window 512", "decode", [(8191, 1)] * 256, window=512),
+    # Inkling's sliding layers as served: 64 query / 16 KV heads (group 4)
+    Case("sliding prefill 8k, window 512, Hkv=16", "prefill", [(0, 8192)], window=512, hkv=16),
+    Case("sliding decode 256 x 8k, window 512, Hkv=16", "decode", [(8191, 1)] * 256, window=512, hkv=16),
 ]
 
 

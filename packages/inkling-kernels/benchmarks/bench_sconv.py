@@ -282,6 +282,14 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw)
         if width % bc == 0 and cfg not in out:
             out.append(cfg)
+    # programmatic dependent launch on the heuristic's tile and the best small-batch ones
+    pdl = [(out[0].block_t, out[0].block_c, out[0].num_warps)]
+    if t <= 1024:
+        pdl += [(1, 128, 1), (2, 128, 1), (4, 128, 2), (4, 256, 4), (8, 128, 4), (8, 256, 8), (4, 64, 1)]
+    for bt, bc, nw in pdl:
+        cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, pdl=True)
+        if width % bc == 0 and cfg not in out:
+            out.append(cfg)
     return out
 
 

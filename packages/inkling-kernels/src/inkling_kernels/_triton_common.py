@@ -6,10 +6,40 @@ stated, and written in PyTorch for the references, in
 
 from __future__ import annotations
 
+import functools
+import os
+
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decode_tap_codes", "last_writers", "match_last_writer", "match_rows", "pow2_ceil", "resolve_taps"]
+__all__ = [
+    "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows", "pdl_launch",
+    "pdl_supported", "pow2_ceil", "resolve_taps",
+]
+
+
+def is_interpreter() -> bool:
+    """Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pdl_supported(dev: torch.device) -> bool:
+    """Programmatic dependent launch (``launch_pdl`` and ``griddepcontrol``) is
+    available: compiled CUDA on SM 9.0 or newer."""
+    return dev.type == "cuda" and not is_interpreter() and _major_capability(dev.index) >= 9
+
+
+def pdl_launch(pdl: bool, dev: torch.device) -> dict[str, bool]:
+    """Launch keywords of a kernel with a ``USE_PDL`` constexpr: ``USE_PDL`` and
+    ``launch_pdl`` both on when ``pdl`` is asked for and supported, else off."""
+    on = pdl and pdl_supported(dev)
+    return {"USE_PDL": on, "launch_pdl": True} if on else {"USE_PDL": False}
+
+
+@functools.lru_cache(maxsize=None)
+def _major_capability(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def pow2_ceil(n: int) -> int:

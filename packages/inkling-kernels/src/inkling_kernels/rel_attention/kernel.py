@@ -62,13 +62,13 @@ the values of ``positions`` are not read.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import is_interpreter, pdl_launch
 from .paged import _check_caches, _float_tensor, _same_device, _tensor, check_write_kv_args
 from .reference import INDEX_DTYPES, check_log_scaling, check_scale, check_window
 
@@ -849,22 +849,6 @@ def _ticket_buffer(dev: torch.device, count: int) -> torch.Tensor:
     return buf
 
 
-def _pdl_supported(dev: torch.device) -> bool:
-    """Programmatic dependent launch: compiled CUDA on SM 9.0 or newer."""
-    return dev.type == "cuda" and not _is_interpreter() and _major_capability(dev.index) >= 9
-
-
-@functools.lru_cache(maxsize=None)
-def _major_capability(index: int | None) -> int:
-    return torch.cuda.get_device_capability(index)[0]
-
-
-def _is_interpreter() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def paged_rel_attention_triton(
     q: torch.Tensor,
     r: torch.Tensor,
@@ -968,10 +952,9 @@ def paged_rel_attention_triton(
     while combine_ch < 8 and 2 * combine_ch * block_m_dp <= 8192:
         combine_ch *= 2
     kc, vc = key_cache, value_cache
-    pdl = config.pdl and _pdl_supported(dev)
-    launch = {"launch_pdl": True} if pdl else {}
+    launch = pdl_launch(config.pdl, dev)
     main_launch = dict(launch)
-    if config.max_registers is not None and dev.type == "cuda" and not _is_interpreter():
+    if config.max_registers is not None and dev.type == "cuda" and not is_interpreter():
         main_launch["maxnreg"] = config.max_registers
     _rel_attention_kernel[grid](
         q, r, rel_proj, rl, kc, vc, block_table, qsl, sl, result, ws, wml, nsp, tickets,
@@ -991,8 +974,8 @@ def paged_rel_attention_triton(
         LOG_SCALE=prob.log_scaling is not None, BIAS_TABLE=use_table, BIAS_DIAG=use_diag, NUM_SPLITS=splits,
         FLAT=config.flat_grid and splits > 1, FUSED=fused,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, COMBINE_CH=combine_ch,
-        INTERPRET=_is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
-        PAGE_TILE=prob.block_size % block_n == 0, USE_PDL=pdl,
+        INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
+        PAGE_TILE=prob.block_size % block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
     )
     if splits > 1 and not fused:
@@ -1002,7 +985,7 @@ def paged_rel_attention_triton(
             hb *= 2
         _combine_kernel[(t_rows, -(-prob.num_q_heads // hb))](
             ws, wml, nsp, result, t_rows, result.stride(0), result.stride(1), result.stride(2),
-            NUM_Q_HEADS=prob.num_q_heads, HB=hb, SP=sp, DP=dp, HEAD_DIM=prob.head_dim, USE_PDL=pdl,
+            NUM_Q_HEADS=prob.num_q_heads, HB=hb, SP=sp, DP=dp, HEAD_DIM=prob.head_dim,
             num_warps=4, **launch,
         )
     return result

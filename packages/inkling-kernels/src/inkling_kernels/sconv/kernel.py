@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes, match_last_writer, pow2_ceil, resolve_taps
+from .._triton_common import decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 
@@ -214,7 +214,14 @@ def _fused_sconv_kernel(
     HPT: tl.constexpr,
     USE_MAP: tl.constexpr,
     STREAMS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:
+        # launched early (programmatic dependent launch): wait until the kernel before
+        # this one in the stream is done (it may write x, the cache or the map, or
+        # still read what this launch overwrites), then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # Channel chunks vary fastest: the programs of one row block run together
     # (shared shifted-row reads in L2; a row block that scans never trails).
     pid_c = tl.program_id(0)
@@ -350,6 +357,10 @@ class SconvConfig:
     # Benchmark-only switch: False skips the same-step hazard scan (incorrect under
     # same-step prefix hits); used to measure the scan's cost.
     hazard_scan: bool = True
+    # programmatic dependent launch (CUDA, SM 9.0+; ignored elsewhere): the launch may
+    # start while the kernel before it finishes and waits for it before touching
+    # memory, so only the launch latency overlaps
+    pdl: bool = False
 
 
 def _pow2_floor(n: int) -> int:
@@ -502,6 +513,7 @@ def launch_conv_streams(
         USE_MAP=tap_map is not None,
         STREAMS=len(streams),
         num_warps=cfg.num_warps,
+        **pdl_launch(cfg.pdl, cache.device),
     )
 
 
