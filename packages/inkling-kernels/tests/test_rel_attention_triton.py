@@ -466,8 +466,8 @@ def test_default_bias_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch,
 def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU's decode tiling as measured on the H200 (132 SMs; checked without a
     GPU): a few long requests fill exactly one wave of 3 register-capped programs on
-    every SM (1 x 8 KV heads: 49 splits) with launch overlap; many requests on a
-    global layer 2 warps, on a sliding layer 4."""
+    every SM (1 x 8 KV heads: 49 splits) with launch overlap; 2048 programs or more
+    on a global layer 2 warps, on a sliding layer 4 below 4096."""
     import dataclasses
 
     monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
@@ -484,6 +484,8 @@ def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.Mon
     assert (many.num_warps, many.pdl, many.max_registers) == (2, False, None), many
     sliding = dataclasses.replace(_problem(256, 256, 8), window=512, extent=512)
     assert choose_rel_attention_config(sliding, cuda, 8192).num_warps == 4
+    sliding16 = dataclasses.replace(_problem(256, 256, 16), window=512, extent=512)  # 4096 programs
+    assert choose_rel_attention_config(sliding16, cuda, 8192).num_warps == 2
     cpu = choose_rel_attention_config(_problem(1, 1, 8), torch.device("cpu"), 32768)
     assert (cpu.pdl, cpu.max_registers) == (False, None), cpu
 

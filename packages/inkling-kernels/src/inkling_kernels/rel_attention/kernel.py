@@ -799,12 +799,12 @@ def choose_rel_attention_config(
         bias = "diag"
     if decode:
         # measured on the H200: 2 warps once there are >= 2048 programs on global
-        # layers (256 x 8k: 2.08 ms, 4 warps 2.19); sliding layers (every tile near:
-        # 255 registers and spills at 2 warps) take 4 (256 x 8k, window 512: 0.211 ->
-        # 0.181 ms); below 2048 programs 4 warps, and 128-key tiles when the keys are
-        # not split
+        # layers (256 x 8k: 2.08 ms, 4 warps 2.19), >= 4096 on sliding ones (every
+        # tile near; at 2 warps 255 registers and spills: 256 x 8k, window 512, 8 KV
+        # heads 0.211 ms, 4 warps 0.181; 16 KV heads 0.385, 4 warps 0.391); with
+        # fewer programs 4 warps, and 128-key tiles when the keys are not split
         programs = blocks * hkv * splits
-        if programs < 2048 or problem.window is not None:
+        if programs < (4096 if problem.window is not None else 2048):
             warps = 4
             if splits == 1 and programs < 2048:
                 block_n = 128
