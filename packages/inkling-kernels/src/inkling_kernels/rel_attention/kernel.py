@@ -49,7 +49,10 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   workspace; :func:`_combine_kernel` merges them. A block that needs no split writes
   its output directly, so short requests in the batch cost no workspace traffic.
   This is what fills the GPU for decode batches of a few long requests; for those
-  the grid is flat, split fastest (``RelAttentionConfig.flat_grid``). Opt-in
+  the grid is flat, split fastest (``RelAttentionConfig.flat_grid``), the registers
+  capped so that 3 programs fit on an SM, the splits sized to one whole wave of them,
+  and the two launches overlap (programmatic dependent launch: the combine starts
+  while the split kernel finishes and waits for it on the device). Opt-in
   ``fused_combine``: no second launch, the last split of each query block and KV
   head (an atomic ticket in a persistent per-stream buffer, reset by that program)
   merges the partials; measured slower on the H200 at many splits (see
