@@ -641,7 +641,7 @@ def main() -> int:
     ap.add_argument("--layers", default="global", help="comma-separated layer kinds: global, sliding")
     ap.add_argument("--group-layers", type=int, default=GROUP_LAYERS,
                     help="layers sharing one tap map (the map build is amortised over them)")
-    ap.add_argument("--only", default=None, help="substring filter on '<layer> tp<k> <step>'")
+    ap.add_argument("--only", default=None, help="substring filter on '<layer> tp<k> <step>' ('|'-separated alternatives)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd norms")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, TRITON_INTERPRET=1, tiny shapes: every code path once, no timing")
@@ -678,7 +678,7 @@ def main() -> int:
     t0 = time.time()
     for shape in layer_shapes(kinds):
         for step, requests in (DRY_STEPS if DRY else STEPS):
-            if args.only and args.only not in f"{shape.name} {step}":
+            if args.only and not any(part in f"{shape.name} {step}" for part in args.only.split("|")):
                 continue
             try:
                 r = bench_case(shape, step, requests, peer, args.reps, gen, add_norm, norm, args.group_layers)

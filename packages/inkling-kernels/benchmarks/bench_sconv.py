@@ -485,7 +485,7 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
     ap.add_argument("--sweep-hot", action="store_true", help="the sweep also times each config hot")
     ap.add_argument("--hazard-launches", type=int, default=200)
-    ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--only", default=None, help="substring filter on case names ('|'-separated alternatives)")
     args = ap.parse_args()
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
@@ -504,7 +504,7 @@ def main() -> int:
     print(f"graph-timed copy {results['copy_all']}", flush=True)
     results["cases"] = []
     for case in cases():
-        if args.only and args.only not in case.name:
+        if args.only and not any(part in case.name for part in args.only.split("|")):
             continue
         r = bench_case(case, peer, args.reps, args.sweep, gen, args.sweep_hot)
         results["cases"].append(r)

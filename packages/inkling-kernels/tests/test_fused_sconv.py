@@ -201,3 +201,18 @@ def test_pad_only_batch(impl: str) -> None:
     world = PagedWorld(seed=4)
     batch = world.make_batch([], num_pad=3)
     world.run(batch, 1, impl)
+
+
+def test_default_config_launch_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mapped small batches take programmatic dependent launch (the H200 measurement in
+    ``choose_config``), large ones and map-less ones do not, and
+    ``INKLING_KERNELS_PDL=0`` turns it off (the launcher also drops it off SM 9.0+)."""
+    from inkling_kernels.sconv.kernel import choose_config
+
+    monkeypatch.delenv("INKLING_KERNELS_PDL", raising=False)
+    for t, heads, width in ((1, 48, 128), (256, 48, 128), (256, 6, 128), (1024, 8, 128)):
+        assert choose_config(t, heads, width, mapped=True).pdl, (t, heads, width)
+        assert not choose_config(t, heads, width, mapped=False).pdl
+    assert not choose_config(8192, 48, 128, mapped=True).pdl
+    monkeypatch.setenv("INKLING_KERNELS_PDL", "0")
+    assert not choose_config(256, 48, 128, mapped=True).pdl

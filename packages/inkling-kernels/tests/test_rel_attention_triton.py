@@ -471,6 +471,7 @@ def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.Mon
     import dataclasses
 
     monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
+    monkeypatch.delenv("INKLING_KERNELS_PDL", raising=False)
     cuda = torch.device("cuda")
     one = choose_rel_attention_config(_problem(1, 1, 8), cuda, 32768)
     assert (one.num_splits, one.flat_grid, one.pdl, one.max_registers) == (49, True, True, 160), one

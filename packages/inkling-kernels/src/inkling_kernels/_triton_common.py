@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 __all__ = [
-    "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows", "pdl_launch",
-    "pdl_supported", "pow2_ceil", "resolve_taps",
+    "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows", "pdl_default",
+    "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps",
 ]
 
 
@@ -28,6 +28,13 @@ def pdl_supported(dev: torch.device) -> bool:
     """Programmatic dependent launch (``launch_pdl`` and ``griddepcontrol``) is
     available: compiled CUDA on SM 9.0 or newer."""
     return dev.type == "cuda" and not is_interpreter() and _major_capability(dev.index) >= 9
+
+
+def pdl_default() -> bool:
+    """Whether the default tilings may use programmatic dependent launch: yes unless
+    ``INKLING_KERNELS_PDL=0`` (read at each choice; an escape hatch for stacks whose
+    CUDA graphs or profilers mishandle it, and the benchmarks' off switch)."""
+    return os.environ.get("INKLING_KERNELS_PDL", "1") != "0"
 
 
 def pdl_launch(pdl: bool, dev: torch.device) -> dict[str, bool]:

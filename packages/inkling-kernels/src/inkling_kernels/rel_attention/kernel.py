@@ -71,7 +71,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import is_interpreter, pdl_launch
+from .._triton_common import is_interpreter, pdl_default, pdl_launch
 from .paged import _check_caches, _float_tensor, _same_device, _tensor, check_write_kv_args
 from .reference import INDEX_DTYPES, check_log_scaling, check_scale, check_window
 
@@ -815,7 +815,7 @@ def choose_rel_attention_config(
         # near tiles weigh 3 far ones in the split, launches overlap (pdl), registers capped
         return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
                                   num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=True,
-                                  near_cost=3, pdl=True, max_registers=DECODE_FEW_REGS)
+                                  near_cost=3, pdl=pdl_default(), max_registers=DECODE_FEW_REGS)
     return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
                               num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=flat)
 
