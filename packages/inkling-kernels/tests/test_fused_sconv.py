@@ -119,6 +119,7 @@ def test_tile_configs() -> None:
         SconvConfig(block_t=16, block_c=8, num_warps=1, scan=4),
         SconvConfig(block_t=4, block_c=16, num_warps=1, scan=8),
         SconvConfig(block_t=32, block_c=4, num_warps=2, scan=32),
+        SconvConfig(block_t=4, block_c=16, num_warps=2, scan=8, pdl=True),  # (a launch option: no effect here)
     ]):
         rng = random.Random(20 + i)
         world = PagedWorld(dtype=torch.float32, seed=20 + i)
@@ -202,17 +203,3 @@ def test_pad_only_batch(impl: str) -> None:
     batch = world.make_batch([], num_pad=3)
     world.run(batch, 1, impl)
 
-
-def test_default_config_launch_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mapped small batches take programmatic dependent launch (the H200 measurement in
-    ``choose_config``), large ones and map-less ones do not, and
-    ``INKLING_KERNELS_PDL=0`` turns it off (the launcher also drops it off SM 9.0+)."""
-    from inkling_kernels.sconv.kernel import choose_config
-
-    monkeypatch.delenv("INKLING_KERNELS_PDL", raising=False)
-    for t, heads, width in ((1, 48, 128), (256, 48, 128), (256, 6, 128), (1024, 8, 128)):
-        assert choose_config(t, heads, width, mapped=True).pdl, (t, heads, width)
-        assert not choose_config(t, heads, width, mapped=False).pdl
-    assert not choose_config(8192, 48, 128, mapped=True).pdl
-    monkeypatch.setenv("INKLING_KERNELS_PDL", "0")
-    assert not choose_config(256, 48, 128, mapped=True).pdl

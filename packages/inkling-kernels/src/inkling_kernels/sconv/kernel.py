@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes, match_last_writer, pdl_default, pdl_launch, pow2_ceil, resolve_taps
+from .._triton_common import decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 
@@ -376,8 +376,7 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
 
     With a tap map (``mapped``), small batches (decode, speculative verification)
     take 4 rows x 128 channels on two warps once there is enough work (T*C >= 300k),
-    else one row on one warp, launched with programmatic dependent launch (unless
-    ``INKLING_KERNELS_PDL=0``); large batches take 32 x 128 (8 x 128 below 16M
+    else one row on one warp; large batches take 32 x 128 (8 x 128 below 16M
     elements) on four warps: measured best in every class, 0.8-1.0 of the device's
     copy bandwidth for T >= 2048.
 
@@ -395,14 +394,12 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     if mapped:
         block_c = min(block_c, 128)
         if num_tokens <= 1024:
-            # programmatic dependent launch (on SM 9.0+): the launch latency overlaps
-            # the kernel before (H200, decode 256 ATTN 8.02 -> 7.44 µs, at tp 8
-            # 2.95 -> 2.54). It slowed large grids of one-warp programs (1 x 128
-            # tiles at T * C = 1.6M, 12288 programs: 10.8 -> 15.6 µs), which the
-            # one-warp tile here (T * C < 300k: at most 2344 programs) never is.
+            # (``pdl`` stays off: launched back to back it made this kernel 7-15 %
+            # faster, but in a layer whose other launches do not use it the layer
+            # was 0.1-0.2 µs slower; benchmarks/RESULTS_sweep_mapped.md, session 10)
             if work >= 300_000:
-                return SconvConfig(block_t=4, block_c=block_c, num_warps=2, pdl=pdl_default())
-            return SconvConfig(block_t=1, block_c=block_c, num_warps=1, pdl=pdl_default())
+                return SconvConfig(block_t=4, block_c=block_c, num_warps=2)
+            return SconvConfig(block_t=1, block_c=block_c, num_warps=1)
         return SconvConfig(block_t=32 if work >= 16 * 2**20 else 8, block_c=block_c, num_warps=4)
     if num_tokens <= 1024:
         if block_c == stream_width < 256:
