@@ -4,6 +4,8 @@
 #   stage NAME    "== NAME at +S s" (and "(left L s)" when $BUDGET is set), also to $OUT/stages.txt
 #   device_info   GPU, software versions, commit ($INKLING_COMMIT where the copy has no .git)
 #                 and date, also to $OUT/device.txt (a script appends its own lines after it)
+#   attention_gpu_tests [LIMIT_S]
+#                 the relative-logit attention's GPU tests (8 workers), tail to $OUT/tests.log
 set -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 cd "$ROOT" || exit 1
@@ -24,4 +26,9 @@ device_info() {
     echo "commit $(git rev-parse HEAD 2>/dev/null || echo "${INKLING_COMMIT:-unknown (no .git on the device; set INKLING_COMMIT)}")"
     date -u +%Y-%m-%dT%H:%M:%SZ
   } 2>&1 | tee "$OUT/device.txt"
+}
+attention_gpu_tests() {
+  timeout "${1:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider \
+    packages/inkling-kernels/tests/test_rel_attention_triton.py packages/inkling-kernels/tests/test_rel_attention.py \
+    2>&1 | tail -30 | tee "$OUT/tests.log"
 }

@@ -10,8 +10,7 @@ source "$(dirname "$0")/device_env.sh"
 R=$OUT
 device_info
 stage "a. GPU tests"
-timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider packages/inkling-kernels/tests/test_rel_attention_triton.py \
-  packages/inkling-kernels/tests/test_rel_attention.py 2>&1 | tail -30 | tee "$R/tests.log"
+attention_gpu_tests 150
 stage "b. full table"
 timeout 300 python3 $B/bench_rel_attention.py --no-sweep --budget-s 1e9 \
   --json "$R/bench.json" --md "$R/bench.md" 2>&1 | tee "$R/bench.log"

@@ -7,8 +7,7 @@ source "$(dirname "$0")/device_env.sh"
 R=$OUT
 device_info
 stage "a. GPU tests"
-timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider packages/inkling-kernels/tests/test_rel_attention_triton.py \
-  packages/inkling-kernels/tests/test_rel_attention.py 2>&1 | tail -5 | tee "$R/tests.log"
+attention_gpu_tests 150
 stage "b. decode defaults"
 timeout 150 python3 $B/bench_rel_attention.py --only "decode|spec" --no-sweep --no-flex --no-torch \
   --budget-s 1e9 --json "$R/final.json" --md "$R/final.md" 2>&1 | tail -25 | tee "$R/final.log"
