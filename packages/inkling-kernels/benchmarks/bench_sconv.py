@@ -290,6 +290,11 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, pdl=True)
         if width % bc == 0 and cfg not in out:
             out.append(cfg)
+    # one load a tap (session 10: 16x128/4w with it was the fastest row at T x C >= 2^20)
+    for bt, bc, nw in ((out[0].block_t, out[0].block_c, out[0].num_warps), (16, 128, 4), (8, 128, 4)):
+        cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, tap_select=True)
+        if width % bc == 0 and cfg not in out:
+            out.append(cfg)
     return out
 
 
@@ -347,16 +352,19 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
     res["max_abs_err_vs_ref_map"] = float((got.float() - ref.float()).abs().max())
     got = fused_sconv_triton(s.x, weight, cache, s.batch, off, width, auto_map=False)
     res["max_abs_err_vs_ref_mapless"] = float((got.float() - ref.float()).abs().max())
-    if sweep:  # tiles of the mapped kernel
+    if sweep:  # tiles of the mapped kernel, each checked against the reference on set 0
         rows = []
         for cfg in sweep_configs(case):
             try:
+                got = fused_sconv_triton(s.x, weight, cache, s.mapped, off, width, config=cfg, auto_map=False)
+                err = float((got.float() - ref.float()).abs().max())
                 us = time_graph(ours(cfg, mapped=True), reps)
                 hot_us = time_graph([ours(cfg, mapped=True)[0]] * 16, reps) if sweep_hot else None
             except Exception as e:  # a config that fails to compile: report, go on
                 rows.append((dataclasses.asdict(cfg), None, repr(e)[:120]))
                 continue
-            rows.append((dataclasses.asdict(cfg), us, f"hot {hot_us:.2f}" if hot_us is not None else None))
+            note = f"err {err:.3g}" + (f", hot {hot_us:.2f}" if hot_us is not None else "")
+            rows.append((dataclasses.asdict(cfg), us, note))
         rows.sort(key=lambda r: r[1] if r[1] is not None else 1e9)
         res["sweep"] = rows
     del cache, sets
