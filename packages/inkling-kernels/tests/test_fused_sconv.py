@@ -128,6 +128,25 @@ def test_tile_configs() -> None:
             world.run(batch, s, "triton", config=cfg)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_one_load_tap(kind: str, dtype: torch.dtype) -> None:
+    """``tap_select`` (mapped launches: one load a tap, its address picked per row from
+    the x row or the cache slot): every check of the suite on each stream, with tiles
+    whose rows mix taps from this forward and from the cache."""
+    from inkling_kernels.sconv.kernel import SconvConfig
+
+    for i, cfg in enumerate([SconvConfig(block_t=4, block_c=16, num_warps=2, tap_select=True),
+                             SconvConfig(block_t=1, block_c=8, num_warps=1, tap_select=True)]):
+        seed = 60 + 7 * i + ["decode", "prefill", "mixed"].index(kind)
+        rng = random.Random(seed)
+        world = PagedWorld(dtype=dtype, seed=seed)
+        batch = world.make_batch(_trace(world, kind, rng), num_pad=2)
+        for s in range(3):
+            world.run(batch, s, "triton_map", config=cfg)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_multi_step(impl: str) -> None:
     """Many steps of mixed chunked prefill, decode and speculative verification with

@@ -215,6 +215,7 @@ def _fused_sconv_kernel(
     USE_MAP: tl.constexpr,
     STREAMS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    TAP_SELECT: tl.constexpr = False,
 ):
     if USE_PDL:
         # launched early (programmatic dependent launch): wait until the kernel before
@@ -298,16 +299,23 @@ def _fused_sconv_kernel(
                 from_cache = cslot >= 0
                 xrow = tl.where(from_x, xrow, 0)
                 cslot = tl.where(from_cache, cslot, 0)
-                tap = tl.load(
-                    xs_ptr + xrow[:, None] * sx + chan[None, :],
-                    mask=from_x[:, None] & cmask[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-                tap += tl.load(
-                    cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + scol[None, :],
-                    mask=from_cache[:, None] & cmask[None, :],
-                    other=0.0,
-                ).to(tl.float32)
+                if TAP_SELECT:
+                    # one load a tap: the address picked per row from x or the cache
+                    xp = xs_ptr + xrow[:, None] * sx + chan[None, :]
+                    cp = cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + scol[None, :]
+                    tap = tl.load(tl.where(from_x[:, None], xp, cp),
+                                  mask=(from_x | from_cache)[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+                else:
+                    tap = tl.load(
+                        xs_ptr + xrow[:, None] * sx + chan[None, :],
+                        mask=from_x[:, None] & cmask[None, :],
+                        other=0.0,
+                    ).to(tl.float32)
+                    tap += tl.load(
+                        cache_ptr + ((cslot // N) * stride_cb + (cslot % N) * stride_cn)[:, None] + scol[None, :],
+                        mask=from_cache[:, None] & cmask[None, :],
+                        other=0.0,
+                    ).to(tl.float32)
             else:
                 trow = rows64 - dist
                 in_fwd = rmask & (pos - dist >= 0) & (trow >= qs) & (trow >= 0)
@@ -361,6 +369,12 @@ class SconvConfig:
     # start while the kernel before it finishes and waits for it before touching
     # memory, so only the launch latency overlaps
     pdl: bool = False
+    # mapped launches: one load a tap, its address picked per row (the x row or the
+    # cache slot) instead of two masked loads. Opt-in: on the H200 16x128/4w tiles
+    # with it were 5-17 % faster at T x C >= 2^20, 32-row tiles much slower
+    # (benchmarks/RESULTS_prefill_exp.md, session 10); not yet checked on a GPU for
+    # correctness, so not a default
+    tap_select: bool = False
 
 
 def _pow2_floor(n: int) -> int:
@@ -516,6 +530,7 @@ def launch_conv_streams(
         USE_MAP=tap_map is not None,
         STREAMS=len(streams),
         num_warps=cfg.num_warps,
+        TAP_SELECT=cfg.tap_select,
         **pdl_launch(cfg.pdl, cache.device),
     )
 
