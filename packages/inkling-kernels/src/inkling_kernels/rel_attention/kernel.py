@@ -774,14 +774,14 @@ def choose_rel_attention_config(
     splits = 1
     while splits < 64 and blocks * hkv * splits * 2 <= target:
         splits *= 2
-    flat = few = False
+    few = False  # decode of a few long requests: flat grid, capped registers, pdl
     if decode and splits >= 16 and device.type == "cuda":
         # few long requests: the splits fill exactly one wave of DECODE_FEW_PER_SM
         # programs on every SM (1 request x 8 KV heads on 132 SMs: 49 splits), flat
         # grid. A second wave, or a wave with empty slots, is what cost before: uncapped
         # (2 programs an SM) 32 splits took 48.3 us, 33 splits 44.6, 48 splits 58.0.
         splits = max(2, min(MAX_SPLITS, DECODE_FEW_PER_SM * _num_sms(device) // (blocks * hkv)))
-        flat = few = True
+        few = True
         stages = 3
     if max_seq_len is not None:
         while splits > 1 and -(-max_seq_len // block_n) < 4 * splits:
@@ -811,13 +811,12 @@ def choose_rel_attention_config(
             warps = 4
             if splits == 1 and programs < 2048:
                 block_n = 128
-    if few:
-        # near tiles weigh 3 far ones in the split, launches overlap (pdl), registers capped
-        return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
-                                  num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=True,
-                                  near_cost=3, pdl=pdl_default(), max_registers=DECODE_FEW_REGS)
+    # few long requests: near tiles weigh 3 far ones in the split, launches overlap
+    # (pdl), registers capped
+    few_kw = dict(near_cost=3, pdl=pdl_default(), max_registers=DECODE_FEW_REGS) if few else {}
     return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
-                              num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=flat)
+                              num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=few,
+                              **few_kw)
 
 
 # Ticket counters of the fused combine, per (device, stream): int32 zeros that every
