@@ -149,7 +149,9 @@ def _norm_launches(only: str | None) -> Any:
                 if t == 1:
                     yield f"{name} | norm, {forced}", lambda: K.sconv_add_rmsnorm_triton(*args, *norm, config=forced)
                 if hasattr(K, "sconv_add_triton"):
-                    yield f"{name} | no norm, default", lambda: K.sconv_add_triton(*args)
+                    # (auto_map off: a large map-less launch would build a map first, a
+                    # real launch, which needs a GPU)
+                    yield f"{name} | no norm, default", lambda: K.sconv_add_triton(*args, auto_map=False)
 
     return K, "_sconv_add_rmsnorm_kernel", (), launches()
 

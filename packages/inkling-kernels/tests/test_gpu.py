@@ -114,6 +114,35 @@ def test_inkling_shapes_vs_reference(
     assert torch.equal(bits(storage.cpu()), bits(world.storage))
 
 
+# One load a tap (SconvConfig.tap_select) on the tiles it is proposed for (16 x 128,
+# launches of T x C >= 2^20) and the small-launch tiles, on the step's map.
+ONE_LOAD_TILES = [(16, 128, 4), (4, 128, 2), (1, 128, 1)]
+
+
+@pytest.mark.parametrize("tile", ONE_LOAD_TILES, ids=[f"{t}x{c}w{w}" for t, c, w in ONE_LOAD_TILES])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_one_load_tap_vs_reference(shape: tuple, tile: tuple[int, int, int], case_seed: Callable[..., int]) -> None:
+    """The mapped kernel with ``tap_select`` on Inkling shapes (bf16, N 16), a mixed
+    batch whose tiles hold rows with taps in this forward and in the cache: against
+    the reference and the cache, bit for bit."""
+    from inkling_kernels.sconv.kernel import SconvConfig, fused_sconv_triton
+
+    name, heads, head_size, off, width = shape
+    rng = random.Random(case_seed("one-load", name, *tile) % 10_000)
+    world = PagedWorld(num_heads=heads, head_size=head_size, block_size=16, streams=((off, width),),
+                       dtype=torch.bfloat16, num_blocks=160, page_pad=64, seed=rng.randint(0, 999))
+    batch = world.make_batch(_mixed(world, rng, scale=2), num_pad=5)
+    storage, cache = _gpu_copy(world)
+    meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
+    cfg = SconvConfig(block_t=tile[0], block_c=tile[1], num_warps=tile[2], tap_select=True)
+    out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, _gpu_map(meta, 16), off, width,
+                             config=cfg)
+    torch.cuda.synchronize()
+    ref = world.run(batch, 0, "reference")
+    torch.testing.assert_close(out.cpu(), ref, **TOL[torch.bfloat16])
+    assert torch.equal(bits(storage.cpu()), bits(world.storage))
+
+
 def _replay_step(world: PagedWorld, rng: random.Random, st: dict[str, torch.Tensor], rows: int, reqs: int) -> Any:
     """A new random batch of ``rows`` rows (decodes, short chunks, pad rows) from new
     requests with long histories; its metadata copied into the static buffers ``st``."""
@@ -501,14 +530,14 @@ def test_add_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit:
     want = (hidden.float() + case["expected"].float()).to(torch.bfloat16)
     meta = [d["positions"], d["table"], d["seq"], d["slots"], d["qs"]]
     batch = _gpu_map(meta, d["n"]) if path == "map" else _batch(meta, d["n"])
-    hidden_gpu = hidden.cuda()
+    hidden_gpu, want_gpu = hidden.cuda(), want.cuda()  # (compared on the GPU: 50-200 launches)
     stale = 0
     for _ in range(launches):
         ps = d["pre_slots"]
         d["cache"][ps // d["n"], :, ps % d["n"], d["off"]: d["off"] + d["width"]] = float("nan")
         out = fused_sconv_add(hidden_gpu, d["x"], d["weight"], d["cache"], batch, d["off"], d["width"])
         try:
-            assert_add_close(out.cpu(), want, hidden)
+            assert_add_close(out, want_gpu, hidden_gpu)
         except AssertionError:
             stale += 1
     assert stale == 0, f"{stale} of {launches} launches had a stale tap"

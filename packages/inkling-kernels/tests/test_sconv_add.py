@@ -8,6 +8,7 @@ against the reference op; the cache is written exactly where it must be
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -45,11 +46,13 @@ CONFIGS = [
     NormConfig(block_t=2, block_h=1, block_j=4, num_warps=1, scan=8, split=4),  # 3 chunks each, 3 masked
     NormConfig(block_t=1, block_h=2, block_j=16, num_warps=2, scan=16, split=1),  # the whole row, masked
     NormConfig(block_t=8, block_h=4, block_j=8, num_warps=1, scan=16, split=2),  # masked heads
+    NormConfig(block_t=2, block_h=1, block_j=4, num_warps=1, scan=8, split=4, tap_select=True),  # one load a tap
 ]
 
 
 @pytest.mark.parametrize("config,impl", [(c, KERNEL_IMPLS[i % 2]) for i, c in enumerate(CONFIGS)] + [
-    (CONFIGS[1], KERNEL_IMPLS[0])], ids=lambda v: v if isinstance(v, str) else f"t{v.block_t}h{v.block_h}j{v.block_j}s{v.split}")
+    (CONFIGS[1], KERNEL_IMPLS[0]), (CONFIGS[4], KERNEL_IMPLS[1])],
+    ids=lambda v: v if isinstance(v, str) else f"t{v.block_t}h{v.block_h}j{v.block_j}s{v.split}{'ts' * v.tap_select}")
 def test_tile_configs(config: NormConfig, impl: str) -> None:
     rng = random.Random(31 + config.split)
     world = PagedWorld(num_heads=3, head_size=24, streams=((13, 10),), dtype=torch.float16, seed=5)
@@ -85,10 +88,10 @@ def test_same_step_prefix_hit(hit: int, hit_first: bool) -> None:
     for s in (2,):  # 2 heads of 10 channels: 2 chunks, the second masked
         hidden = (2 * world.randn(*batch.x[s].shape)).to(world.dtype)
         hidden[b0 : b0 + b_len] = hidden[a0 + hit : a0 + prompt_len]
-        for impl in ("reference", *KERNEL_IMPLS):
+        for impl, config in [("reference", None), *[(i, cfg) for i in KERNEL_IMPLS],
+                             *[(i, dataclasses.replace(cfg, tap_select=True)) for i in KERNEL_IMPLS]]:
             world.storage.copy_(pre)
-            _, out = world.run_add(batch, s, impl, hidden=hidden, config=cfg if impl != "reference" else None,
-                                   device=KERNEL_DEVICE)
+            _, out = world.run_add(batch, s, impl, hidden=hidden, config=config, device=KERNEL_DEVICE)
             assert torch.equal(bits(out[b0 : b0 + b_len]), bits(out[a0 + hit : a0 + prompt_len]))
 
 

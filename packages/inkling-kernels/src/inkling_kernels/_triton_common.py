@@ -37,6 +37,15 @@ def pdl_default() -> bool:
     return os.environ.get("INKLING_KERNELS_PDL", "1") != "0"
 
 
+def tap_select_default() -> bool:
+    """Whether the conv kernels' default tilings take the one-load tap
+    (``SconvConfig.tap_select`` / ``NormConfig.tap_select``): only with
+    ``INKLING_KERNELS_TAP_SELECT=1`` (read at each choice). Off by default until a GPU
+    run checks and times it in the default tilings; the switch lets that run (and a
+    user) try the proposed defaults without code changes."""
+    return os.environ.get("INKLING_KERNELS_TAP_SELECT", "0") == "1"
+
+
 def pdl_launch(pdl: bool, dev: torch.device) -> dict[str, bool]:
     """Launch keywords of a kernel with a ``USE_PDL`` constexpr: ``USE_PDL`` and
     ``launch_pdl`` both on when ``pdl`` is asked for and supported, else off."""

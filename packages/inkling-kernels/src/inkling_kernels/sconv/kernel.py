@@ -49,7 +49,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps
+from .._triton_common import (
+    decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps, tap_select_default,
+)
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 
@@ -373,7 +375,8 @@ class SconvConfig:
     # cache slot) instead of two masked loads. Opt-in: on the H200 16x128/4w tiles
     # with it were 5-17 % faster at T x C >= 2^20, 32-row tiles much slower
     # (benchmarks/RESULTS_prefill_exp.md, session 10); not yet checked on a GPU for
-    # correctness, so not a default
+    # correctness, so a default only with INKLING_KERNELS_TAP_SELECT=1
+    # (choose_config)
     tap_select: bool = False
 
 
@@ -399,6 +402,9 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     narrow power-of-two head (< 256 channels) shares its tile with the next heads, up
     to 512 channels (decode 256 x K 128-channel heads: 7.2 -> 6.3 µs with 512); large
     batches take ~2k-element tiles on four warps (eight warps measured far slower).
+
+    With ``INKLING_KERNELS_TAP_SELECT=1`` a mapped launch of ``T * C >= MAP_MIN_WORK``
+    takes the proposed default instead: 16 x BLOCK_C tiles with one load a tap.
     """
     if stream_width % 32 == 0:
         block_c = min(256, stream_width & -stream_width)
@@ -407,6 +413,13 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     work = num_tokens * num_heads * stream_width
     if mapped:
         block_c = min(block_c, 128)
+        if tap_select_default() and work >= MAP_MIN_WORK:
+            # The proposed default (INKLING_KERNELS_TAP_SELECT=1 until checked on a
+            # GPU): 16-row tiles with one load a tap, 5-17 % faster than the tiles
+            # below at T x C >= 2^20 on the H200 (benchmarks/RESULTS_prefill_exp.md,
+            # session 10); 32-row tiles with it were slower.
+            return SconvConfig(block_t=16, block_c=block_c, num_warps=max(1, min(4, 16 * block_c // 512)),
+                               tap_select=True)
         if num_tokens <= 1024:
             # (``pdl`` stays off: launched back to back it made this kernel 7-15 %
             # faster, but in a layer whose other launches do not use it the layer

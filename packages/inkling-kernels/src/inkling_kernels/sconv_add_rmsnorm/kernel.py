@@ -53,13 +53,14 @@ enough buffer while a CUDA graph is being captured on it uses ``SPLIT = 1`` inst
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes, last_writers, pow2_ceil, resolve_taps
+from .._triton_common import decode_tap_codes, last_writers, pow2_ceil, resolve_taps, tap_select_default
 from ..batch import SconvBatch
 from ..checks import SconvProblem
 
@@ -82,12 +83,26 @@ def _column(table, kidx, i: tl.constexpr):
 
 
 @triton.jit
+def _tap(d_ptr, cache_ptr, d_off, d_on, c_off, c_on, chan, ccol, con, TAP_SELECT: tl.constexpr):
+    """One earlier tap's values (fp32, 0 where a row has none): each row reads its row
+    of ``d`` (``d_on``: in this forward, or a same-step writer) or its cache slot
+    (``c_on``); never both. ``TAP_SELECT``: one load, its address picked per row;
+    else two masked loads, one of them always off (both issue)."""
+    if TAP_SELECT:
+        src = tl.where(d_on, d_ptr + d_off + chan, cache_ptr + c_off + ccol)
+        return tl.load(src, mask=(d_on | c_on) & con, other=0.0).to(tl.float32)
+    tap = tl.load(d_ptr + d_off + chan, mask=d_on & con, other=0.0).to(tl.float32)
+    tap += tl.load(cache_ptr + c_off + ccol, mask=c_on & con, other=0.0).to(tl.float32)
+    return tap
+
+
+@triton.jit
 def _chunk(
     ci, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
     row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
     stride_wc, stride_wk, stride_ch, stream_offset,
     NH: tl.constexpr, WS: tl.constexpr, W: tl.constexpr, NJ: tl.constexpr, NCH: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_J: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_J: tl.constexpr, TAP_SELECT: tl.constexpr,
 ):
     """Chunk ``ci`` of the rows: slot store, conv, residual adds, ``new_h`` store.
     Returns ``new_h`` ([BLOCK_T, BLOCK_H, BLOCK_J], d's dtype, 0 where masked) and the
@@ -109,8 +124,7 @@ def _chunk(
     acc = wv.to(tl.float32) * d32
     for i in tl.static_range(W - 1):
         wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=con, other=0.0)
-        tap = tl.load(d_ptr + d_off[i] + chan, mask=d_on[i] & con, other=0.0).to(tl.float32)
-        tap += tl.load(cache_ptr + c_off[i] + ccol, mask=c_on[i] & con, other=0.0).to(tl.float32)
+        tap = _tap(d_ptr, cache_ptr, d_off[i], d_on[i], c_off[i], c_on[i], chan, ccol, con, TAP_SELECT)
         acc += wv.to(tl.float32) * tap
     s = (d32 + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
     new_h = (h_tile.to(tl.float32) + s).to(d_ptr.dtype.element_ty)
@@ -165,6 +179,7 @@ def _sconv_add_rmsnorm_kernel(
     USE_MAP: tl.constexpr,
     ROW_LOOP: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    TAP_SELECT: tl.constexpr = False,
 ):
     CHANNELS: tl.constexpr = NH * WS
     NJ: tl.constexpr = (WS + BLOCK_J - 1) // BLOCK_J
@@ -243,7 +258,7 @@ def _sconv_add_rmsnorm_kernel(
                 tl.program_id(1) + k * SPLIT, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
                 row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
                 stride_wc, stride_wk, stride_ch, stream_offset,
-                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
+                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J, TAP_SELECT,
             )
     elif ROW_LOOP:
         # main's path (SPLIT == 1): the rows' tiles in a runtime loop, squares kept as a
@@ -267,8 +282,7 @@ def _sconv_add_rmsnorm_kernel(
                 conv = wl.to(tl.float32) * dv32
                 for i in tl.static_range(W - 1):
                     wl = tl.load(w_ptr + ch * stride_wc + i * stride_wk, mask=cm, other=0.0)
-                    tv = tl.load(d_ptr + d_off[i] + ch, mask=d_on[i] & cm, other=0.0).to(tl.float32)
-                    tv += tl.load(cache_ptr + c_off[i] + cc, mask=c_on[i] & cm, other=0.0).to(tl.float32)
+                    tv = _tap(d_ptr, cache_ptr, d_off[i], d_on[i], c_off[i], c_on[i], ch, cc, cm, TAP_SELECT)
                     conv += wl.to(tl.float32) * tv
                 sv = (dv32 + conv).to(d_ptr.dtype.element_ty).to(tl.float32)
                 nhv = (hv_t.to(tl.float32) + sv).to(d_ptr.dtype.element_ty)
@@ -301,7 +315,7 @@ def _sconv_add_rmsnorm_kernel(
                 ci, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
                 row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
                 stride_wc, stride_wk, stride_ch, stream_offset,
-                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
+                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J, TAP_SELECT,
             )
             kept = kept + (nh,)
             sumsq += sq
@@ -363,6 +377,10 @@ class NormConfig:
     scan: int = 256
     split: int = 1
     row_loop: bool = False
+    # one load a tap (its address picked per row: the row of d or the cache slot)
+    # instead of two masked loads; opt-in like fused_sconv's SconvConfig.tap_select
+    # until measured for this kernel on a GPU
+    tap_select: bool = False
 
 
 def _block_j(stream_width: int) -> int:
@@ -400,7 +418,15 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
 
     Between the measured sizes (1, 8, 16, 32, 64, 128, 256, 1024, 2048, 2303, 8192) the
     crossovers are not measured; main's path is kept wherever it is not known to lose.
+
+    ``INKLING_KERNELS_TAP_SELECT=1``: the same tiles with one load a tap (not measured
+    for this kernel yet).
     """
+    cfg = _norm_tiles(num_tokens, num_heads, stream_width)
+    return dataclasses.replace(cfg, tap_select=True) if tap_select_default() else cfg
+
+
+def _norm_tiles(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
     if 16 < num_tokens < 8192:
         return main_norm_config(num_heads, stream_width)
     block_j = _block_j(stream_width)
@@ -489,6 +515,7 @@ def _launch(
         USE_MAP=tap_map is not None,
         ROW_LOOP=cfg.row_loop,
         HAS_NORM=norm is not None,
+        TAP_SELECT=cfg.tap_select,
         num_warps=cfg.num_warps,
     )
 
@@ -562,7 +589,7 @@ def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped
     keys = conv.block_t * pow2_ceil(kernel_size)
     scan = max(16, min(256, 1 << (max(1, 1024 * conv.num_warps // keys).bit_length() - 1)))
     return NormConfig(block_t=conv.block_t, block_h=block_h, block_j=block_j, num_warps=conv.num_warps,
-                      scan=scan, split=min(chunks, _MAX_GRID_1))
+                      scan=scan, split=min(chunks, _MAX_GRID_1), tap_select=conv.tap_select)
 
 
 def launch_sconv_add(
