@@ -1,17 +1,52 @@
 #!/usr/bin/env bash
-# For the next device call (nvidia-h200): the conv kernel's sweep over every
-# bench_sconv case, each row (the one-load tap `tap_select` rows included) checked
-# against fused_sconv_ref on the GPU before it is timed, cold and hot, with vLLM
-# 0.33.0's kernel in the same run (.peer carried: fetch_peer.py). Outputs packed in
-# $OUT/call.tgz. A clean run ("err" at bf16 rounding on every row) is what the
-# one-load tap needs before it becomes the mapped default at T x C >= 2^20
-# (RESULTS_prefill_exp.md, session 10).
-#   INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_tap_select_device.sh
+# The next device calls (nvidia-h200) for the one-load tap (SconvConfig.tap_select,
+# NormConfig.tap_select; INKLING_KERNELS_TAP_SELECT=1 switches on the proposed defaults:
+# 16-row mapped conv tiles at T x C >= 2^20, the add and norm kernels with one load a tap).
+# Two calls, each under the 600 s limit; outputs packed in $OUT/call.tgz.
+#
+#   INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_tap_select_device.sh tests
+#     a. the conv family's GPU tests with the switch on (every default tiling the switch
+#        changes, the one-load tile tests, the add/norm kernels' tests on CUDA);
+#     b. fused_sconv_add's graph-replay and many-launch hazard tests with the defaults
+#        (not yet shown passing on a GPU: earlier calls ran out of device time).
+#   INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_tap_select_device.sh bench
+#     (.peer carried: fetch_peer.py) c. bench_sconv --sweep, every row (the one-load rows
+#     included) checked against fused_sconv_ref before it is timed, cold and hot, vLLM
+#     0.33.0's kernel in the same run; d. bench_layer on global and sliding layers, ours
+#     timed with the defaults and again with the switch on, the peer in the same run.
+#
+# Clean tests and "ok" checks everywhere, and the one-load rows faster, are what the
+# switch needs before its proposal becomes the default (RESULTS_prefill_exp.md, session 10).
 OUT=${OUT:-device-out}/r
 source "$(dirname "$0")/device_env.sh"
 device_info
-stage "a. conv sweep, rows checked"
-timeout 400 python3 $B/bench_sconv.py --peer-dir .peer --sweep --sweep-hot --reps 30 --hazard-launches 0 \
-  --json "$OUT/sweep.json" --md "$OUT/sweep.md" > "$OUT/sweep.log" 2>&1
+T=packages/inkling-kernels/tests
+case "${1:-}" in
+  tests)
+    stage "a. conv GPU tests, INKLING_KERNELS_TAP_SELECT=1"
+    INKLING_KERNELS_TAP_SELECT=1 timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider \
+      $T/test_gpu.py $T/test_sconv_add.py $T/test_sconv_add_rmsnorm.py $T/test_sconv_kv.py \
+      > "$OUT/tests_tap_select.log" 2>&1
+    tail -25 "$OUT/tests_tap_select.log"
+    stage "b. fused_sconv_add graph replay + hazard tests, defaults"
+    timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py \
+      -k "add_cuda_graph or add_same_step" > "$OUT/tests_add.log" 2>&1
+    tail -15 "$OUT/tests_add.log"
+    ;;
+  bench)
+    stage "c. conv sweep, rows checked"
+    timeout 330 python3 $B/bench_sconv.py --peer-dir .peer --sweep --sweep-hot --reps 30 --hazard-launches 0 \
+      --json "$OUT/sweep.json" --md "$OUT/sweep.md" > "$OUT/sweep.log" 2>&1
+    tail -5 "$OUT/sweep.log"
+    stage "d. layer, defaults and one-load, peer"
+    timeout 220 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 --tap-select \
+      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
+    tail -40 "$OUT/layer.log"
+    ;;
+  *)
+    echo "usage: $0 tests|bench" >&2
+    exit 2
+    ;;
+esac
 stage "done"
 tar czf "$OUT/../call.tgz" -C "$OUT" .
