@@ -291,7 +291,8 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
         if width % bc == 0 and cfg not in out:
             out.append(cfg)
     # one load a tap (session 10: 16x128/4w with it was the fastest row at T x C >= 2^20)
-    for bt, bc, nw in ((out[0].block_t, out[0].block_c, out[0].num_warps), (16, 128, 4), (8, 128, 4)):
+    for bt, bc, nw in ((out[0].block_t, out[0].block_c, out[0].num_warps), (16, 128, 4), (8, 128, 4),
+                       (4, 128, 2), (16, 256, 8), (16, 64, 2)):
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, tap_select=True)
         if width % bc == 0 and cfg not in out:
             out.append(cfg)
