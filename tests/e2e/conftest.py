@@ -40,7 +40,7 @@ VARIANTS = ("default", "padded", "release")
 #: engines started first when several run side by side, longest first (two cores:
 #: interp_map ~570 s alone, interp_attn 320-390 s beside another, the rest 35-140 s),
 #: so that no long one is left running alone at the end
-LONG_ENGINES = ("interp_map", "interp_attn", "preempt_tail", "bf16", "tp2", "release")
+LONG_ENGINES = ("interp_map", "interp_attn", "preempt_tail", "bf16", "tp2_interp", "tp2", "release")
 _WANTED = pytest.StashKey[list[tuple[str, str]]]()
 _TIMES = pytest.StashKey[dict[str, float]]()
 

