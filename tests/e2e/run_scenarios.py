@@ -226,6 +226,12 @@ def sc_inspect(llm: Any) -> dict[str, Any]:
 
 
 COMMON = dict(dtype="float32", max_model_len=512, seed=0, disable_log_stats=False)
+# The GPU code path on CPU: CPU tensors go to the Triton kernels, interpreted
+# (``_env`` is applied before vLLM, and through it Triton, is imported).
+INTERPRETED = {"INKLING_KERNELS_CPU_BACKEND": "triton", "TRITON_INTERPRET": "1"}
+# ... with the relative-logit attention on its PyTorch path (interpreted, it costs
+# about a second per layer and step)
+INTERPRETED_CONV = {**INTERPRETED, "INKLING_KERNELS_CPU_ATTENTION": "reference"}
 
 ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # vLLM defaults: torch.compile, prefix caching and chunked prefill on; the
@@ -299,16 +305,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # hidden shard (between the reduce-scatter and the all-gather), the RMSNorm of the
     # gathered shards, the step's tap map; the attention on its PyTorch path
     "tp2_interp": (
-        dict(
-            _env={
-                "INKLING_KERNELS_CPU_BACKEND": "triton",
-                "TRITON_INTERPRET": "1",
-                "INKLING_KERNELS_CPU_ATTENTION": "reference",
-            },
-            enforce_eager=True,
-            tensor_parallel_size=2,
-            max_num_seqs=8,
-        ),
+        dict(_env=INTERPRETED_CONV, enforce_eager=True, tensor_parallel_size=2, max_num_seqs=8),
         ["concurrent_tiny"],
     ),
     # n-gram speculative decoding: verification batches of 1 + k tokens per request
@@ -328,14 +325,8 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # control, launch counting).
     "interp_map": (
         dict(
-            _env={
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "INKLING_KERNELS_CPU_BACKEND": "triton",
-                "TRITON_INTERPRET": "1",
-                # the attention kernel interpreted costs ~1 s per layer and step:
-                # it runs in "interp_attn" below, on fewer steps
-                "INKLING_KERNELS_CPU_ATTENTION": "reference",
-            },
+            # (the attention interpreted runs in "interp_attn" below, on fewer steps)
+            _env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **INTERPRETED_CONV},
             enforce_eager=True,
             max_num_seqs=8,
             speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
@@ -349,11 +340,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # prefix-cache hit in a few steps.
     "interp_attn": (
         dict(
-            _env={
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "INKLING_KERNELS_CPU_BACKEND": "triton",
-                "TRITON_INTERPRET": "1",
-            },
+            _env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **INTERPRETED},
             enforce_eager=True,
             max_num_seqs=4,
             max_num_batched_tokens=48,

@@ -251,12 +251,7 @@ def test_kernel_matches_reference_and_unfused_sequence(dtype: torch.dtype, seed:
     for got, want in zip(ref, unf):
         torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
     for cfg in CONFIGS:
-        for mapped in (False, True):
-            cache = clone_cache(tr.cache)
-            out = run_kernel(tr, cache, cfg, mapped)
-            for got, want in zip(out, ref):
-                assert_close(got, want, dtype)
-            assert_cache_writes(tr, tr.cache, cache)
+        check_kernel_both_ways(tr, cfg, dtype, ref)
 
 
 # ``tap_select``: one load a tap (the row of d or the cache slot, picked per row), on
@@ -276,13 +271,21 @@ def test_one_load_tap(config: NormConfig, dtype: torch.dtype) -> None:
     rng = random.Random(400 + ONE_LOAD_CONFIGS.index(config) + 10 * DTYPES.index(dtype))
     for launch in range(2):
         tr = make_trace(rng, dtype, random_requests(rng), block_size=rng.choice([1, 4]), pad_rows=launch + 1)
+        check_kernel_both_ways(tr, config, dtype)
+
+
+def check_kernel_both_ways(tr: Trace, config: NormConfig | None, dtype: torch.dtype,
+                           ref: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """The kernel on ``tr``, map-less and mapped: both outputs against the reference
+    (``ref``, else computed here) within the dtype's tolerance, the cache writes exact."""
+    if ref is None:
         ref = run_reference(tr, clone_cache(tr.cache))
-        for mapped in (False, True):
-            cache = clone_cache(tr.cache)
-            out = run_kernel(tr, cache, config, mapped)
-            for got, want in zip(out, ref):
-                assert_close(got, want, dtype)
-            assert_cache_writes(tr, tr.cache, cache)
+    for mapped in (False, True):
+        cache = clone_cache(tr.cache)
+        out = run_kernel(tr, cache, config, mapped)
+        for got, want in zip(out, ref):
+            assert_close(got, want, dtype)
+        assert_cache_writes(tr, tr.cache, cache)
 
 
 @pytest.mark.parametrize("kernel_size", [2, 3, 5])
@@ -503,13 +506,7 @@ def test_split_rows_over_programs(config: NormConfig, dtype: torch.dtype) -> Non
     for launch in range(2):
         tr = make_trace(rng, dtype, random_requests(rng), heads=3, width=20, head_size=56,
                         stream_offset=12, pad_rows=launch + 1)
-        ref = run_reference(tr, clone_cache(tr.cache))
-        for mapped in (False, True):
-            cache = clone_cache(tr.cache)
-            out = run_kernel(tr, cache, config, mapped)
-            for got, want in zip(out, ref):
-                assert_close(got, want, dtype)
-            assert_cache_writes(tr, tr.cache, cache)
+        check_kernel_both_ways(tr, config, dtype)
     for cnt, _, _ in kmod._SCRATCH.values():
         assert int(cnt.abs().sum()) == 0
 
