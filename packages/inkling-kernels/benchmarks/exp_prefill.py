@@ -81,7 +81,7 @@ def log(msg: str) -> None:
 def _general_taps(
     acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
     stride_wc, stride_wk, stride_cb, stride_cn,
-    N: tl.constexpr, W: tl.constexpr, I32: tl.constexpr, BUG: tl.constexpr,
+    N: tl.constexpr, W: tl.constexpr, I32: tl.constexpr, BUG: tl.constexpr, SEL: tl.constexpr = False,
 ):
     for k in tl.static_range(W - 1):
         dist = k + 1
@@ -100,9 +100,54 @@ def _general_taps(
         if I32:
             xrow = xrow.to(tl.int32)
             cslot = cslot.to(tl.int32)
-        tap = tl.load(x_ptr + (xrow[:, None] * C + chan[None, :]), mask=from_x[:, None], other=0.0).to(tl.float32)
         cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
-        tap += tl.load(cache_ptr + (cdst[:, None] + ccol[None, :]), mask=from_cache[:, None], other=0.0).to(tl.float32)
+        if SEL:  # one load, its address picked per row (the library's tap_select)
+            src = tl.where(from_x[:, None], x_ptr + (xrow[:, None] * C + chan[None, :]),
+                           cache_ptr + (cdst[:, None] + ccol[None, :]))
+            tap = tl.load(src, mask=(from_x | from_cache)[:, None], other=0.0).to(tl.float32)
+        else:
+            tap = tl.load(x_ptr + (xrow[:, None] * C + chan[None, :]), mask=from_x[:, None], other=0.0).to(tl.float32)
+            tap += tl.load(cache_ptr + (cdst[:, None] + ccol[None, :]), mask=from_cache[:, None],
+                           other=0.0).to(tl.float32)
+        acc += wv * tap
+    return acc
+
+
+@triton.jit
+def _spec_taps(
+    acc, xp, xm, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
+    stride_wc, stride_wk, stride_cb, stride_cn,
+    N: tl.constexpr, W: tl.constexpr, I32: tl.constexpr, BUG: tl.constexpr,
+):
+    """Speculative shifted taps: the W-1 loads of x rows ``t - d`` issue first, at the
+    x tile's address minus ``d * C`` (no wait for the map); then per tap the map column
+    and one masked fix-up load (the library's one-load pick) for the rows whose tap is
+    not that row (a cache slot, a same-step writer's row, or none). In a prefill tile
+    every fix-up lane is masked off."""
+    specs = ()
+    for k in tl.static_range(W - 1):
+        dist = k + 1
+        shift = dist
+        if BUG == 7:
+            if dist == 1:
+                shift = 2
+        specs = specs + (tl.load(xp - shift * C, mask=xm & (rows >= dist)[:, None], other=0.0),)
+    for k in tl.static_range(W - 1):
+        dist = k + 1
+        wv = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1 - dist) * stride_wk).to(tl.float32)  # [1, BLOCK_C]
+        code = tl.load(map_ptr + rows * (W - 1) + k, mask=rmask, other=-1)
+        xrow, cslot = decode_tap_codes(code, num_slots)
+        from_x = xrow >= 0
+        shifted = from_x & (xrow == rows - dist)  # (xrow is -1 where the tap is not in x)
+        from_cache = cslot >= 0
+        if I32:
+            xrow = xrow.to(tl.int32)
+            cslot = cslot.to(tl.int32)
+        cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
+        src = tl.where(from_x[:, None], x_ptr + (xrow[:, None] * C + chan[None, :]),
+                       cache_ptr + (cdst[:, None] + ccol[None, :]))
+        fix = tl.load(src, mask=((from_x & ~shifted) | from_cache)[:, None], other=0.0)
+        tap = tl.where(shifted[:, None], specs[k], fix).to(tl.float32)
         acc += wv * tap
     return acc
 
@@ -132,7 +177,7 @@ def _exp_sconv_kernel(
     WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     CONST_C: tl.constexpr, I32: tl.constexpr, FAST: tl.constexpr, CS: tl.constexpr,
-    BUG: tl.constexpr, TAPS: tl.constexpr,
+    BUG: tl.constexpr, TAPS: tl.constexpr, SEL: tl.constexpr = False, SPEC: tl.constexpr = False,
 ):
     # Channel tiles vary fastest (as in the library). The host guarantees C % BLOCK_C
     # == 0 and that a tile is inside one head or covers whole heads: no channel mask.
@@ -177,6 +222,9 @@ def _exp_sconv_kernel(
     acc = w_cur * x_tile.to(tl.float32)
     if not TAPS:
         pass
+    elif SPEC:
+        acc = _spec_taps(acc, xp, xm, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
+                         stride_wc, stride_wk, stride_cb, stride_cn, N, W, I32, BUG)
     elif FAST:
         # every live row's tap at distance d must be code -(row - d) - 2 (in-forward row)
         bad = tl.zeros([BLOCK_T, 1], dtype=tl.int32)
@@ -191,7 +239,7 @@ def _exp_sconv_kernel(
                                 stride_wc, stride_wk, stride_cb, stride_cn, N, W, I32, BUG)
     else:
         acc = _general_taps(acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
-                            stride_wc, stride_wk, stride_cb, stride_cn, N, W, I32, BUG)
+                            stride_wc, stride_wk, stride_cb, stride_cn, N, W, I32, BUG, SEL)
     acc += x_tile.to(tl.float32)
     o = acc.to(out_ptr.dtype.element_ty)
     if CS:
@@ -480,6 +528,8 @@ class Variant:
     pf: int = 0  # stream: rows prefetched ahead by hand (0, 1, 2)
     unroll: bool = False  # stream: the row loop fully unrolled (tl.static_range)
     shift: int = 0  # _shift_sconv_kernel: 1 mmashift, 2 gathershift, 3 overlap; tile = (rows, block_c, warps)
+    sel: bool = False  # general path: one load a tap (the library's tap_select)
+    spec: bool = False  # speculative shifted taps + one masked fix-up load (_spec_taps)
     bug: int = 0
 
 
@@ -548,8 +598,24 @@ def _shift(kind: int, bt: int, bc: int, nw: int) -> Variant:
 # H200: not measured yet.
 VARIANTS += [_shift(kind, bt, bc, nw) for kind in (1, 2) for bt in (32, 64) for bc in (64, 128) for nw in (4, 8)]
 VARIANTS += [_shift(3, bt, bc, nw) for bt, bc, nw in ((32, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8))]
+# Session 11 (not yet timed): one load a tap on this kernel's tiles (the library's
+# tap_select measured 0.68 of copy on 16x128/4w), and the speculative shifted taps.
+VARIANTS += [
+    Variant(f"sel {bt}x{bc}/{nw}w", f"cols+i32, constexpr C, weights [W, C], one load a tap, {bt}x{bc} tiles, {nw} warps",
+            tile=(bt, bc, nw), i32=True, const_c=True, wt=True, sel=True)
+    for bt, bc, nw in ((16, 128, 4), (8, 128, 4), (16, 256, 8))
+] + [
+    Variant(f"spec {bt}x{bc}/{nw}w", f"speculative shifted taps (rows t-d loaded before the map is read) + one "
+            f"masked fix-up load a tap, int32, constexpr C, weights [W, C], {bt}x{bc} tiles, {nw} warps",
+            tile=(bt, bc, nw), i32=True, const_c=True, wt=True, spec=True)
+    for bt, bc, nw in ((16, 128, 4), (8, 128, 4), (32, 128, 4), (16, 256, 8), (16, 64, 2))
+]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
+    Variant("canary: spec shift bug", "spec 16x128/4w, the dist-1 speculative load 2 rows back", tile=(16, 128, 4),
+            i32=True, const_c=True, wt=True, spec=True, bug=7),
+    Variant("canary: sel bug", "sel 16x128/4w, its general path with the dist-1 tap on the wrong weight",
+            tile=(16, 128, 4), i32=True, const_c=True, wt=True, sel=True, bug=3),
     Variant("canary: fast path bug", "fast, its fast path with the dist-1 tap on the wrong weight", i32=True,
             const_c=True, fast=True, bug=1),
     Variant("canary: general path bug", "fast, its general path with the dist-1 tap on the wrong weight", i32=True,
@@ -632,6 +698,7 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
         weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
         WS=width, N=bs.N, W=bs.W, BLOCK_T=bt, BLOCK_C=bc,
         CONST_C=c if v.const_c else 0, I32=v.i32, FAST=v.fast, CS=v.cs, BUG=v.bug, TAPS=not v.floor,
+        SEL=v.sel, SPEC=v.spec,
         num_warps=nw,
     )
 

@@ -14,6 +14,10 @@
 #     included) checked against fused_sconv_ref before it is timed, cold and hot, vLLM
 #     0.33.0's kernel in the same run; d. bench_layer on global and sliding layers, ours
 #     timed with the defaults and again with the switch on, the peer in the same run.
+#   INKLING_COMMIT=<sha> bash packages/inkling-kernels/benchmarks/run_tap_select_device.sh prefill
+#     e. exp_prefill.py: the library kernel, the store-only floor and session 11's
+#        untimed prefill designs (one load a tap in the experimental kernel; speculative
+#        shifted taps issued before the map is read), each checked before it is timed.
 #
 # Clean tests and "ok" checks everywhere, and the one-load rows faster, are what the
 # switch needs before its proposal becomes the default (RESULTS_prefill_exp.md, session 10).
@@ -43,8 +47,15 @@ case "${1:-}" in
       --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
     tail -40 "$OUT/layer.log"
     ;;
+  prefill)
+    stage "e. prefill designs"
+    timeout 420 python3 $B/exp_prefill.py --budget-s 360 --json "$OUT/prefill.json" \
+      --variants "floor,sel 16x128/4w,sel 8x128/4w,sel 16x256/8w,spec 16x128/4w,spec 8x128/4w,spec 32x128/4w,spec 16x256/8w,spec 16x64/2w" \
+      > "$OUT/prefill.log" 2>&1
+    tail -40 "$OUT/prefill.log"
+    ;;
   *)
-    echo "usage: $0 tests|bench" >&2
+    echo "usage: $0 tests|bench|prefill" >&2
     exit 2
     ;;
 esac
