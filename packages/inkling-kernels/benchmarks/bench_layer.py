@@ -76,6 +76,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+from unittest import mock
 
 DRY = "--dry-run" in sys.argv
 if DRY:  # before Triton is imported: our ops and the peer run their kernels interpreted
@@ -504,12 +505,11 @@ def bench_case(shape: LayerShape, step: str, requests: list[tuple[int, int]], pe
         res["ours_map_amortised_us"] = res["ours_us"] + res["map_build_us"] / group_layers
         res["ours_map_full_us"] = res["ours_us"] + res["map_build_us"]
         # per-sublayer pieces, same method
-        res["ours_kv_us"] = timer(each(lambda s: lay.ours_kv(s, cache, s.mapped)), reps)
-        for name, mlp in (("attn", False), ("mlp", True)):
-            res[f"ours_{name}_us"] = timer(
-                each(lambda s, m=mlp: lay.ours_sub(s, cache, s.mapped, m, s.hidden, impls[best])), reps)
+        res.update(_time_sublayers(lay, impls[best], timer, each, reps))
         if tap_select_too:
-            res["tap_select"] = _with_tap_select(lambda: _time_ours(lay, add_norm, norm, impls[best], timer, each, reps))
+            # the switch is read when a launch chooses its tiles: at each graph capture
+            with mock.patch.dict(os.environ, {TAP_SELECT_KNOB: "1"}):
+                res["tap_select"] = _time_ours(lay, norm, impls[best], timer, each, reps)
     else:
         res["ours_kv_us"] = timer(each(lambda s: lay.ours_kv(s, cache, s.mapped)), reps)
         res["ours_missing"] = "fused_sconv_add is not in this tree: ours' TP > 1 sequence not timed"
@@ -549,32 +549,26 @@ def bench_case(shape: LayerShape, step: str, requests: list[tuple[int, int]], pe
 TAP_SELECT_KNOB = "INKLING_KERNELS_TAP_SELECT"
 
 
-def _with_tap_select(fn: Callable[[], Any]) -> Any:
-    """``fn()`` with the kernels' proposed one-load-tap defaults switched on (the
-    switch is read when a launch chooses its tiles: at each graph capture here)."""
-    before = os.environ.get(TAP_SELECT_KNOB)
-    os.environ[TAP_SELECT_KNOB] = "1"
-    try:
-        return fn()
-    finally:
-        if before is None:
-            del os.environ[TAP_SELECT_KNOB]
-        else:
-            os.environ[TAP_SELECT_KNOB] = before
-
-
-def _time_ours(lay: Layer, add_norm: dict[str, Callable[..., Any]], norm: dict[str, Callable[..., Any]],
-               norm_fn: Any, timer: Callable[..., float], each: Callable[..., Any], reps: int) -> dict[str, Any]:
-    """Ours again under the current switches (``--tap-select``): checked on set 0 first
-    (ours only), then the layer with the map and its three sublayers, timed as above."""
+def _time_sublayers(lay: Layer, norm_fn: Any, timer: Callable[..., float], each: Callable[..., Any],
+                    reps: int) -> dict[str, float]:
+    """Ours' three sublayers (K+V, ATTN + norm, MLP + norm) on the mapped batch, each
+    timed alone."""
     cache = lay.cache
-    tp1 = lay.shape.tp == 1
-    out: dict[str, Any] = dict(check=lay.check({}, {"fused": None} if tp1 else norm))
-    out["ours_us"] = timer(each(lambda s: lay.ours(s, cache, s.mapped, norm_fn)), reps)
-    out["ours_kv_us"] = timer(each(lambda s: lay.ours_kv(s, cache, s.mapped)), reps)
+    out = {"ours_kv_us": timer(each(lambda s: lay.ours_kv(s, cache, s.mapped)), reps)}
     for name, mlp in (("attn", False), ("mlp", True)):
         out[f"ours_{name}_us"] = timer(
             each(lambda s, m=mlp: lay.ours_sub(s, cache, s.mapped, m, s.hidden, norm_fn)), reps)
+    return out
+
+
+def _time_ours(lay: Layer, norm: dict[str, Callable[..., Any]], norm_fn: Any, timer: Callable[..., float],
+               each: Callable[..., Any], reps: int) -> dict[str, Any]:
+    """Ours again under the current switches (``--tap-select``): checked on set 0 first
+    (ours only), then the layer with the map and its three sublayers, timed as above."""
+    tp1 = lay.shape.tp == 1
+    out: dict[str, Any] = dict(check=lay.check({}, {"fused": None} if tp1 else norm))
+    out["ours_us"] = timer(each(lambda s: lay.ours(s, lay.cache, s.mapped, norm_fn)), reps)
+    out.update(_time_sublayers(lay, norm_fn, timer, each, reps))
     return out
 
 
