@@ -76,7 +76,6 @@ import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
-from unittest import mock
 
 DRY = "--dry-run" in sys.argv
 if DRY:  # before Triton is imported: our ops and the peer run their kernels interpreted
@@ -473,7 +472,7 @@ def fastest(times: dict[str, float]) -> str:
 
 def bench_case(shape: LayerShape, step: str, requests: list[tuple[int, int]], peer: Any, reps: int,
                gen: torch.Generator, add_norm: dict[str, Callable[..., Any]], norm: dict[str, Callable[..., Any]],
-               group_layers: int, tap_select_too: bool = False) -> dict[str, Any]:
+               group_layers: int) -> dict[str, Any]:
     timer = dry_time if DRY else time_graph
     nbytes = min_bytes(shape, requests)
     total = sum(nbytes.values())
@@ -506,10 +505,6 @@ def bench_case(shape: LayerShape, step: str, requests: list[tuple[int, int]], pe
         res["ours_map_full_us"] = res["ours_us"] + res["map_build_us"]
         # per-sublayer pieces, same method
         res.update(_time_sublayers(lay, impls[best], timer, each, reps))
-        if tap_select_too:
-            # the switch is read when a launch chooses its tiles: at each graph capture
-            with mock.patch.dict(os.environ, {TAP_SELECT_KNOB: "1"}):
-                res["tap_select"] = _time_ours(lay, norm, impls[best], timer, each, reps)
     else:
         res["ours_kv_us"] = timer(each(lambda s: lay.ours_kv(s, cache, s.mapped)), reps)
         res["ours_missing"] = "fused_sconv_add is not in this tree: ours' TP > 1 sequence not timed"
@@ -533,20 +528,12 @@ def bench_case(shape: LayerShape, step: str, requests: list[tuple[int, int]], pe
     for name in ("kv", "attn", "mlp"):
         if f"peer_{name}_us" in res and f"ours_{name}_us" in res:
             res[f"ratio_{name}"] = res[f"peer_{name}_us"] / res[f"ours_{name}_us"]
-    ts = res.get("tap_select")
-    if ts is not None:
-        ts["speedup"] = res["ours_us"] / ts["ours_us"]
-        if peer is not None:
-            ts["ratio_map_amortised"] = res["peer_us"] / (ts["ours_us"] + res["map_build_us"] / group_layers)
     if have_ours:
         res["ours_GBps"] = total / (res["ours_map_amortised_us"] * 1e-6) / 1e9
     del lay, sets, cache
     if not DRY:
         torch.cuda.empty_cache()
     return res
-
-
-TAP_SELECT_KNOB = "INKLING_KERNELS_TAP_SELECT"
 
 
 def _time_sublayers(lay: Layer, norm_fn: Any, timer: Callable[..., float], each: Callable[..., Any],
@@ -558,17 +545,6 @@ def _time_sublayers(lay: Layer, norm_fn: Any, timer: Callable[..., float], each:
     for name, mlp in (("attn", False), ("mlp", True)):
         out[f"ours_{name}_us"] = timer(
             each(lambda s, m=mlp: lay.ours_sub(s, cache, s.mapped, m, s.hidden, norm_fn)), reps)
-    return out
-
-
-def _time_ours(lay: Layer, norm: dict[str, Callable[..., Any]], norm_fn: Any, timer: Callable[..., float],
-               each: Callable[..., Any], reps: int) -> dict[str, Any]:
-    """Ours again under the current switches (``--tap-select``): checked on set 0 first
-    (ours only), then the layer with the map and its three sublayers, timed as above."""
-    tp1 = lay.shape.tp == 1
-    out: dict[str, Any] = dict(check=lay.check({}, {"fused": None} if tp1 else norm))
-    out["ours_us"] = timer(each(lambda s: lay.ours(s, lay.cache, s.mapped, norm_fn)), reps)
-    out.update(_time_sublayers(lay, norm_fn, timer, each, reps))
     return out
 
 
@@ -620,20 +596,6 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_f(r.get('peer_kv_us'))} / {_f(r.get('peer_attn_us'))} / {_f(r.get('peer_mlp_us'))} "
             f"({_f(r.get('peer_kv_nocopy_us'))}) | {_f(r.get('ratio_kv'), 2, 'x')} / "
             f"{_f(r.get('ratio_attn'), 2, 'x')} / {_f(r.get('ratio_mlp'), 2, 'x')} | {check} |")
-    ts_rows = [r for r in results["cases"] if r.get("tap_select")]
-    if ts_rows:
-        lines += ["", f"With `{TAP_SELECT_KNOB}=1` (the proposed one-load-tap defaults; ours timed again in the "
-                  "same run, its outputs checked first):", "",
-                  f"| layer | step | T | ours µs | ours one-load µs | one-load speedup | peer/ours one-load +map/{g} "
-                  "| one-load KV / ATTN / MLP µs | check |", "|" + "---|" * 9]
-        for r in ts_rows:
-            ts = r["tap_select"]
-            ok = "ok" if ts.get("check", {}).get("ours_ok") else "**FAIL**"
-            lines.append(
-                f"| {r['layer']} tp{r['tp']} | {r['step']} | {r['T']} | {_f(r.get('ours_us'))} | "
-                f"{_f(ts.get('ours_us'))} | {_f(ts.get('speedup'), 3, 'x')} | "
-                f"{_f(ts.get('ratio_map_amortised'), 2, 'x')} | {_f(ts.get('ours_kv_us'))} / "
-                f"{_f(ts.get('ours_attn_us'))} / {_f(ts.get('ours_mlp_us'))} | {ok} |")
     if any(r.get("ours_missing") for r in results["cases"]):
         lines += ["", "TP > 1: `fused_sconv_add` was not in the tree, so ours' sequence there was not timed "
                   "(KV only)."]
@@ -690,8 +652,6 @@ def main() -> int:
                     help="layers sharing one tap map (the map build is amortised over them)")
     ap.add_argument("--only", default=None, help="substring filter on '<layer> tp<k> <step>' ('|'-separated alternatives)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd norms")
-    ap.add_argument("--tap-select", action="store_true",
-                    help=f"also time ours with {TAP_SELECT_KNOB}=1 (the proposed one-load-tap defaults), same run")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, TRITON_INTERPRET=1, tiny shapes: every code path once, no timing")
     args = ap.parse_args()
@@ -730,15 +690,13 @@ def main() -> int:
             if args.only and not any(part in f"{shape.name} {step}" for part in args.only.split("|")):
                 continue
             try:
-                r = bench_case(shape, step, requests, peer, args.reps, gen, add_norm, norm, args.group_layers,
-                               args.tap_select)
+                r = bench_case(shape, step, requests, peer, args.reps, gen, add_norm, norm, args.group_layers)
             except Exception:
                 traceback.print_exc()
                 r = dict(layer=shape.kind, tp=shape.tp, step=step, T=sum(n for _, n in requests),
                          error=traceback.format_exc()[-800:])
                 failed = True
             failed |= not r.get("check", {}).get("ours_ok", False)
-            failed |= not r.get("tap_select", {}).get("check", {}).get("ours_ok", True)
             results["cases"].append(r)
             print(f"[{time.time() - t0:6.1f} s] " + json.dumps({k: v for k, v in r.items() if k != "check"}),
                   flush=True)

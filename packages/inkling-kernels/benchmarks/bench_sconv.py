@@ -269,6 +269,9 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
     heads, _, _, width = case.stream
     t = sum(n for _, n in case.requests)
     out = [choose_config(t, heads, width, mapped=True)]
+    two_load = choose_config(t, heads, width, mapped=True, one_load=False)  # the default before session 12
+    if two_load not in out:
+        out.append(two_load)
     if t <= 1024:
         cand = [(1, 256, 1), (2, 256, 1), (2, 256, 2), (4, 256, 2), (4, 256, 4), (8, 256, 4),
                 (8, 256, 8), (16, 256, 4), (1, 128, 1), (2, 128, 1), (4, 128, 1), (4, 128, 2),

@@ -147,45 +147,51 @@ def test_one_load_tap(kind: str, dtype: torch.dtype) -> None:
             world.run(batch, s, "triton_map", config=cfg)
 
 
-def test_tap_select_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``INKLING_KERNELS_TAP_SELECT=1`` (the proposed one-load-tap defaults): mapped
-    launches of ``T * C >= MAP_MIN_WORK`` take 16-row tiles with one load a tap (and
-    ``fused_sconv_add``, whose tiles mirror the conv's), every ``fused_sconv_add_rmsnorm``
-    tiling takes the one load; smaller and map-less launches keep their tiles. Unset or
-    0: nothing changes."""
+def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fused_sconv``'s mapped launches of ``T * C >= MAP_MIN_WORK`` take 16-row tiles
+    with one load a tap; smaller and map-less launches, the two-stream (K+V) launch and
+    ``fused_sconv_add``'s mirrored tiles keep the two-load tiles, and no
+    ``fused_sconv_add_rmsnorm`` tiling takes it. ``INKLING_KERNELS_TAP_SELECT=0`` turns
+    it off."""
     from inkling_kernels.sconv.kernel import MAP_MIN_WORK, SconvConfig, choose_config
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
 
     shapes = [(8192, 8, 768, True), (256, 8, 768, True), (256, 1, 768, True), (8192, 8, 128, True),
-              (8192, 8, 768, False), (64, 8, 768, True), (1024, 8, 128, True)]
-    monkeypatch.delenv("INKLING_KERNELS_TAP_SELECT", raising=False)
+              (8192, 8, 768, False), (64, 8, 768, True), (1024, 8, 128, True), (2048, 16, 32, True)]
+    monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", "0")
     base = {shape: choose_config(*shape) for shape in shapes}
     assert not any(c.tap_select for c in base.values())
-    assert not choose_norm_config(8192, 8, 768).tap_select
-    monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", "1")
-    switched = 0
-    for (t, h, w, mapped), cfg in base.items():
-        got = choose_config(t, h, w, mapped)
-        if mapped and t * h * w >= MAP_MIN_WORK:
-            switched += 1
-            assert got == SconvConfig(block_t=16, block_c=128, num_warps=4, tap_select=True)
-            add = choose_add_config(t, h, w, mapped)
-            assert (add.block_t, add.block_h, add.block_j, add.num_warps, add.tap_select) == (16, 1, 128, 4, True)
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv("INKLING_KERNELS_TAP_SELECT")
         else:
-            assert got == cfg
-    assert switched == 4
-    for t in (1, 64, 8192):
-        assert choose_norm_config(t, 8, 768).tap_select
-    monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", "0")
-    assert choose_config(8192, 8, 768, True) == base[(8192, 8, 768, True)]
+            monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", value)
+        switched = 0
+        for (t, h, w, mapped), cfg in base.items():
+            got = choose_config(t, h, w, mapped)
+            assert choose_config(t, h, w, mapped, one_load=False) == cfg
+            add = choose_add_config(t, h, w, mapped)
+            assert not add.tap_select and (add.block_t, add.num_warps) == (cfg.block_t, cfg.num_warps)
+            if mapped and t * h * w >= MAP_MIN_WORK:
+                switched += 1
+                bc = min(128, w)
+                assert got == SconvConfig(block_t=16, block_c=bc, num_warps=min(4, 16 * bc // 512), tap_select=True)
+            else:
+                assert got == cfg
+        assert switched == 5
+        for t in (1, 64, 256, 8192):
+            assert not choose_norm_config(t, 8, 768).tap_select
 
 
 @needs_interpreter
-def test_tap_select_switch_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the switch on, a mapped launch of 2^20 elements (a 1000-token chunk after
-    a history and 24 decodes, 8 heads x 128) runs the proposed default tiles: against
-    the reference and the cache oracle."""
-    monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", "1")
+def test_tap_select_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mapped launch of 2^20 elements (a 1000-token chunk after a history and 24
+    decodes, 8 heads x 128) runs the default one-load tiles: against the reference and
+    the cache oracle."""
+    from inkling_kernels.sconv.kernel import choose_config
+
+    monkeypatch.delenv("INKLING_KERNELS_TAP_SELECT", raising=False)
+    assert choose_config(1024, 8, 128, True).tap_select
     rng = random.Random(5)
     world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=600, seed=5)
     plan = [(37, 1000)] + [(rng.randint(0, 50), 1) for _ in range(24)]

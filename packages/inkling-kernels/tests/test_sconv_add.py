@@ -241,13 +241,14 @@ def test_out_checks() -> None:
 @pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
 def test_default_config(heads: int, width: int, mapped: bool) -> None:
     """Every chunk of a row on its own program (split = the row's chunks, any block_t,
-    no row loop), with fused_sconv's tile for the same launch (block_h * block_j =
-    its BLOCK_C; its rows and warps)."""
+    no row loop), with fused_sconv's two-load tile for the same launch (block_h *
+    block_j = its BLOCK_C; its rows and warps; never the one-load tap)."""
     from inkling_kernels.sconv.kernel import choose_config
 
     for t in (1, 16, 64, 1024, 2048, 8192):
         cfg = choose_add_config(t, heads, width, mapped)
-        conv = choose_config(t, heads, width, mapped)
+        conv = choose_config(t, heads, width, mapped, one_load=False)
+        assert not cfg.tap_select
         chunks = -(-heads // cfg.block_h) * -(-width // cfg.block_j)
         assert cfg.split == chunks and not cfg.row_loop
         assert cfg.block_h * cfg.block_j == conv.block_c and (cfg.block_h == 1 or cfg.block_j == width)

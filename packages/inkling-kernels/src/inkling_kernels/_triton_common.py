@@ -38,12 +38,12 @@ def pdl_default() -> bool:
 
 
 def tap_select_default() -> bool:
-    """Whether the conv kernels' default tilings take the one-load tap
-    (``SconvConfig.tap_select`` / ``NormConfig.tap_select``): only with
-    ``INKLING_KERNELS_TAP_SELECT=1`` (read at each choice). Off by default until a GPU
-    run checks and times it in the default tilings; the switch lets that run (and a
-    user) try the proposed defaults without code changes."""
-    return os.environ.get("INKLING_KERNELS_TAP_SELECT", "0") == "1"
+    """Whether ``fused_sconv``'s default tiling may take the one-load tap
+    (``SconvConfig.tap_select``) for its large mapped launches: yes unless
+    ``INKLING_KERNELS_TAP_SELECT=0`` (read at each choice; the benchmarks' off switch and
+    an escape hatch). The two-stream launch (``fused_sconv_kv``) and the add/norm kernels
+    never take it by default: on the H200 it made them slower (``choose_config``)."""
+    return os.environ.get("INKLING_KERNELS_TAP_SELECT", "1") != "0"
 
 
 def pdl_launch(pdl: bool, dev: torch.device) -> dict[str, bool]:

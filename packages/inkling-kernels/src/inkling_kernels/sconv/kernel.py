@@ -372,11 +372,8 @@ class SconvConfig:
     # memory, so only the launch latency overlaps
     pdl: bool = False
     # mapped launches: one load a tap, its address picked per row (the x row or the
-    # cache slot) instead of two masked loads. Opt-in: on the H200 16x128/4w tiles
-    # with it were 5-17 % faster at T x C >= 2^20, 32-row tiles much slower
-    # (benchmarks/RESULTS_prefill_exp.md, session 10); not yet checked on a GPU for
-    # correctness, so a default only with INKLING_KERNELS_TAP_SELECT=1
-    # (choose_config)
+    # cache slot) instead of two masked loads (one of them always masked off). The
+    # default of fused_sconv's mapped launches of T x C >= MAP_MIN_WORK (choose_config)
     tap_select: bool = False
 
 
@@ -384,27 +381,31 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False) -> SconvConfig:
+def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
+                  one_load: bool = True) -> SconvConfig:
     """Heuristic tile choice per shape class (one config each: no autotuning),
     from sweeps on an H200 (benchmarks/RESULTS.md).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
     a tap map), so tiles never straddle heads and no lanes idle.
 
-    With a tap map (``mapped``), small batches (decode, speculative verification)
-    take 4 rows x 128 channels on two warps once there is enough work (T*C >= 300k),
-    else one row on one warp; large batches take 32 x 128 (8 x 128 below 16M
-    elements) on four warps: measured best in every class, 0.8-1.0 of the device's
-    copy bandwidth for T >= 2048.
+    With a tap map (``mapped``), a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
+    16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
+    on the H200 1.05-1.19x faster than the two-load tiles below in every such case of
+    the sweep (decode 256 ATTN 4.87 µs hot; prefill 8192 ATTN 0.68 of copy;
+    benchmarks/RESULTS_prefill_exp.md, session 12). ``one_load=False`` (the two-stream
+    ``fused_sconv_kv`` launch and ``fused_sconv_add``, whose tiles mirror these: both
+    measured slower with it in the layer benchmark) or ``INKLING_KERNELS_TAP_SELECT=0``
+    keeps the two-load tiles: small batches (decode, speculative verification) take 4
+    rows x 128 channels on two warps once there is enough work (T*C >= 300k), else one
+    row on one warp; large batches take 32 x 128 (8 x 128 below 16M elements) on four
+    warps.
 
     Without a map the in-kernel prologue (block table + hazard search) dominates
     small batches: one or two rows per one-warp program spread the gathers, and a
     narrow power-of-two head (< 256 channels) shares its tile with the next heads, up
     to 512 channels (decode 256 x K 128-channel heads: 7.2 -> 6.3 µs with 512); large
     batches take ~2k-element tiles on four warps (eight warps measured far slower).
-
-    With ``INKLING_KERNELS_TAP_SELECT=1`` a mapped launch of ``T * C >= MAP_MIN_WORK``
-    takes the proposed default instead: 16 x BLOCK_C tiles with one load a tap.
     """
     if stream_width % 32 == 0:
         block_c = min(256, stream_width & -stream_width)
@@ -413,11 +414,9 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     work = num_tokens * num_heads * stream_width
     if mapped:
         block_c = min(block_c, 128)
-        if tap_select_default() and work >= MAP_MIN_WORK:
-            # The proposed default (INKLING_KERNELS_TAP_SELECT=1 until checked on a
-            # GPU): 16-row tiles with one load a tap, 5-17 % faster than the tiles
-            # below at T x C >= 2^20 on the H200 (benchmarks/RESULTS_prefill_exp.md,
-            # session 10); 32-row tiles with it were slower.
+        if one_load and work >= MAP_MIN_WORK and tap_select_default():
+            # 32-row tiles with the one-load tap were much slower (registers: an
+            # address tile per tap); 16 rows keep the 16-byte vector loads.
             return SconvConfig(block_t=16, block_c=block_c, num_warps=max(1, min(4, 16 * block_c // 512)),
                                tap_select=True)
         if num_tokens <= 1024:
@@ -501,7 +500,8 @@ def launch_conv_streams(
     if not 1 <= len(streams) <= 2:
         raise ValueError(f"the kernel convolves one or two streams per launch, got {len(streams)}")
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
-    cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None)
+    cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None,
+                                  one_load=len(streams) == 1)
     taps_p2 = pow2_ceil(prob.kernel_size - 1)
     scan = cfg.scan or _scan_chunk(cfg, taps_p2)
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):

@@ -53,14 +53,13 @@ enough buffer while a CUDA graph is being captured on it uses ``SPLIT = 1`` inst
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes, last_writers, pow2_ceil, resolve_taps, tap_select_default
+from .._triton_common import decode_tap_codes, last_writers, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import SconvProblem
 
@@ -378,8 +377,8 @@ class NormConfig:
     split: int = 1
     row_loop: bool = False
     # one load a tap (its address picked per row: the row of d or the cache slot)
-    # instead of two masked loads; opt-in like fused_sconv's SconvConfig.tap_select
-    # until measured for this kernel on a GPU
+    # instead of two masked loads; opt-in: slower in this kernel's default tilings on
+    # the H200 at decode (choose_norm_config)
     tap_select: bool = False
 
 
@@ -419,14 +418,10 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
     Between the measured sizes (1, 8, 16, 32, 64, 128, 256, 1024, 2048, 2303, 8192) the
     crossovers are not measured; main's path is kept wherever it is not known to lose.
 
-    ``INKLING_KERNELS_TAP_SELECT=1``: the same tiles with one load a tap (not measured
-    for this kernel yet).
+    The one-load tap (``NormConfig.tap_select``) stays opt-in: on the H200 it made this
+    kernel 0.79x / 0.84x as fast at decode 64 / 256 and 0.93x at mixed 2048+255, 1.016x
+    at prefill 8192 (ATTN, 975B shapes; benchmarks/RESULTS_prefill_exp.md, session 12).
     """
-    cfg = _norm_tiles(num_tokens, num_heads, stream_width)
-    return dataclasses.replace(cfg, tap_select=True) if tap_select_default() else cfg
-
-
-def _norm_tiles(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
     if 16 < num_tokens < 8192:
         return main_norm_config(num_heads, stream_width)
     block_j = _block_j(stream_width)
@@ -580,7 +575,7 @@ def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped
     at about 32 elements a thread (16..256)."""
     from ..sconv.kernel import choose_config
 
-    conv = choose_config(num_tokens, num_heads, stream_width, mapped)
+    conv = choose_config(num_tokens, num_heads, stream_width, mapped, one_load=False)
     if conv.block_c > stream_width and conv.block_c % stream_width == 0:
         block_h, block_j = conv.block_c // stream_width, stream_width
     else:
