@@ -129,19 +129,13 @@ def test_tile_configs() -> None:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("off32", [True, False], ids=["int32", "int64"])
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_one_load_tap(kind: str, dtype: torch.dtype, off32: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_load_tap(kind: str, dtype: torch.dtype) -> None:
     """``tap_select`` (mapped launches: one load a tap, its address picked per row from
     the x row or the cache slot): every check of the suite on each stream, with tiles
-    whose rows mix taps from this forward and from the cache; with int32 offsets (the
-    tensors fit) and with int64 ones (as if a tensor did not)."""
-    from inkling_kernels.sconv import kernel
+    whose rows mix taps from this forward and from the cache."""
     from inkling_kernels.sconv.kernel import SconvConfig
-
-    if not off32:
-        monkeypatch.setattr(kernel, "fits_int32", lambda *tensors: False)
 
     for i, cfg in enumerate([SconvConfig(block_t=4, block_c=16, num_warps=2, tap_select=True),
                              SconvConfig(block_t=1, block_c=8, num_warps=1, tap_select=True)]):
@@ -151,17 +145,6 @@ def test_one_load_tap(kind: str, dtype: torch.dtype, off32: bool, monkeypatch: p
         batch = world.make_batch(_trace(world, kind, rng), num_pad=2)
         for s in range(3):
             world.run(batch, s, "triton_map", config=cfg)
-
-
-def test_fits_int32() -> None:
-    """The int32-offset guard of the one-load launches: the largest element offset
-    (shape and strides, not the storage) must stay below 2^31 - 1."""
-    from inkling_kernels._triton_common import fits_int32
-
-    assert fits_int32(torch.empty(8, 16), torch.empty(0))
-    assert fits_int32(torch.empty((2**15, 2**16 - 1), device="meta"))
-    assert not fits_int32(torch.empty(4), torch.empty((2**15 + 1, 2**16), device="meta"))
-    assert not fits_int32(torch.empty((2, 2**16), device="meta").as_strided((2, 2), (2**31, 1)))
 
 
 def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ import triton.language as tl
 
 __all__ = [
     "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows", "pdl_default",
-    "fits_int32", "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps",
+    "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps",
 ]
 
 
@@ -44,12 +44,6 @@ def tap_select_default() -> bool:
     an escape hatch). The two-stream launch (``fused_sconv_kv``) and the add/norm kernels
     never take it by default: on the H200 it made them slower (``choose_config``)."""
     return os.environ.get("INKLING_KERNELS_TAP_SELECT", "1") != "0"
-
-
-def fits_int32(*tensors: torch.Tensor) -> bool:
-    """Every element offset of these (strided) tensors fits in int32: a kernel may
-    index them with int32 arithmetic."""
-    return all(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) < 2**31 - 1 for t in tensors)
 
 
 def pdl_launch(pdl: bool, dev: torch.device) -> dict[str, bool]:

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import (
-    decode_tap_codes, fits_int32, match_last_writer, pdl_launch, pow2_ceil, resolve_taps, tap_select_default,
+    decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps, tap_select_default,
 )
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
@@ -218,16 +218,7 @@ def _fused_sconv_kernel(
     STREAMS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     TAP_SELECT: tl.constexpr = False,
-    OFF32: tl.constexpr = False,
-    C_CONST: tl.constexpr = 0,
 ):
-    # OFF32 (mapped launches whose x, out and cache offsets all fit in int32, host-
-    # checked): int32 row and slot arithmetic; C_CONST > 0: the channel count as a
-    # constant. Both only with TAP_SELECT: on the H200 int32 offsets made the one-load
-    # prefill tile ~10 % faster and a constant C ~2 % (benchmarks/RESULTS_prefill_exp.md,
-    # session 12).
-    if C_CONST > 0:
-        channels = C_CONST
     if USE_PDL:
         # launched early (programmatic dependent launch): wait until the kernel before
         # this one in the stream is done (it may write x, the cache or the map, or
@@ -243,26 +234,17 @@ def _fused_sconv_kernel(
         d = (pid_c % CHUNKS) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = d < WS
         chan = head * WS + d  # channel in x / weight
-        if OFF32:
-            ccol = head * stride_ch + stream_offset + d
-        else:
-            ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
+        ccol = head.to(tl.int64) * stride_ch + stream_offset + d  # column inside a cache row
     else:
         # HPT whole heads per tile (BLOCK_C = HPT * WS): fewer programs per row, so
         # fewer copies of the row's prologue.
         chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = chan < channels
-        if OFF32:
-            ccol = (chan // WS) * stride_ch + stream_offset + chan % WS
-        else:
-            ccol = (chan // WS).to(tl.int64) * stride_ch + stream_offset + chan % WS
+        ccol = (chan // WS).to(tl.int64) * stride_ch + stream_offset + chan % WS
 
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < num_tokens
-    if OFF32:
-        rows64 = rows  # (the int32 rows under the int64 name: every use fits)
-    else:
-        rows64 = rows.to(tl.int64)
+    rows64 = rows.to(tl.int64)
     kk = tl.arange(0, WP)
     if USE_MAP:
         # The step's tap map (inkling_kernels.tap_map) says where every earlier
@@ -272,11 +254,7 @@ def _fused_sconv_kernel(
             mask=rmask[:, None] & (kk < W - 1)[None, :],
             other=-1,
         )
-        slot = tl.load(slot_ptr + rows, mask=rmask, other=-1)
-        if OFF32:  # out-of-range slots (any width) -> -1 before the narrowing
-            slot = tl.where((slot >= 0) & (slot < num_slots), slot, -1).to(tl.int32)
-        else:
-            slot = slot.to(tl.int64)
+        slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
     else:
         pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
         qs = tl.load(qs_ptr + rows, mask=rmask, other=0).to(tl.int64)
@@ -323,9 +301,6 @@ def _fused_sconv_kernel(
                 from_cache = cslot >= 0
                 xrow = tl.where(from_x, xrow, 0)
                 cslot = tl.where(from_cache, cslot, 0)
-                if OFF32:
-                    xrow = xrow.to(tl.int32)
-                    cslot = cslot.to(tl.int32)
                 if TAP_SELECT:
                     # one load a tap: the address picked per row from x or the cache
                     xp = xs_ptr + xrow[:, None] * sx + chan[None, :]
@@ -544,8 +519,6 @@ def launch_conv_streams(
     heads_grid = -(-prob.num_heads // hpt) if hpt > 1 else prob.num_heads * chunks
     grid = (heads_grid, triton.cdiv(prob.num_tokens, block_t))
     first, second = streams[0], streams[-1]  # (one stream: the second is unused)
-    one_load = cfg.tap_select and tap_map is not None
-    off32 = one_load and fits_int32(cache, *(t for st in streams for t in (st.x, st.out)))
     table = batch.block_table
     _fused_sconv_kernel[grid](
         first.x, first.weight2d, cache, first.out,
@@ -571,8 +544,6 @@ def launch_conv_streams(
         STREAMS=len(streams),
         num_warps=cfg.num_warps,
         TAP_SELECT=cfg.tap_select,
-        OFF32=off32,
-        C_CONST=prob.channels if one_load else 0,
         **pdl_launch(cfg.pdl, cache.device),
     )
 
