@@ -153,6 +153,63 @@ def _spec_taps(
 
 
 @triton.jit
+def _feat_taps(
+    acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, cmask, ccol, num_slots, C,
+    stride_wc, stride_wk, stride_cb, stride_cn,
+    N: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, I32: tl.constexpr, FEAT: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    """The general path with one load a tap (``sel``) plus the library kernel's ways,
+    one bit each (session 12: which of them costs the library the experimental
+    kernel's int32 gain): 1 the map as one ``[BLOCK_T, WP]`` load, each column taken
+    with a masked sum; 2 the channel mask on every load and store; 4 the decoded row
+    and slot clamped with ``tl.where``; 8 the weights as ``[BLOCK_C]`` vectors
+    broadcast to the tile."""
+    kk = tl.arange(0, WP)
+    if FEAT & 1:
+        codes = tl.load(map_ptr + rows[:, None] * (W - 1) + kk[None, :],
+                        mask=rmask[:, None] & (kk < W - 1)[None, :], other=-1)
+    if FEAT & 2:
+        cm = cmask[None, :]
+    else:
+        cm = None
+    for k in tl.static_range(W - 1):
+        dist = k + 1
+        if FEAT & 8:
+            wv = tl.load(w_ptr + chan * stride_wc + (W - 1 - dist) * stride_wk, mask=cmask, other=0.0)
+            wv = wv.to(tl.float32)[None, :]
+        elif FEAT & 2:
+            wv = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1 - dist) * stride_wk, mask=cm,
+                         other=0.0).to(tl.float32)
+        else:
+            wv = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1 - dist) * stride_wk).to(tl.float32)
+        if FEAT & 1:
+            code = tl.sum(tl.where(kk[None, :] == k, codes, 0), axis=1)
+        else:
+            code = tl.load(map_ptr + rows * (W - 1) + k, mask=rmask, other=-1)
+        xrow, cslot = decode_tap_codes(code, num_slots)
+        from_x = xrow >= 0
+        from_cache = cslot >= 0
+        if FEAT & 4:
+            xrow = tl.where(from_x, xrow, 0)
+            cslot = tl.where(from_cache, cslot, 0)
+        if I32:
+            xrow = xrow.to(tl.int32)
+            cslot = cslot.to(tl.int32)
+        cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
+        src = tl.where(from_x[:, None], x_ptr + (xrow[:, None] * C + chan[None, :]),
+                       cache_ptr + (cdst[:, None] + ccol[None, :]))
+        m = (from_x | from_cache)[:, None]
+        if FEAT & 2:
+            if BUG == 8:  # canary: the mask inverted
+                m = m & ~cm
+            else:
+                m = m & cm
+        acc += wv * tl.load(src, mask=m, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _fast_taps(
     acc, xp, xm, w_ptr, chan, C, stride_wc, stride_wk,
     W: tl.constexpr, BUG: tl.constexpr,
@@ -178,6 +235,7 @@ def _exp_sconv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     CONST_C: tl.constexpr, I32: tl.constexpr, FAST: tl.constexpr, CS: tl.constexpr,
     BUG: tl.constexpr, TAPS: tl.constexpr, SEL: tl.constexpr = False, SPEC: tl.constexpr = False,
+    FEAT: tl.constexpr = 0, WP: tl.constexpr = 4,
 ):
     # Channel tiles vary fastest (as in the library). The host guarantees C % BLOCK_C
     # == 0 and that a tile is inside one head or covers whole heads: no channel mask.
@@ -198,7 +256,11 @@ def _exp_sconv_kernel(
         r = rows
     else:
         r = rows.to(tl.int64)
-    xm = rmask[:, None]
+    cmask = chan < C
+    if FEAT & 2:  # (the library's channel mask: always true here)
+        xm = rmask[:, None] & cmask[None, :]
+    else:
+        xm = rmask[:, None]
     xoff = r[:, None] * C + chan[None, :]  # x and out are contiguous [T, C]
     xp = x_ptr + xoff
     x_tile = tl.load(xp, mask=xm, other=0.0)
@@ -210,18 +272,30 @@ def _exp_sconv_kernel(
     if I32:
         wslot = wslot.to(tl.int32)
     dst = (wslot // N) * stride_cb + (wslot % N) * stride_cn
+    if FEAT & 2:
+        wmask2 = wmask[:, None] & cmask[None, :]
+    else:
+        wmask2 = wmask[:, None]
     if BUG != 2:
-        if CS:
+        if FEAT != 0:
+            tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask2)
+        elif CS:
             tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None], cache_modifier=".cs")
         else:
             tl.store(cache_ptr + dst[:, None] + ccol[None, :], x_tile, mask=wmask[:, None])
 
     # weights as [1, BLOCK_C] loads in the tile's own layout (a [BLOCK_C] vector costs a
     # layout conversion through shared memory per tap)
-    w_cur = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1) * stride_wk).to(tl.float32)
+    if FEAT & 8:
+        w_cur = tl.load(w_ptr + chan * stride_wc + (W - 1) * stride_wk, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        w_cur = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1) * stride_wk).to(tl.float32)
     acc = w_cur * x_tile.to(tl.float32)
     if not TAPS:
         pass
+    elif FEAT != 0:
+        acc = _feat_taps(acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, cmask, ccol, num_slots, C,
+                         stride_wc, stride_wk, stride_cb, stride_cn, N, W, WP, I32, FEAT, BUG)
     elif SPEC:
         acc = _spec_taps(acc, xp, xm, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
                          stride_wc, stride_wk, stride_cb, stride_cn, N, W, I32, BUG)
@@ -530,6 +604,7 @@ class Variant:
     shift: int = 0  # _shift_sconv_kernel: 1 mmashift, 2 gathershift, 3 overlap; tile = (rows, block_c, warps)
     sel: bool = False  # general path: one load a tap (the library's tap_select)
     spec: bool = False  # speculative shifted taps + one masked fix-up load (_spec_taps)
+    feat: int = 0  # sel plus the library kernel's ways, a bit each (_feat_taps)
     bug: int = 0
 
 
@@ -623,6 +698,8 @@ VARIANTS += [
             **{**_SEL, "wt": False}),
     Variant("sel lib-like 16x128/4w", "one load a tap, int64, runtime C, [C, W] weights (the library's choices)",
             tile=(16, 128, 4), sel=True),
+    Variant("sel-i32 16x128/4w", "sel lib-like with int32 offsets only (runtime C, [C, W] weights)",
+            tile=(16, 128, 4), sel=True, i32=True),
 ] + [
     Variant(f"sel+cs {bt}x{bc}/{nw}w", f"sel with .cs streaming stores (out, slot), {bt}x{bc} tiles, {nw} warps",
             tile=(bt, bc, nw), cs=True, **_SEL)
@@ -632,10 +709,27 @@ VARIANTS += [
             tile=(bt, bc, nw), **_SEL)
     for bt, bc, nw in ((16, 128, 2), (16, 64, 2), (32, 128, 4), (32, 64, 4), (8, 256, 4), (16, 256, 4))
 ]
+# Session 12, after the port of int32 offsets and a constant C to the library gained
+# nothing: sel 16x128/4w (int32, constant C) with the library kernel's other ways, one at
+# a time and all together (_feat_taps); the one that takes sel's lead away is the next
+# thing to change in the library.
+_FEATS = {1: "map2d", 2: "cmask", 4: "clamp", 8: "w1d"}
+VARIANTS += [
+    Variant(f"sel+{name} 16x128/4w", f"sel 16x128/4w with the library's {name} (_feat_taps bit {bit})",
+            tile=(16, 128, 4), feat=bit, **_SEL)
+    for bit, name in _FEATS.items()
+] + [
+    Variant("sel+all4 16x128/4w", "sel 16x128/4w with all four of the library's ways (_feat_taps 15)",
+            tile=(16, 128, 4), feat=15, **_SEL),
+    Variant("sel+all4 i64 16x128/4w", "sel+all4 with int64 offsets and a runtime C (the library's kernel, one load)",
+            tile=(16, 128, 4), feat=15, **{**_SEL, "i32": False, "const_c": False}),
+]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
     Variant("canary: spec shift bug", "spec 16x128/4w, the dist-1 speculative load 2 rows back", tile=(16, 128, 4),
             i32=True, const_c=True, wt=True, spec=True, bug=7),
+    Variant("canary: feat bug", "sel+all4 16x128/4w with the channel mask inverted on the taps", tile=(16, 128, 4),
+            feat=15, bug=8, **_SEL),
     Variant("canary: sel bug", "sel 16x128/4w, its general path with the dist-1 tap on the wrong weight",
             tile=(16, 128, 4), i32=True, const_c=True, wt=True, sel=True, bug=3),
     Variant("canary: fast path bug", "fast, its fast path with the dist-1 tap on the wrong weight", i32=True,
@@ -721,7 +815,7 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
         weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
         WS=width, N=bs.N, W=bs.W, BLOCK_T=bt, BLOCK_C=bc,
         CONST_C=c if v.const_c else 0, I32=v.i32, FAST=v.fast, CS=v.cs, BUG=v.bug, TAPS=not v.floor,
-        SEL=v.sel, SPEC=v.spec,
+        SEL=v.sel, SPEC=v.spec, FEAT=v.feat, WP=triton.next_power_of_2(bs.W - 1),
         num_warps=nw,
     )
 

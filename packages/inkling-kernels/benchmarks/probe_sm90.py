@@ -69,7 +69,12 @@ def _resources(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> st
     regs = re.search(r"REG:(\d+)", usage)
     loads = collections.Counter(re.findall(r"\b(LDG[\w.]*)", sass))
     stores = collections.Counter(re.findall(r"\b(STG[\w.]*)", sass))
-    return f"registers {regs.group(1) if regs else '?'}; loads {dict(loads)}; stores {dict(stores)}"
+    # every SASS instruction line reads "/*<offset>*/  OPCODE ..."; the total (NOPs and
+    # the trailing BRA loop excluded) is a static proxy for the issue work per program
+    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)]
+    body = [op for op in ops if op != "NOP"]
+    return (f"registers {regs.group(1) if regs else '?'}; instructions {len(body)}; loads {dict(loads)}; "
+            f"stores {dict(stores)}")
 
 
 def main() -> int:

@@ -14,6 +14,9 @@
 #            same run; then bench_layer on global and sliding layers, the peer in the same run
 #   prefill  exp_prefill.py: the library kernel, the store-only floor and the one-load
 #            designs of the experimental kernel, each checked before it is timed
+#   feat     exp_prefill.py, about a minute: which of the library kernel's ways (map as a
+#            2D tile, channel mask, clamped taps, 1D weights) takes away the experimental
+#            kernel's int32 gain (RESULTS_prefill_exp.md, session 12)
 OUT=${OUT:-device-out}/r
 source "$(dirname "$0")/device_env.sh"
 device_info
@@ -59,8 +62,14 @@ case "${1:-}" in
   prefill)
     prefill 420
     ;;
+  feat)
+    PREFILL_VARIANTS="sel 16x128/4w,sel lib-like 16x128/4w,sel-i32 16x128/4w,sel+map2d 16x128/4w"
+    PREFILL_VARIANTS+=",sel+cmask 16x128/4w,sel+clamp 16x128/4w,sel+w1d 16x128/4w,sel+all4 16x128/4w"
+    PREFILL_VARIANTS+=",sel+all4 i64 16x128/4w"
+    prefill 150
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat" >&2
     exit 2
     ;;
 esac
