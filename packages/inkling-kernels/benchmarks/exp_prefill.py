@@ -78,6 +78,17 @@ def log(msg: str) -> None:
 
 
 @triton.jit
+def _tap_addrs(x_ptr, cache_ptr, xrow, cslot, chan, ccol, C, stride_cb, stride_cn, N: tl.constexpr, I32: tl.constexpr):
+    """A tap's two candidate addresses per row, ``[BLOCK_T, BLOCK_C]`` each: x row
+    ``xrow`` and cache slot ``cslot`` (decoded from the map; int32 with ``I32``)."""
+    if I32:
+        xrow = xrow.to(tl.int32)
+        cslot = cslot.to(tl.int32)
+    cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
+    return x_ptr + (xrow[:, None] * C + chan[None, :]), cache_ptr + (cdst[:, None] + ccol[None, :])
+
+
+@triton.jit
 def _general_taps(
     acc, x_ptr, w_ptr, cache_ptr, map_ptr, rows, rmask, chan, ccol, num_slots, C,
     stride_wc, stride_wk, stride_cb, stride_cn,
@@ -97,18 +108,13 @@ def _general_taps(
         xrow, cslot = decode_tap_codes(code, num_slots)
         from_x = xrow >= 0
         from_cache = cslot >= 0
-        if I32:
-            xrow = xrow.to(tl.int32)
-            cslot = cslot.to(tl.int32)
-        cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
+        xa, ca = _tap_addrs(x_ptr, cache_ptr, xrow, cslot, chan, ccol, C, stride_cb, stride_cn, N, I32)
         if SEL:  # one load, its address picked per row (the library's tap_select)
-            src = tl.where(from_x[:, None], x_ptr + (xrow[:, None] * C + chan[None, :]),
-                           cache_ptr + (cdst[:, None] + ccol[None, :]))
-            tap = tl.load(src, mask=(from_x | from_cache)[:, None], other=0.0).to(tl.float32)
+            tap = tl.load(tl.where(from_x[:, None], xa, ca), mask=(from_x | from_cache)[:, None],
+                          other=0.0).to(tl.float32)
         else:
-            tap = tl.load(x_ptr + (xrow[:, None] * C + chan[None, :]), mask=from_x[:, None], other=0.0).to(tl.float32)
-            tap += tl.load(cache_ptr + (cdst[:, None] + ccol[None, :]), mask=from_cache[:, None],
-                           other=0.0).to(tl.float32)
+            tap = tl.load(xa, mask=from_x[:, None], other=0.0).to(tl.float32)
+            tap += tl.load(ca, mask=from_cache[:, None], other=0.0).to(tl.float32)
         acc += wv * tap
     return acc
 
@@ -140,13 +146,8 @@ def _spec_taps(
         from_x = xrow >= 0
         shifted = from_x & (xrow == rows - dist)  # (xrow is -1 where the tap is not in x)
         from_cache = cslot >= 0
-        if I32:
-            xrow = xrow.to(tl.int32)
-            cslot = cslot.to(tl.int32)
-        cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
-        src = tl.where(from_x[:, None], x_ptr + (xrow[:, None] * C + chan[None, :]),
-                       cache_ptr + (cdst[:, None] + ccol[None, :]))
-        fix = tl.load(src, mask=((from_x & ~shifted) | from_cache)[:, None], other=0.0)
+        xa, ca = _tap_addrs(x_ptr, cache_ptr, xrow, cslot, chan, ccol, C, stride_cb, stride_cn, N, I32)
+        fix = tl.load(tl.where(from_x[:, None], xa, ca), mask=((from_x & ~shifted) | from_cache)[:, None], other=0.0)
         tap = tl.where(shifted[:, None], specs[k], fix).to(tl.float32)
         acc += wv * tap
     return acc
@@ -193,12 +194,8 @@ def _feat_taps(
         if FEAT & 4:
             xrow = tl.where(from_x, xrow, 0)
             cslot = tl.where(from_cache, cslot, 0)
-        if I32:
-            xrow = xrow.to(tl.int32)
-            cslot = cslot.to(tl.int32)
-        cdst = (cslot // N) * stride_cb + (cslot % N) * stride_cn
-        src = tl.where(from_x[:, None], x_ptr + (xrow[:, None] * C + chan[None, :]),
-                       cache_ptr + (cdst[:, None] + ccol[None, :]))
+        xa, ca = _tap_addrs(x_ptr, cache_ptr, xrow, cslot, chan, ccol, C, stride_cb, stride_cn, N, I32)
+        src = tl.where(from_x[:, None], xa, ca)
         m = (from_x | from_cache)[:, None]
         if FEAT & 2:
             if BUG == 8:  # canary: the mask inverted
