@@ -44,7 +44,7 @@ def _capture(module: Any, name: str, launch: Any) -> tuple[Any, tuple[Any, ...],
     return real, *calls[0]
 
 
-def _resources(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def _resources(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], order: bool = False) -> str:
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -73,8 +73,21 @@ def _resources(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> st
     # the trailing BRA loop excluded) is a static proxy for the issue work per program
     ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)]
     body = [op for op in ops if op != "NOP"]
-    return (f"registers {regs.group(1) if regs else '?'}; instructions {len(body)}; loads {dict(loads)}; "
-            f"stores {dict(stores)}")
+    out = (f"registers {regs.group(1) if regs else '?'}; instructions {len(body)}; loads {dict(loads)}; "
+           f"stores {dict(stores)}")
+    if order:
+        # global memory ops in program order: L/S + bits, and how many other
+        # instructions sit between them (e.g. "L64 +3 L128")
+        seq, gap = [], 0
+        for op in body:
+            if op.startswith(("LDG", "STG")):
+                bits = op.rsplit(".", 1)[-1] if op.count(".") > 1 else "32"
+                seq.append((f"+{gap} " if gap else "") + ("L" if op[0] == "L" else "S") + bits)
+                gap = 0
+            else:
+                gap += 1
+        out += "\n    order: " + " ".join(seq)
+    return out
 
 
 def main() -> int:
@@ -82,6 +95,7 @@ def main() -> int:
     ap.add_argument("--case", required=True, help="a bench_sconv.py case name")
     ap.add_argument("--lib", nargs="*", default=[], help="library tiles BT,BC,NW[,ts]")
     ap.add_argument("--exp", nargs="*", default=[], help="exp_prefill.py variant names")
+    ap.add_argument("--order", action="store_true", help="also print the global loads and stores in program order")
     args = ap.parse_args()
     import torch
     import triton
@@ -103,7 +117,7 @@ def main() -> int:
         cfg = K.SconvConfig(block_t=int(bt), block_c=int(bc), num_warps=int(nw), tap_select="ts" in flags)
         kernel, a, kw = _capture(K, "_fused_sconv_kernel",
                                  lambda: K.fused_sconv_triton(s.x, weight, cache, s.mapped, off, width, config=cfg))
-        print(f"  library {spec}: {_resources(kernel, a, kw)}", flush=True)
+        print(f"  library {spec}: {_resources(kernel, a, kw, args.order)}", flush=True)
     if args.exp:
         import exp_prefill as E
 
@@ -116,7 +130,7 @@ def main() -> int:
             out = torch.empty_like(s.x)
             kernel, a, kw = _capture(E, "_exp_sconv_kernel", lambda: E.launch_exp(
                 v, tile, s.x, weight_t if v.wt else weight, cache, s, off, width, out))
-            print(f"  exp {name}: {_resources(kernel, a, kw)}", flush=True)
+            print(f"  exp {name}: {_resources(kernel, a, kw, args.order)}", flush=True)
     return 0
 
 
