@@ -250,6 +250,24 @@ def copy_bandwidth() -> dict[str, float]:
     return out
 
 
+def same_size_copy_us(nbytes: int, num_sets: int, reps: int) -> float:
+    """µs to move ``nbytes`` (read + write) as a case does: ``num_sets`` disjoint bf16
+    buffer pairs of ``nbytes / 2`` each, one SM-kernel copy (``torch.mul(a, 1, out=b)``:
+    a captured ``copy_`` becomes a slower copy-engine node) per pair in one CUDA graph,
+    median replay / ``num_sets`` (time_graph). The copy rate a launch of this size can
+    reach, beside the 1-2 GiB baseline."""
+    n = max(1, nbytes // 4)  # bf16 elements read (and as many written)
+    pairs = []
+    for _ in range(num_sets):
+        a = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+        a.view(torch.uint8).random_(0, 255)
+        pairs.append((a, torch.empty_like(a)))
+    us = time_graph([lambda a=a, b=b: torch.mul(a, 1, out=b) for a, b in pairs], reps)
+    del pairs
+    torch.cuda.empty_cache()
+    return us
+
+
 def load_peer(peer_dir: pathlib.Path | None) -> Any:
     if peer_dir is None:
         return None

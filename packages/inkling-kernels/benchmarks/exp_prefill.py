@@ -949,6 +949,18 @@ def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, g
         us = bs.time_graph(launches, args.reps)
         res["lib_repeat_us"] = us
         log(f"  lib (repeat): {us:.2f} µs")
+    if not args.dry_run and time.monotonic() <= deadline:
+        # the copy rate at this case's size and set count (may be below the 1-2 GiB
+        # baseline: ramp-up and tail of a short launch)
+        try:
+            cp_us = bs.same_size_copy_us(nbytes, num_sets, args.reps)
+            cp_gbps = nbytes / (cp_us * 1e-6) / 1e9
+            res.update(same_size_copy_us=cp_us, same_size_copy_GBps=cp_gbps)
+            log(f"  same-size copy ({num_sets} x {nbytes / 1e6:.1f} MB, torch.mul in a graph): {cp_us:.2f} µs "
+                f"{cp_gbps:.0f} GB/s" + (f", {cp_gbps / copy_gbps:.3f} of the copy baseline" if copy_gbps else "")
+                + (f"; the library at {cp_us / lib_us:.3f} of it" if lib_us else ""))
+        except Exception as e:  # a measurement aid: report and go on
+            log(f"  same-size copy: {type(e).__name__}: {str(e)[:200]}")
     del cache, sets, outs, ref_cache, weight_t
     if device == "cuda":
         torch.cuda.empty_cache()
