@@ -672,10 +672,13 @@ VARIANTS += [_shift(kind, bt, bc, nw) for kind in (1, 2) for bt in (32, 64) for 
 VARIANTS += [_shift(3, bt, bc, nw) for bt, bc, nw in ((32, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8))]
 # Session 11 (not yet timed): one load a tap on this kernel's tiles (the library's
 # tap_select measured 0.68 of copy on 16x128/4w), and the speculative shifted taps.
+_SEL = dict(i32=True, const_c=True, wt=True, sel=True)  # the experimental kernel's one-load path
 VARIANTS += [
     Variant(f"sel {bt}x{bc}/{nw}w", f"cols+i32, constexpr C, weights [W, C], one load a tap, {bt}x{bc} tiles, {nw} warps",
-            tile=(bt, bc, nw), i32=True, const_c=True, wt=True, sel=True)
-    for bt, bc, nw in ((16, 128, 4), (8, 128, 4), (16, 256, 8))
+            tile=(bt, bc, nw), **_SEL)
+    # (the last six: session 12)
+    for bt, bc, nw in ((16, 128, 4), (8, 128, 4), (16, 256, 8), (16, 128, 2), (16, 64, 2), (32, 128, 4), (32, 64, 4),
+                       (8, 256, 4), (16, 256, 4))
 ] + [
     Variant(f"spec {bt}x{bc}/{nw}w", f"speculative shifted taps (rows t-d loaded before the map is read) + one "
             f"masked fix-up load a tap, int32, constexpr C, weights [W, C], {bt}x{bc} tiles, {nw} warps",
@@ -684,9 +687,8 @@ VARIANTS += [
 ]
 # Session 12: which of the experimental kernel's differences from the library (int32
 # offsets, constexpr C, weights as [W, C]) carry sel 16x128/4w's lead over the library's
-# one-load tile (97.7 against 104.2 µs on prefill 8192 ATTN), streaming stores on top,
-# and more one-load tiles.
-_SEL = dict(i32=True, const_c=True, wt=True, sel=True)
+# one-load tile (97.7 against 104.2 µs on prefill 8192 ATTN), and streaming stores on top
+# (more one-load tiles: with sel's, above).
 VARIANTS += [
     Variant("sel-i64 16x128/4w", "sel 16x128/4w with int64 offsets", tile=(16, 128, 4), **{**_SEL, "i32": False}),
     Variant("sel-varC 16x128/4w", "sel 16x128/4w with C a runtime argument", tile=(16, 128, 4),
@@ -701,10 +703,6 @@ VARIANTS += [
     Variant(f"sel+cs {bt}x{bc}/{nw}w", f"sel with .cs streaming stores (out, slot), {bt}x{bc} tiles, {nw} warps",
             tile=(bt, bc, nw), cs=True, **_SEL)
     for bt, bc, nw in ((16, 128, 4), (16, 256, 8), (8, 256, 4))
-] + [
-    Variant(f"sel {bt}x{bc}/{nw}w", f"cols+i32, constexpr C, weights [W, C], one load a tap, {bt}x{bc} tiles, {nw} warps",
-            tile=(bt, bc, nw), **_SEL)
-    for bt, bc, nw in ((16, 128, 2), (16, 64, 2), (32, 128, 4), (32, 64, 4), (8, 256, 4), (16, 256, 4))
 ]
 # Session 12, after the port of int32 offsets and a constant C to the library gained
 # nothing: sel 16x128/4w (int32, constant C) with the library kernel's other ways, one at
@@ -728,7 +726,7 @@ CANARIES = [
     Variant("canary: feat bug", "sel+all4 16x128/4w with the channel mask inverted on the taps", tile=(16, 128, 4),
             feat=15, bug=8, **_SEL),
     Variant("canary: sel bug", "sel 16x128/4w, its general path with the dist-1 tap on the wrong weight",
-            tile=(16, 128, 4), i32=True, const_c=True, wt=True, sel=True, bug=3),
+            tile=(16, 128, 4), bug=3, **_SEL),
     Variant("canary: fast path bug", "fast, its fast path with the dist-1 tap on the wrong weight", i32=True,
             const_c=True, fast=True, bug=1),
     Variant("canary: general path bug", "fast, its general path with the dist-1 tap on the wrong weight", i32=True,
