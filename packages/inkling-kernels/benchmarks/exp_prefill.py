@@ -577,6 +577,145 @@ def _shift_sconv_kernel(
 
 
 # --------------------------------------------------------------------------------------
+# Experimental kernel "rows" (session 13): a program owns ROWS consecutive rows of
+# BLOCK_C channels and keeps them as ROWS + W - 1 separate [BLOCK_C] row vectors (its
+# rows and the W-1 before them), all loaded before the kernel stores anything: the
+# stores may alias as far as the compiler knows, so a load written after a store stays
+# after it, and a kernel that loads row by row between stores waits a round trip per row
+# (the "stream" kernel above). A tap at distance d that the map says is x row t - d is
+# the register copy of that row (no load); any other tap (a cache slot, a same-step
+# writer's row, none) is one masked load whose address is picked per row, as in sel.
+# A tile whose taps are all register rows or none (a prefill tile) takes a branch with
+# no more loads; any other tile issues the fix-up loads G rows at a time, before those
+# G rows' stores (a decode tile's G rows share one round trip). int32 offsets (host checks), constexpr C, weights read
+# once per program as [BLOCK_C] vectors. Each row: slot store of its x, then
+# acc = w[W-1]*x + sum_d w[W-1-d]*tap_d + x, one rounding, out store (as above).
+# BUG 9 (canary): the dist-1 register tap is the row two back.
+# (Tuple indices are written as expressions of static_range variables or passed as
+# constexpr arguments: the interpreter turns an int assigned to a name into a tensor,
+# which cannot index a tuple, and the compiler does not let a constexpr name be
+# assigned twice.)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rows_fix(x_ptr, cache_ptr, code, t, dist, chan, ccol, C, num_slots, stride_cb, stride_cn, N: tl.constexpr):
+    """Row ``t``'s tap at ``dist``: (is it x row t - dist, held in registers; else its
+    value from one masked load, 0 where there is no tap)."""
+    xrow, cslot = decode_tap_codes(code, num_slots)
+    from_x = xrow >= 0
+    reg = from_x & (xrow == t - dist)
+    from_cache = cslot >= 0
+    xr = tl.where(from_x, xrow, 0).to(tl.int32)
+    cs = tl.where(from_cache, cslot, 0).to(tl.int32)
+    cdst = (cs // N) * stride_cb + (cs % N) * stride_cn
+    src = tl.where(from_x, x_ptr + (xr * C + chan), cache_ptr + (cdst + ccol))
+    fix = tl.load(src, mask=(from_x & (xrow != t - dist)) | from_cache, other=0.0)
+    return reg, fix
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _rows_sconv_kernel(
+    x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr,
+    num_tokens, num_slots,
+    stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+    C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, G: tl.constexpr, CS: tl.constexpr, BUG: tl.constexpr,
+    QP: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    ccol = (chan // WS) * stride_ch + stream_offset + chan % WS
+    t0 = pid_t * ROWS
+    # every x row the tile reads, before any store: xs[j] is row t0 - (W - 1) + j
+    xs = ()
+    for j in tl.static_range(ROWS + W - 1):
+        t = t0 - (W - 1) + j
+        xs = xs + (tl.load(x_ptr + (t * C + chan), mask=(t >= 0) & (t < num_tokens), other=0.0),)
+    # per row: its slot's offset in the cache and whether it is written; per (row, tap),
+    # from the map loaded as one vector: a bit of ``regbits`` when the tap is x row
+    # t - dist (held in xs); ``bad`` counts the taps that are neither that nor "no tap"
+    # (a cache slot, another x row)
+    dsts = ()
+    oks = ()
+    for i in tl.static_range(ROWS):
+        t = t0 + i
+        live = t < num_tokens
+        slot = tl.load(slot_ptr + t, mask=live, other=-1)
+        ok = live & (slot >= 0) & (slot < num_slots)
+        ws = tl.where(ok, slot, 0).to(tl.int32)
+        dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
+        oks = oks + (ok,)
+    q = tl.arange(0, QP)  # (row, tap) pairs of the tile, row-major
+    qt = t0 + q // (W - 1)
+    qlive = (q < ROWS * (W - 1)) & (qt < num_tokens)
+    code = tl.load(map_ptr + t0 * (W - 1) + q, mask=qlive, other=-1)
+    xrow, cslot = decode_tap_codes(code, num_slots)
+    qreg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
+    regbits = tl.sum(tl.where(qreg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
+    bad = tl.sum((((xrow >= 0) & ~qreg) | (cslot >= 0)).to(tl.int32), axis=0)
+    wts = ()
+    for k in tl.static_range(W):
+        wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
+    if bad == 0:  # every tap is a register row or none: no more loads
+        for i in tl.static_range(ROWS):
+            _rows_out(x_ptr, cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, (), (), t0, num_tokens,
+                      chan, ccol, i, 0, C, W, True, CS, BUG)
+    else:  # fix-up loads G rows at a time (the codes loaded again: L1 hits)
+        for g in tl.static_range(ROWS // G):
+            regs = ()
+            fixes = ()
+            for ii in tl.static_range(G):
+                for k in tl.static_range(W - 1):
+                    c1 = tl.load(map_ptr + (t0 + g * G + ii) * (W - 1) + k, mask=t0 + g * G + ii < num_tokens,
+                                 other=-1)
+                    reg, fix = _rows_fix(x_ptr, cache_ptr, c1, t0 + g * G + ii, k + 1, chan, ccol, C,
+                                         num_slots, stride_cb, stride_cn, N)
+                    regs = regs + (reg,)
+                    fixes = fixes + (fix,)
+            for ii in tl.static_range(G):
+                _rows_out(x_ptr, cache_ptr, out_ptr, xs, wts, dsts[g * G + ii], oks[g * G + ii], regbits, regs,
+                          fixes, t0, num_tokens, chan, ccol, g * G + ii, ii, C, W, False, CS, BUG)
+
+
+@triton.jit
+def _rows_out(x_ptr, cache_ptr, out_ptr, xs, wts, dst, ok, regbits, regs, fixes, t0, num_tokens, chan, ccol,
+              i: tl.constexpr, ii: tl.constexpr, C: tl.constexpr, W: tl.constexpr, FAST: tl.constexpr,
+              CS: tl.constexpr, BUG: tl.constexpr):
+    """Row ``t0 + i``: its slot store (at ``dst`` where ``ok``), its conv, its out. FAST: the taps
+    are register rows where ``regbits`` says so, else 0; otherwise ``regs`` / ``fixes``
+    (entry ``ii`` of the fix-up group)."""
+    t = t0 + i
+    live = t < num_tokens
+    xi = xs[i + W - 1]
+    cptr = cache_ptr + (dst + ccol)
+    if CS:
+        tl.store(cptr, xi, mask=ok, cache_modifier=".cs")
+    else:
+        tl.store(cptr, xi, mask=ok)
+    xf = xi.to(tl.float32)
+    acc = wts[W - 1] * xf
+    for k in tl.static_range(W - 1):
+        # the tap at distance k + 1; the canary (BUG 9) takes row t - 2 for distance 1
+        if BUG == 9 and k == 0:
+            xr = xs[i + W - 3]
+        else:
+            xr = xs[i + W - 2 - k]
+        if FAST:
+            tap = tl.where(((regbits >> (i * (W - 1) + k)) & 1) != 0, xr, 0.0)
+        else:
+            tap = tl.where(regs[ii * (W - 1) + k], xr, fixes[ii * (W - 1) + k])
+        acc += wts[W - 2 - k] * tap.to(tl.float32)
+    acc += xf
+    optr = out_ptr + (t * C + chan)
+    if CS:
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=live, cache_modifier=".cs")
+    else:
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=live)
+
+
+# --------------------------------------------------------------------------------------
 # Variants
 # --------------------------------------------------------------------------------------
 
@@ -602,6 +741,7 @@ class Variant:
     sel: bool = False  # general path: one load a tap (the library's tap_select)
     spec: bool = False  # speculative shifted taps + one masked fix-up load (_spec_taps)
     feat: int = 0  # sel plus the library kernel's ways, a bit each (_feat_taps)
+    rows: int = 0  # _rows_sconv_kernel, fix-up loads this many rows at a time; tile = (rows, block_c, warps)
     bug: int = 0
 
 
@@ -719,8 +859,25 @@ VARIANTS += [
     Variant("sel+all4 i64 16x128/4w", "sel+all4 with int64 offsets and a runtime C (the library's kernel, one load)",
             tile=(16, 128, 4), feat=15, **{**_SEL, "i32": False, "const_c": False}),
 ]
+# Session 13: the "rows" kernel (x rows in registers, every load before any store).
+_ROWS = dict(i32=True, const_c=True, wt=True)
+
+
+def _rows(bt: int, bc: int, nw: int, g: int, cs: bool = False) -> Variant:
+    return Variant(f"rows{'+cs' if cs else ''} {bt}x{bc}/{nw}w/g{g}",
+                   f"{bt} rows x {bc} channels as row vectors in registers, every x row loaded before any store, "
+                   f"taps from registers, fix-up loads {g} rows at a time, {nw} warps" + (", .cs stores" if cs else ""),
+                   tile=(bt, bc, nw), rows=g, cs=cs, **_ROWS)
+
+
+VARIANTS += [_rows(bt, bc, nw, g) for bt, bc, nw, g in (
+    (16, 1024, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1), (16, 256, 2, 1), (8, 256, 2, 1),
+    (16, 512, 2, 1), (8, 512, 2, 1), (16, 256, 1, 1), (8, 256, 1, 1), (16, 128, 1, 1), (16, 512, 4, 4),
+    (8, 512, 4, 4), (8, 256, 2, 4))]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
+    Variant("canary: rows register bug", "rows 16x256/1w/g4, the dist-1 register tap is the row two back",
+            tile=(16, 256, 1), rows=4, bug=9, **_ROWS),
     Variant("canary: spec shift bug", "spec 16x128/4w, the dist-1 speculative load 2 rows back", tile=(16, 128, 4),
             i32=True, const_c=True, wt=True, spec=True, bug=7),
     Variant("canary: feat bug", "sel+all4 16x128/4w with the channel mask inverted on the taps", tile=(16, 128, 4),
@@ -773,6 +930,8 @@ def applicable(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, cache: t
         return f"shift kernels hold at most {min(SHIFT_OV, SHIFT_HALO)} earlier rows"
     if v.shift and (bt < 16 or bt <= shift_overlap(v)):
         return "shift kernels need at least 16 rows per tile (tl.dot) and some output rows"
+    if v.rows and (bt % v.rows or bt * (bs.W - 1) > 64):
+        return "rows kernel: the fix-up group must divide the rows, and a tile's taps fit 64 bits"
     if v.stream and not 2 <= width_taps() <= 4:
         return "stream kernel holds at most 3 earlier rows (W <= 4)"
     if v.i32 and (x.numel() >= 2**31 or cache.numel() >= 2**31 or t * (bs.W - 1) >= 2**31):
@@ -792,6 +951,16 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
             weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
             C=c, WS=width, N=bs.N, W=bs.W, BLOCK_T=bt, BLOCK_C=bc, OV=shift_overlap(v), HALO=SHIFT_HALO,
             SHIFT=v.shift, INTERPRET=INTERPRET, BUG=v.bug,
+            num_warps=nw,
+        )
+        return
+    if v.rows:
+        _rows_sconv_kernel[grid](
+            x, weight, cache, out, inp.slots, inp.tap_map,
+            t, cache.shape[0] * cache.shape[2],
+            weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
+            C=c, WS=width, N=bs.N, W=bs.W, ROWS=bt, BLOCK_C=bc, G=v.rows, CS=v.cs, BUG=v.bug,
+            QP=triton.next_power_of_2(bt * (bs.W - 1)),
             num_warps=nw,
         )
         return
@@ -996,15 +1165,20 @@ def main() -> int:
                          "skipped check would go unnoticed)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--only", default=None, help="substring filter on case names")
-    ap.add_argument("--variants", default=None, help="comma-separated variant names (lib is always run)")
+    ap.add_argument("--variants", default=None, help="comma-separated variant names, run in this order (lib is "
+                    "always run first)")
     args = ap.parse_args()
     deadline = T0 + (args.budget_s if args.budget_s is not None else math.inf if args.dry_run else 200.0)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     variants = VARIANTS
-    if args.variants:
-        keep = {n.strip() for n in args.variants.split(",")}
-        variants = [v for v in VARIANTS if v.lib or v.name in keep]
+    if args.variants:  # in the order given (what matters most first, before the budget runs out)
+        by_name = {v.name: v for v in VARIANTS}
+        names = [n.strip() for n in args.variants.split(",") if n.strip()]
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            ap.error(f"no such variants: {unknown}")
+        variants = [VARIANTS[0]] + [by_name[n] for n in names if not by_name[n].lib]
     if args.dry_run:
         device, cases = "cpu", dry_cases()
         variants = variants + CANARIES

@@ -128,7 +128,9 @@ def main() -> int:
                 ap.error(f"no exp_prefill variant {name!r}")
             tile = E.resolve_tile(v, s.x.shape[0], heads, width, False)
             out = torch.empty_like(s.x)
-            kernel, a, kw = _capture(E, "_exp_sconv_kernel", lambda: E.launch_exp(
+            kname = ("_rows_sconv_kernel" if v.rows else "_stream_sconv_kernel" if v.stream
+                     else "_shift_sconv_kernel" if v.shift else "_exp_sconv_kernel")
+            kernel, a, kw = _capture(E, kname, lambda: E.launch_exp(
                 v, tile, s.x, weight_t if v.wt else weight, cache, s, off, width, out))
             print(f"  exp {name}: {_resources(kernel, a, kw, args.order)}", flush=True)
     return 0

@@ -17,6 +17,9 @@
 #   feat     exp_prefill.py, about a minute: which of the library kernel's ways (map as a
 #            2D tile, channel mask, clamped taps, 1D weights) takes away the experimental
 #            kernel's int32 gain (RESULTS_prefill_exp.md, session 12)
+#   rows     exp_prefill.py (session 13): the "rows" kernel (x rows as registers, every
+#            load before any store) on several tiles, next to the floor, the best sel tile
+#            and the feat variants; about 9 minutes
 OUT=${OUT:-device-out}/r
 source "$(dirname "$0")/device_env.sh"
 device_info
@@ -68,8 +71,16 @@ case "${1:-}" in
     PREFILL_VARIANTS+=",sel+all4 i64 16x128/4w"
     prefill 150
     ;;
+  rows)
+    PREFILL_VARIANTS="floor,sel+cs 8x256/4w,rows 8x512/4w/g1,rows 8x256/2w/g1,rows 16x512/4w/g1,rows 8x1024/4w/g1"
+    PREFILL_VARIANTS+=",rows 16x256/2w/g1,rows 8x512/2w/g1,rows 8x256/1w/g1,rows 16x256/1w/g1,rows 8x512/4w/g4"
+    PREFILL_VARIANTS+=",rows 16x1024/4w/g1,sel 16x128/4w,sel lib-like 16x128/4w,sel-i32 16x128/4w"
+    PREFILL_VARIANTS+=",sel+map2d 16x128/4w,sel+cmask 16x128/4w,sel+clamp 16x128/4w,sel+w1d 16x128/4w"
+    PREFILL_VARIANTS+=",sel+all4 16x128/4w"
+    prefill 560
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows" >&2
     exit 2
     ;;
 esac
