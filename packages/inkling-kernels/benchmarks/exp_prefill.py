@@ -45,7 +45,7 @@ import bench_sconv as bs  # noqa: E402  (the case setup, time_graph and copy_bas
 
 from inkling_kernels import fused_sconv_ref  # noqa: E402
 from inkling_kernels._triton_common import decode_tap_codes  # noqa: E402
-from inkling_kernels.sconv.kernel import choose_config, fused_sconv_triton  # noqa: E402
+from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton  # noqa: E402
 
 T0 = time.monotonic()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # tl.dot operands through fp32 (shift kernels)
@@ -725,6 +725,7 @@ class Variant:
     name: str
     desc: str
     lib: bool = False  # the library's fused_sconv_triton (default config)
+    libcfg: tuple[int, int, int, str] | None = None  # the library on (block_t, block_c, warps, "rows" | "one-load")
     tile: tuple[int, int, int] | None = None  # (block_t, block_c, warps); None: choose_config's tile
     warps: int | None = None  # override only the warps of choose_config's tile
     i32: bool = False
@@ -874,6 +875,14 @@ VARIANTS += [_rows(bt, bc, nw, g) for bt, bc, nw, g in (
     (16, 1024, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1), (16, 256, 2, 1), (8, 256, 2, 1),
     (16, 512, 2, 1), (8, 512, 2, 1), (16, 256, 1, 1), (8, 256, 1, 1), (16, 128, 1, 1), (16, 512, 4, 4),
     (8, 512, 4, 4), (8, 256, 2, 4))]
+# Session 13: the library's row-register kernel (sconv/rows_kernel.py) on other tiles, and
+# its one-load tile (the default before it) for comparison.
+VARIANTS += [
+    Variant(f"lib-rows {bt}x{bc}/{nw}w", f"the library's row-register kernel on {bt}x{bc} tiles, {nw} warps",
+            libcfg=(bt, bc, nw, "rows"))
+    for bt, bc, nw in ((16, 256, 1), (8, 256, 1), (16, 1024, 4), (8, 512, 2), (16, 512, 2), (8, 1024, 4))
+] + [Variant("lib-one-load 16x128/4w", "the library's one-load tile (fused_sconv's default before session 13)",
+             libcfg=(16, 128, 4, "one-load"))]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
     Variant("canary: rows register bug", "rows 16x256/1w/g4, the dist-1 register tap is the row two back",
@@ -988,6 +997,10 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
                 inp: bs.Inputs, off: int, width: int, out: torch.Tensor) -> Callable[[], Any]:
     if v.lib:
         return lambda: fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out)
+    if v.libcfg:
+        bt, bc, nw, kind = v.libcfg
+        cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
+        return lambda: fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out, config=cfg)
     assert tile is not None
     return lambda: launch_exp(v, tile, inp.x, weight, cache, inp, off, width, out)
 
@@ -1074,7 +1087,14 @@ def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, g
         if v.lib:
             cfg = choose_config(t, heads, width, mapped=True)
             tile = None
-            row["tile"] = f"{cfg.block_t}x{cfg.block_c}/{cfg.num_warps}w"
+            row["tile"] = f"{cfg.block_t}x{cfg.block_c}/{cfg.num_warps}w" + (" rows" if cfg.rows else "")
+        elif v.libcfg:
+            tile = None
+            row["tile"] = "{}x{}/{}w {}".format(*v.libcfg)
+            if v.libcfg[3] == "rows" and c % v.libcfg[1]:
+                row["status"] = f"SKIP (C={c} is not a multiple of {v.libcfg[1]})"
+                log(f"  {v.name}: skipped: {row['status']}")
+                continue
         else:
             tile = resolve_tile(v, t, heads, width, args.dry_run)
             row["tile"] = f"{tile[0]}x{tile[1]}/{tile[2]}w"

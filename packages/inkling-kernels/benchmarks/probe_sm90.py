@@ -7,8 +7,8 @@ lent to see what a kernel change does to the code (RESULTS_prefill_exp.md, sessi
         python3 packages/inkling-kernels/benchmarks/probe_sm90.py --case "prefill 8192, ATTN" \\
         --lib 16,128,4 16,128,4,ts --exp "sel 16x128/4w" "spec 16x128/4w"
 
-``--lib BT,BC,NW[,ts]``: the library's ``fused_sconv`` kernel on the case's mapped batch
-with that tile (``ts``: one load a tap). ``--exp NAME``: an ``exp_prefill.py`` variant.
+``--lib BT,BC,NW[,ts|rows]``: the library's ``fused_sconv`` kernel on the case's mapped
+batch with that tile (``ts``: one load a tap; ``rows``: the row-register kernel). ``--exp NAME``: an ``exp_prefill.py`` variant.
 The case is one of bench_sconv.py's; the values do not change the code.
 """
 
@@ -114,8 +114,9 @@ def main() -> int:
     print(f"{case.name}: sm_90, triton {triton.__version__}, torch {torch.__version__}")
     for spec in args.lib:
         bt, bc, nw, *flags = spec.split(",")
-        cfg = K.SconvConfig(block_t=int(bt), block_c=int(bc), num_warps=int(nw), tap_select="ts" in flags)
-        kernel, a, kw = _capture(K, "_fused_sconv_kernel",
+        cfg = K.SconvConfig(block_t=int(bt), block_c=int(bc), num_warps=int(nw), tap_select="ts" in flags,
+                            rows="rows" in flags)
+        kernel, a, kw = _capture(K, "_rows_sconv_kernel" if cfg.rows else "_fused_sconv_kernel",
                                  lambda: K.fused_sconv_triton(s.x, weight, cache, s.mapped, off, width, config=cfg))
         print(f"  library {spec}: {_resources(kernel, a, kw, args.order)}", flush=True)
     if args.exp:

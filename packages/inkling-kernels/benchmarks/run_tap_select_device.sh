@@ -19,7 +19,10 @@
 #            kernel's int32 gain (RESULTS_prefill_exp.md, session 12)
 #   rows     exp_prefill.py (session 13): the "rows" kernel (x rows as registers, every
 #            load before any store) on several tiles, next to the floor, the best sel tile
-#            and the feat variants; about 9 minutes
+#            and the feat variants; about 5 minutes
+#   rowslib  (.peer carried) the library's row-register kernel (fused_sconv's default for
+#            prefill-sized mapped launches since session 13): fused_sconv's GPU tests, its
+#            tiles in exp_prefill.py next to the one-load tile and the floor, the sweep
 OUT=${OUT:-device-out}/r
 source "$(dirname "$0")/device_env.sh"
 device_info
@@ -79,8 +82,18 @@ case "${1:-}" in
     PREFILL_VARIANTS+=",sel+all4 16x128/4w"
     prefill 560
     ;;
+  rowslib)
+    stage "fused_sconv GPU tests, defaults (the row-register kernel included)"
+    timeout 250 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "not kv_ and not add_" \
+      > "$OUT/tests.log" 2>&1
+    tail -15 "$OUT/tests.log"
+    PREFILL_VARIANTS="floor,lib-one-load 16x128/4w,lib-rows 16x256/1w,lib-rows 8x256/1w,lib-rows 16x1024/4w"
+    PREFILL_VARIANTS+=",lib-rows 8x512/2w,lib-rows 8x1024/4w,rows 16x256/1w/g1,rows 8x256/2w/g1"
+    prefill 135
+    sweep 165
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib" >&2
     exit 2
     ;;
 esac

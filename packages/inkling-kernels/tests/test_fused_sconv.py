@@ -147,40 +147,150 @@ def test_one_load_tap(kind: str, dtype: torch.dtype) -> None:
             world.run(batch, s, "triton_map", config=cfg)
 
 
+# The row-register kernel (SconvConfig.rows, rows_kernel.py) on tiles small enough that
+# the suite's batches hold tiles of both kinds: every tap a register row or absent (inside
+# a prompt) and tiles with cache or other-row taps (decodes, a chunk's first rows, spec).
+ROWS_CONFIGS = [(8, 4, 1), (4, 4, 1), (16, 4, 2), (8, 8, 2)]
+
+
+def _long_prompts(world: PagedWorld, rng: random.Random, kind: str) -> list[tuple[int, int]]:
+    """Prompts long enough to fill whole row tiles, plus decodes and chunks (mixed)."""
+    items = []
+    for _ in range(2):
+        world.add_request(len(world.reqs), 0 if kind != "chunked" else rng.randint(1, 30))
+        items.append((len(world.reqs) - 1, rng.randint(20, 40)))
+    if kind == "mixed":
+        items += _trace(world, "mixed", rng)
+    rng.shuffle(items)
+    return items
+
+
+@needs_interpreter
+@pytest.mark.parametrize("kind", ["prefill", "chunked", "mixed", "decode", "spec"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_kernel(kind: str, dtype: torch.dtype) -> None:
+    """``SconvConfig.rows``: the row-register kernel, on each stream whose channel
+    count its tiles divide, against the reference and the cache oracle (every check of
+    the suite)."""
+    from inkling_kernels.sconv.kernel import SconvConfig
+
+    for i, (bt, bc, nw) in enumerate(ROWS_CONFIGS):
+        seed = 300 + 11 * i + ["prefill", "chunked", "mixed", "decode", "spec"].index(kind)
+        rng = random.Random(seed)
+        world = PagedWorld(dtype=dtype, seed=seed, num_blocks=96)
+        items = _long_prompts(world, rng, kind) if kind in ("prefill", "chunked", "mixed") else _trace(world, kind, rng)
+        batch = world.make_batch(items, num_pad=rng.randint(0, 3))
+        cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=True)
+        for s, (_, width) in enumerate(world.streams):
+            if world.H * width % bc == 0:
+                world.run(batch, s, "triton_map", config=cfg)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_rows_kernel_epilogue(activation: str | None, residual: bool) -> None:
+    """The row-register kernel's SiLU / residual on both of its paths, bf16 weights."""
+    from inkling_kernels.sconv.kernel import SconvConfig
+
+    rng = random.Random(41)
+    world = PagedWorld(dtype=torch.bfloat16, weight_dtype=torch.bfloat16, seed=41, num_blocks=96)
+    batch = world.make_batch(_long_prompts(world, rng, "mixed"), num_pad=1)
+    world.run(batch, 0, "triton_map", config=SconvConfig(block_t=8, block_c=4, num_warps=1, rows=True),
+              activation=activation, residual=residual)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("hit", [12, 13], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
+def test_rows_kernel_same_step_prefix_hit(hit: int, hit_first: bool) -> None:
+    """The same-step hazard (test_same_step_prefix_hit) on the row-register kernel: B's
+    taps that A writes in this launch come from A's rows of x (register rows or loads)."""
+    from inkling_kernels.sconv.kernel import SconvConfig
+
+    world = PagedWorld(dtype=torch.bfloat16, block_size=4, num_blocks=40, seed=99)
+    batch = world.prefix_hit_batch(hit, hit_first)
+    for s in range(len(world.streams)):
+        world.run(batch, s, "triton_map", config=SconvConfig(block_t=4, block_c=4, num_warps=1, rows=True))
+
+
+def test_rows_kernel_unfit() -> None:
+    """An explicit ``rows`` config that cannot take the launch says why, before any
+    launch; the default tiling falls back to the tile kernel instead."""
+    from inkling_kernels.sconv.kernel import SconvConfig, fused_sconv_triton
+    from inkling_kernels.sconv.rows_kernel import rows_unfit
+
+    assert rows_unfit(8192, 6144, 6144, 4, 8, 256) is None
+    assert "multiple" in rows_unfit(8192, 6000, 6000, 4, 8, 256)
+    assert "64-bit" in rows_unfit(8192, 6144, 6144, 10, 8, 256)
+    assert "int32" in rows_unfit(400_000, 6144, 6144, 4, 8, 256)
+    world = PagedWorld(seed=8)
+    batch = world.make_batch(_trace(world, "mixed", random.Random(8)), num_pad=1)
+    off, width = world.streams[2]  # 2 heads x 10 channels: not a multiple of 8
+    mapped = batch.sconv(tap_map=world.tap_map(batch))
+    with pytest.raises(ValueError, match=r"rows=True\) cannot take this launch.*multiple"):
+        fused_sconv_triton(batch.x[2], world.weights[2], world.cache, mapped, off, width,
+                           config=SconvConfig(block_t=8, block_c=8, num_warps=1, rows=True))
+    with pytest.raises(ValueError, match="one stream with the step's tap map"):
+        fused_sconv_triton(batch.x[0], world.weights[0], world.cache, batch.sconv(), *world.streams[0],
+                           config=SconvConfig(block_t=8, block_c=8, num_warps=1, rows=True), auto_map=False)
+
+
 def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``fused_sconv``'s mapped launches of ``T * C >= MAP_MIN_WORK`` take 16-row tiles
-    with one load a tap; smaller and map-less launches, the two-stream (K+V) launch and
-    ``fused_sconv_add``'s mirrored tiles keep the two-load tiles, and no
-    ``fused_sconv_add_rmsnorm`` tiling takes it. ``INKLING_KERNELS_TAP_SELECT=0`` turns
-    it off."""
+    """``fused_sconv``'s mapped launches of more than 1024 rows whose channels are a
+    multiple of 256 take the row-register kernel (8 x 256, two warps); other mapped
+    launches of ``T * C >= MAP_MIN_WORK`` take 16-row tiles with one load a tap; smaller
+    and map-less launches, the two-stream (K+V) launch and ``fused_sconv_add``'s
+    mirrored tiles keep the two-load tiles, and no ``fused_sconv_add_rmsnorm`` tiling
+    takes either. ``INKLING_KERNELS_SCONV_ROWS=0`` turns the row kernel off,
+    ``INKLING_KERNELS_TAP_SELECT=0`` the one-load tiles."""
     from inkling_kernels.sconv.kernel import MAP_MIN_WORK, SconvConfig, choose_config
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
 
     shapes = [(8192, 8, 768, True), (256, 8, 768, True), (256, 1, 768, True), (8192, 8, 128, True),
-              (8192, 8, 768, False), (64, 8, 768, True), (1024, 8, 128, True), (2048, 16, 32, True)]
+              (8192, 8, 768, False), (64, 8, 768, True), (1024, 8, 128, True), (2048, 16, 32, True),
+              (4096, 2, 200, True)]
     monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", "0")
+    monkeypatch.setenv("INKLING_KERNELS_SCONV_ROWS", "0")
     base = {shape: choose_config(*shape) for shape in shapes}
-    assert not any(c.tap_select for c in base.values())
-    for value in (None, "1"):
-        if value is None:
-            monkeypatch.delenv("INKLING_KERNELS_TAP_SELECT")
-        else:
-            monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", value)
-        switched = 0
+    assert not any(c.tap_select or c.rows for c in base.values())
+    for tap_select, rows in ((None, None), ("1", "1"), ("1", "0"), ("0", "1")):
+        for name, value in (("INKLING_KERNELS_TAP_SELECT", tap_select), ("INKLING_KERNELS_SCONV_ROWS", rows)):
+            if value is None:
+                monkeypatch.delenv(name)
+            else:
+                monkeypatch.setenv(name, value)
+        one_load_on, rows_on = tap_select != "0", rows != "0"
+        counts = {"rows": 0, "one-load": 0}
         for (t, h, w, mapped), cfg in base.items():
             got = choose_config(t, h, w, mapped)
             assert choose_config(t, h, w, mapped, one_load=False) == cfg
             add = choose_add_config(t, h, w, mapped)
             assert not add.tap_select and (add.block_t, add.num_warps) == (cfg.block_t, cfg.num_warps)
-            if mapped and t * h * w >= MAP_MIN_WORK:
-                switched += 1
-                bc = min(128, w)
-                assert got == SconvConfig(block_t=16, block_c=bc, num_warps=min(4, 16 * bc // 512), tap_select=True)
+            if mapped and rows_on and t > 1024 and h * w % 256 == 0 and t * h * w >= MAP_MIN_WORK:
+                counts["rows"] += 1
+                assert got == SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
+                assert choose_config(t, h, w, mapped, rows=False) == _one_load_or(cfg, t, h, w, one_load_on)
+            elif mapped and one_load_on and t * h * w >= MAP_MIN_WORK:
+                counts["one-load"] += 1
+                assert got == _one_load_or(cfg, t, h, w, True)
             else:
                 assert got == cfg
-        assert switched == 5
+        assert counts == ({"rows": 3, "one-load": 3} if rows_on and one_load_on else
+                          {"rows": 3, "one-load": 0} if rows_on else {"rows": 0, "one-load": 6})
         for t in (1, 64, 256, 8192):
             assert not choose_norm_config(t, 8, 768).tap_select
+
+
+def _one_load_or(two_load: object, t: int, h: int, w: int, on: bool) -> object:
+    """The one-load tile choose_config gives a large mapped launch (``on``), else the
+    two-load tile."""
+    from inkling_kernels.sconv.kernel import SconvConfig
+
+    if not on:
+        return two_load
+    bc = min(128, w & -w if w % 32 == 0 else 1 << (w - 1).bit_length())
+    return SconvConfig(block_t=16, block_c=bc, num_warps=max(1, min(4, 16 * bc // 512)), tap_select=True)
 
 
 @needs_interpreter
@@ -201,6 +311,26 @@ def test_tap_select_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     rng.shuffle(items)
     batch = world.make_batch(items)
     assert batch.positions.shape[0] * 8 * 128 >= 2**20
+    world.run(batch, 0, "triton_map")
+
+
+@needs_interpreter
+def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mapped launch of 1104 rows (a 700-token prompt, a 380-token chunk after a
+    history, 24 decodes; 8 heads x 128) runs the default row-register kernel: against
+    the reference and the cache oracle."""
+    from inkling_kernels.sconv.kernel import choose_config
+
+    monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
+    assert choose_config(1104, 8, 128, True).rows
+    rng = random.Random(6)
+    world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=700, seed=6)
+    plan = [(0, 700), (37, 380)] + [(rng.randint(0, 50), 1) for _ in range(24)]
+    for rid, (history, _) in enumerate(plan):
+        world.add_request(rid, history)
+    items = [(rid, n) for rid, (_, n) in enumerate(plan)]
+    rng.shuffle(items)
+    batch = world.make_batch(items)
     world.run(batch, 0, "triton_map")
 
 

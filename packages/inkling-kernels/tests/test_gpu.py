@@ -23,6 +23,8 @@ from inkling_kernels import (
     sconv_tap_map_ref,
 )
 
+from inkling_kernels.sconv.kernel import SconvConfig
+
 from _sconv_world import TOL, PagedWorld, assert_add_close, bits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -83,6 +85,8 @@ def _gpu_map(meta: list[torch.Tensor], block_size: int, kernel_size: int = 4) ->
 # batch without a map (map-less below MAP_MIN_WORK, a map built for the call above),
 # the public op on a batch carrying the step's map.
 PATHS = ["no-map", "auto", "map"]
+# "rows": the step's map and the row-register kernel on choose_config's tile for it.
+ROWS_CONFIG = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
 
 
 def _conv(path: str, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor,
@@ -91,6 +95,8 @@ def _conv(path: str, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor,
 
     if path == "no-map":
         return fused_sconv_triton(x, weight, cache, _batch(meta, n), off, width, auto_map=False)
+    if path == "rows":  # the row-register kernel, forced (the default only above 1024 rows)
+        return fused_sconv_triton(x, weight, cache, _gpu_map(meta, n), off, width, config=ROWS_CONFIG)
     batch = _gpu_map(meta, n) if path == "map" else _batch(meta, n)
     return fused_sconv(x, weight, cache, batch, off, width)
 
@@ -135,6 +141,35 @@ def test_one_load_tap_vs_reference(shape: tuple, tile: tuple[int, int, int], cas
     storage, cache = _gpu_copy(world)
     meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
     cfg = SconvConfig(block_t=tile[0], block_c=tile[1], num_warps=tile[2], tap_select=True)
+    out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, _gpu_map(meta, 16), off, width,
+                             config=cfg)
+    torch.cuda.synchronize()
+    ref = world.run(batch, 0, "reference")
+    torch.testing.assert_close(out.cpu(), ref, **TOL[torch.bfloat16])
+    assert torch.equal(bits(storage.cpu()), bits(world.storage))
+
+
+ROWS_TILES = [(8, 256, 2), (16, 256, 1), (16, 1024, 4)]
+
+
+@pytest.mark.parametrize("tile", ROWS_TILES, ids=[f"{t}x{c}w{w}" for t, c, w in ROWS_TILES])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_rows_kernel_vs_reference(shape: tuple, tile: tuple[int, int, int], case_seed: Callable[..., int]) -> None:
+    """The row-register kernel (``SconvConfig.rows``) on Inkling shapes (bf16, N 16), a
+    mixed batch with prompts (register tiles) and decodes, spec and chunks (the
+    one-load tile path): against the reference and the cache, bit for bit."""
+    from inkling_kernels.sconv.kernel import SconvConfig, fused_sconv_triton
+
+    name, heads, head_size, off, width = shape
+    if heads * width % tile[1]:
+        pytest.skip(f"{tile[1]}-channel tiles do not divide C={heads * width}")
+    rng = random.Random(case_seed("rows", name, *tile) % 10_000)
+    world = PagedWorld(num_heads=heads, head_size=head_size, block_size=16, streams=((off, width),),
+                       dtype=torch.bfloat16, num_blocks=160, page_pad=64, seed=rng.randint(0, 999))
+    batch = world.make_batch(_mixed(world, rng, scale=2), num_pad=5)
+    storage, cache = _gpu_copy(world)
+    meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
+    cfg = SconvConfig(block_t=tile[0], block_c=tile[1], num_warps=tile[2], rows=True)
     out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, _gpu_map(meta, 16), off, width,
                              config=cfg)
     torch.cuda.synchronize()
@@ -211,16 +246,24 @@ class _GraphSetup:
         return graph, static_out
 
 
-@pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
-def test_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
+@pytest.mark.parametrize("mapped", [False, True, "rows"], ids=["no-map", "map", "rows"])
+def test_cuda_graph_replay_with_changing_metadata(mapped: bool | str) -> None:
     """Capture one launch with static buffers; replay it over different batches
     (different request mixes, pad rows) written into those buffers. With ``mapped``
-    the graph holds the tap-map build too (two launches) before the conv."""
+    the graph holds the tap-map build too (two launches) before the conv; "rows": the
+    row-register kernel after it."""
+    from inkling_kernels.sconv.kernel import fused_sconv_triton
+
     rng = random.Random(7)
     g = _GraphSetup(heads=8, seed=7)
     st, width = g.st, g.width
-    graph, static_out = g.capture(
-        lambda batch: fused_sconv(st["x"], g.weight, g.cache, batch, g.off, width), mapped)
+    if mapped == "rows":
+        graph, static_out = g.capture(
+            lambda batch: fused_sconv_triton(st["x"], g.weight, g.cache, batch, g.off, width, config=ROWS_CONFIG),
+            True)
+    else:
+        graph, static_out = g.capture(
+            lambda batch: fused_sconv(st["x"], g.weight, g.cache, batch, g.off, width), mapped)
     world, storage, T, R = g.world, g.storage, g.T, g.R
     for step in range(6):
         batch = _replay_step(world, rng, st, T, R)
@@ -269,7 +312,7 @@ def _hazard_case(prompt_len: int, hit: int, b_first: bool, seed: int = 0, device
                 off=off, width=width, n=n, expected=expected, pre_slots=pre_slots)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATHS + ["rows"])
 @pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
 @pytest.mark.parametrize("prompt_len,hit,launches", [(1024, 512, 200), (8192, 4096, 100), (1024, 513, 200),
                                                     (128, 64, 200), (128, 65, 200), (128, 66, 200)])
@@ -277,7 +320,9 @@ def test_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit: int
                                         path: str) -> None:
     """Hits of 512/4096 tokens are block-aligned (what engines produce); 513 is not:
     every path is exact at any alignment (one hazard rule). The 128-token prompts
-    (T <= 256) take the map-less kernel's one-chunk scan."""
+    (T <= 256) take the map-less kernel's one-chunk scan; launches of more than 1024
+    rows take the row-register kernel by default ("auto", "map"), all of them with
+    "rows"."""
     case = _hazard_case(prompt_len, hit, b_first)
     d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
     expected = d["expected"]

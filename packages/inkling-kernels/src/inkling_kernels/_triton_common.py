@@ -15,7 +15,7 @@ import triton.language as tl
 
 __all__ = [
     "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows", "pdl_default",
-    "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps",
+    "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps", "rows_default", "tap_select_default",
 ]
 
 
@@ -44,6 +44,13 @@ def tap_select_default() -> bool:
     an escape hatch). The two-stream launch (``fused_sconv_kv``) and the add/norm kernels
     never take it by default: on the H200 it made them slower (``choose_config``)."""
     return os.environ.get("INKLING_KERNELS_TAP_SELECT", "1") != "0"
+
+
+def rows_default() -> bool:
+    """Whether ``fused_sconv``'s default tiling may take the row-register kernel
+    (``SconvConfig.rows``) for its prefill-sized mapped launches: yes unless
+    ``INKLING_KERNELS_SCONV_ROWS=0`` (read at each choice; the benchmarks' off switch)."""
+    return os.environ.get("INKLING_KERNELS_SCONV_ROWS", "1") != "0"
 
 
 def pdl_launch(pdl: bool, dev: torch.device) -> dict[str, bool]:

@@ -50,10 +50,11 @@ import triton
 import triton.language as tl
 
 from .._triton_common import (
-    decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps, tap_select_default,
+    decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps, rows_default, tap_select_default,
 )
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
+from .rows_kernel import _rows_sconv_kernel, rows_unfit
 
 __all__ = [
     "MAP_MIN_WORK", "ConvStream", "SconvConfig", "choose_config", "fused_sconv_triton", "launch_conv_streams",
@@ -375,6 +376,10 @@ class SconvConfig:
     # cache slot) instead of two masked loads (one of them always masked off). The
     # default of fused_sconv's mapped launches of T x C >= MAP_MIN_WORK (choose_config)
     tap_select: bool = False
+    # mapped launches of one stream: the row-register kernel (rows_kernel.py; block_t
+    # rows as register vectors, no tap reloads inside a prompt). The default of
+    # fused_sconv's prefill-sized mapped launches (choose_config)
+    rows: bool = False
 
 
 def _pow2_floor(n: int) -> int:
@@ -382,14 +387,21 @@ def _pow2_floor(n: int) -> int:
 
 
 def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
-                  one_load: bool = True) -> SconvConfig:
+                  one_load: bool = True, rows: bool = True) -> SconvConfig:
     """Heuristic tile choice per shape class (one config each: no autotuning),
     from sweeps on an H200 (benchmarks/RESULTS.md).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
     a tap map), so tiles never straddle heads and no lanes idle.
 
-    With a tap map (``mapped``), a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
+    With a tap map (``mapped``), a launch of more than 1024 rows whose channel count is a
+    multiple of 256 takes the row-register kernel (``rows``: 8 rows x 256 channels, two
+    warps; :mod:`.rows_kernel`): on the H200 0.80-0.82 of copy on prefill 8192 ATTN and
+    16k sliding K against 0.68 for the one-load tiles
+    (benchmarks/RESULTS_prefill_exp.md, session 13). ``rows=False``, ``one_load=False``
+    or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles below.
+
+    Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
     on the H200 1.05-1.19x faster than the two-load tiles below in every such case of
     the sweep (decode 256 ATTN 4.87 µs hot; prefill 8192 ATTN 0.68 of copy;
@@ -413,6 +425,9 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
         block_c = min(256, pow2_ceil(stream_width))
     work = num_tokens * num_heads * stream_width
     if mapped:
+        if (rows and one_load and num_tokens > 1024 and (num_heads * stream_width) % 256 == 0
+                and work >= MAP_MIN_WORK and rows_default()):
+            return SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
         block_c = min(block_c, 128)
         if one_load and work >= MAP_MIN_WORK and tap_select_default():
             # 32-row tiles with the one-load tap were much slower (registers: an
@@ -502,6 +517,17 @@ def launch_conv_streams(
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
     cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None,
                                   one_load=len(streams) == 1)
+    if cfg.rows:
+        why = rows_unfit(prob.num_tokens, prob.channels, streams[0].x.stride(0), prob.kernel_size, cfg.block_t,
+                         cfg.block_c)
+        if len(streams) != 1 or tap_map is None:
+            why = "it convolves one stream with the step's tap map"
+        if why is None:
+            _launch_rows(streams[0], cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
+            return
+        if config is not None:
+            raise ValueError(f"SconvConfig(rows=True) cannot take this launch: {why}; use rows=False")
+        cfg = choose_config(prob.num_tokens, prob.num_heads, stream_width, True, one_load=True, rows=False)
     taps_p2 = pow2_ceil(prob.kernel_size - 1)
     scan = cfg.scan or _scan_chunk(cfg, taps_p2)
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
@@ -544,6 +570,23 @@ def launch_conv_streams(
         STREAMS=len(streams),
         num_warps=cfg.num_warps,
         TAP_SELECT=cfg.tap_select,
+        **pdl_launch(cfg.pdl, cache.device),
+    )
+
+
+def _launch_rows(stream: ConvStream, cache: torch.Tensor, batch: SconvBatch, prob: SconvProblem, stream_width: int,
+                 activation: str | None, residual: bool, cfg: SconvConfig, tap_map: torch.Tensor) -> None:
+    """The row-register kernel on a launch that :func:`.rows_kernel.rows_unfit` passed."""
+    grid = (prob.channels // cfg.block_c, triton.cdiv(prob.num_tokens, cfg.block_t))
+    _rows_sconv_kernel[grid](
+        stream.x, stream.weight2d, cache, stream.out, batch.slot_mapping, tap_map,
+        prob.num_tokens, prob.num_slots,
+        stream.weight2d.stride(0), stream.weight2d.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2), stream.offset,
+        C=prob.channels, SX=stream.x.stride(0), WS=stream_width, N=batch.block_size, W=prob.kernel_size,
+        ROWS=cfg.block_t, BLOCK_C=cfg.block_c, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
+        SILU=activation == "silu", RESIDUAL=residual,
+        num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )
 

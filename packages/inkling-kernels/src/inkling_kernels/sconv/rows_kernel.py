@@ -1,0 +1,175 @@
+"""The row-register kernel of ``fused_sconv``: large mapped launches of one stream
+(``SconvConfig.rows``; the default for prefill-sized batches, ``choose_config``).
+
+Why a second kernel. A tile kernel (:mod:`.kernel`) loads its ``[BLOCK_T, BLOCK_C]`` x
+tile, stores it into the rows' slots, then loads each tap: rows ``t - 1 .. t - 3``
+again, from L1/L2. The slot store may alias any load as far as the compiler knows, so
+those tap loads stay after it and each tile pays a second round trip; the extra loads
+also take issue slots. On the H200 that held prefill at 0.68 of the copy bandwidth.
+
+Here a program owns ``ROWS`` consecutive rows of ``BLOCK_C`` channels and keeps them,
+and the ``W - 1`` rows before them, as separate ``[BLOCK_C]`` register vectors (one
+16-byte-or-smaller load each), all loaded before anything is stored. The step's tap map
+(:mod:`inkling_kernels.tap_map`) is read once per tile as one vector of
+``ROWS * (W - 1)`` codes and reduced to two scalars: a bit per (row, tap) that says "this
+tap is x row ``t - dist``" (a register vector), and a count of taps that are neither
+that nor absent. When the count is 0 (a tile inside a prompt: prefill, chunked prefill)
+the taps are register vectors or zero, and the program issues no load after its first
+ones. Otherwise (decode rows, a chunk's first rows, same-step writers) the tile takes
+the one-load tile path (``tap_select``) over the same rows: each tap one load from the
+x row or the cache slot the map names. Both paths give the same value for every row
+(fp32 accumulation in the same order as the tile kernel; the cache bit for bit).
+
+x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
+cache offsets are int64. ``C`` and the x row stride are compile-time constants (one
+compile per layer shape). The host guarantees ``C % BLOCK_C == 0`` (no channel mask)
+and ``ROWS * (W - 1) <= 64`` (the bit mask).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .._triton_common import decode_tap_codes
+
+
+@triton.jit
+def _epilogue(acc, xf, SILU: tl.constexpr, RESIDUAL: tl.constexpr):
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    if RESIDUAL:
+        acc += xf
+    return acc
+
+
+@triton.jit
+def _register_row(
+    cache_ptr, out_ptr, xs, wts, dst, ok, regbits, t, live, chan, ccol,
+    i: tl.constexpr, C: tl.constexpr, W: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """Row ``t`` (the tile's row ``i``) on the register path: its slot store (at cache
+    offset ``dst`` where ``ok``), its conv from ``xs`` (taps where ``regbits`` says, else
+    0), its out."""
+    xi = xs[i + W - 1]
+    tl.store(cache_ptr + (dst + ccol), xi, mask=ok)
+    xf = xi.to(tl.float32)
+    acc = wts[W - 1] * xf
+    for k in tl.static_range(W - 1):  # the tap at distance k + 1: x row t - k - 1 = xs[i + W - 2 - k]
+        tap = tl.where(((regbits >> (i * (W - 1) + k)) & 1) != 0, xs[i + W - 2 - k], 0.0)
+        acc += wts[W - 2 - k] * tap.to(tl.float32)
+    acc = _epilogue(acc, xf, SILU, RESIDUAL)
+    tl.store(out_ptr + (t * C + chan), acc.to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _rows_sconv_kernel(
+    x_ptr,
+    w_ptr,
+    cache_ptr,
+    out_ptr,
+    slot_ptr,
+    map_ptr,
+    num_tokens,
+    num_slots,
+    stride_wc,
+    stride_wk,
+    stride_cb,
+    stride_ch,
+    stride_cn,
+    stream_offset,
+    C: tl.constexpr,
+    SX: tl.constexpr,
+    WS: tl.constexpr,
+    N: tl.constexpr,
+    W: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    QP: tl.constexpr,
+    SILU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    if USE_PDL:  # (as in the tile kernel)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
+    t0 = pid_t * ROWS
+    # Every x row the tile reads, before any store: xs[j] is row t0 - (W - 1) + j.
+    xs = ()
+    for j in tl.static_range(ROWS + W - 1):
+        xs = xs + (tl.load(x_ptr + ((t0 - (W - 1) + j) * SX + chan),
+                           mask=(t0 - (W - 1) + j >= 0) & (t0 - (W - 1) + j < num_tokens), other=0.0),)
+    # Each row's slot: its cache offset (int64) and whether it is written.
+    dsts = ()
+    oks = ()
+    for i in tl.static_range(ROWS):
+        slot = tl.load(slot_ptr + t0 + i, mask=t0 + i < num_tokens, other=-1)
+        ok = (t0 + i < num_tokens) & (slot >= 0) & (slot < num_slots)
+        ws = tl.where(ok, slot, 0).to(tl.int64)
+        dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
+        oks = oks + (ok,)
+    # The tile's map codes, (row, tap) row-major, as one vector: a bit per pair whose tap
+    # is x row t - dist, and how many pairs have a tap that is neither that nor absent.
+    q = tl.arange(0, QP)
+    qt = t0 + q // (W - 1)
+    qlive = (q < ROWS * (W - 1)) & (qt < num_tokens)
+    code = tl.load(map_ptr + t0.to(tl.int64) * (W - 1) + q, mask=qlive, other=-1)
+    xrow, cslot = decode_tap_codes(code, num_slots)
+    in_reg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
+    regbits = tl.sum(tl.where(in_reg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
+    other_taps = tl.sum((((xrow >= 0) & ~in_reg) | (cslot >= 0)).to(tl.int32), axis=0)
+    wts = ()
+    for k in tl.static_range(W):
+        wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
+    if other_taps == 0:
+        for i in tl.static_range(ROWS):
+            _register_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, t0 + i, t0 + i < num_tokens,
+                          chan, ccol, i, C, W, SILU, RESIDUAL)
+    else:
+        # The one-load tile path over the same rows (x again from L1).
+        r = t0 + tl.arange(0, ROWS)
+        rm = r < num_tokens
+        xt = tl.load(x_ptr + (r[:, None] * SX + chan[None, :]), mask=rm[:, None], other=0.0)
+        # (names unlike the scalars above: a name may not change type across the branches)
+        rslot = tl.load(slot_ptr + r, mask=rm, other=-1)
+        rok = rm & (rslot >= 0) & (rslot < num_slots)
+        rws = tl.where(rok, rslot, 0).to(tl.int64)
+        tl.store(cache_ptr + ((rws // N) * stride_cb + (rws % N) * stride_cn)[:, None] + ccol[None, :], xt,
+                 mask=rok[:, None])
+        xf = xt.to(tl.float32)
+        # (weights as [1, BLOCK_C] loads in the tile's layout: L1 hits, no layout conversion)
+        acc = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 1) * stride_wk).to(tl.float32) * xf
+        for k in tl.static_range(W - 1):
+            c = tl.load(map_ptr + r.to(tl.int64) * (W - 1) + k, mask=rm, other=-1)
+            trow, tslot = decode_tap_codes(c, num_slots)
+            from_x = trow >= 0
+            from_cache = tslot >= 0
+            tr = tl.where(from_x, trow, 0).to(tl.int32)
+            ts = tl.where(from_cache, tslot, 0)
+            xp = x_ptr + (tr[:, None] * SX + chan[None, :])
+            cp = cache_ptr + ((ts // N) * stride_cb + (ts % N) * stride_cn)[:, None] + ccol[None, :]
+            tap = tl.load(tl.where(from_x[:, None], xp, cp), mask=(from_x | from_cache)[:, None], other=0.0)
+            wv = tl.load(w_ptr + (chan * stride_wc)[None, :] + (W - 2 - k) * stride_wk).to(tl.float32)
+            acc += wv * tap.to(tl.float32)
+        acc = _epilogue(acc, xf, SILU, RESIDUAL)
+        tl.store(out_ptr + (r[:, None] * C + chan[None, :]), acc.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+def rows_unfit(num_tokens: int, channels: int, row_stride: int, kernel_size: int, block_t: int,
+               block_c: int) -> str | None:
+    """Why the row-register kernel cannot take this launch (None: it can)."""
+    if kernel_size < 2:
+        return "a kernel of one tap has no earlier rows"
+    if channels % block_c:
+        return f"C={channels} is not a multiple of the tile's {block_c} channels"
+    if block_t * (kernel_size - 1) > 64:
+        return f"{block_t} rows x {kernel_size - 1} taps exceed the 64-bit tap mask"
+    if (num_tokens + block_t) * max(row_stride, channels) >= 2**31:
+        return "x offsets would overflow int32"
+    if triton.cdiv(num_tokens, block_t) > 65535:
+        return "more than 65535 row tiles"
+    return None
