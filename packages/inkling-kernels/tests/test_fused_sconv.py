@@ -237,8 +237,8 @@ def test_rows_kernel_unfit() -> None:
 
 
 def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``fused_sconv``'s mapped launches of more than 1024 rows whose channels are a
-    multiple of 256 take the row-register kernel (8 x 256, two warps); other mapped
+    """``fused_sconv``'s mapped launches of >= 4096 rows and >= 2048 channels, a multiple
+    of 256, take the row-register kernel (8 x 256, two warps); other mapped
     launches of ``T * C >= MAP_MIN_WORK`` take 16-row tiles with one load a tap; smaller
     and map-less launches, the two-stream (K+V) launch and ``fused_sconv_add``'s
     mirrored tiles keep the two-load tiles, and no ``fused_sconv_add_rmsnorm`` tiling
@@ -249,7 +249,7 @@ def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
     shapes = [(8192, 8, 768, True), (256, 8, 768, True), (256, 1, 768, True), (8192, 8, 128, True),
               (8192, 8, 768, False), (64, 8, 768, True), (1024, 8, 128, True), (2048, 16, 32, True),
-              (4096, 2, 200, True)]
+              (4096, 2, 200, True), (16384, 16, 128, True), (2303, 8, 768, True), (4096, 16, 128, True)]
     monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", "0")
     monkeypatch.setenv("INKLING_KERNELS_SCONV_ROWS", "0")
     base = {shape: choose_config(*shape) for shape in shapes}
@@ -267,7 +267,7 @@ def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
             assert choose_config(t, h, w, mapped, one_load=False) == cfg
             add = choose_add_config(t, h, w, mapped)
             assert not add.tap_select and (add.block_t, add.num_warps) == (cfg.block_t, cfg.num_warps)
-            if mapped and rows_on and t > 1024 and h * w % 256 == 0 and t * h * w >= MAP_MIN_WORK:
+            if mapped and rows_on and t >= 4096 and h * w >= 2048 and h * w % 256 == 0:
                 counts["rows"] += 1
                 assert got == SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
                 assert choose_config(t, h, w, mapped, rows=False) == _one_load_or(cfg, t, h, w, one_load_on)
@@ -276,8 +276,8 @@ def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
                 assert got == _one_load_or(cfg, t, h, w, True)
             else:
                 assert got == cfg
-        assert counts == ({"rows": 3, "one-load": 3} if rows_on and one_load_on else
-                          {"rows": 3, "one-load": 0} if rows_on else {"rows": 0, "one-load": 6})
+        assert counts == ({"rows": 3, "one-load": 6} if rows_on and one_load_on else
+                          {"rows": 3, "one-load": 0} if rows_on else {"rows": 0, "one-load": 9})
         for t in (1, 64, 256, 8192):
             assert not choose_norm_config(t, 8, 768).tap_select
 
@@ -317,12 +317,15 @@ def test_tap_select_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 @needs_interpreter
 def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A mapped launch of 1104 rows (a 700-token prompt, a 380-token chunk after a
-    history, 24 decodes; 8 heads x 128) runs the default row-register kernel: against
-    the reference and the cache oracle."""
-    from inkling_kernels.sconv.kernel import choose_config
+    history, 24 decodes; 8 heads x 128) with the default row thresholds lowered to fit
+    it (the default is 4096 x 2048, too large for the interpreter) runs the row-register
+    kernel: against the reference and the cache oracle."""
+    import inkling_kernels.sconv.kernel as K
 
     monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
-    assert choose_config(1104, 8, 128, True).rows
+    monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 1024)
+    monkeypatch.setattr(K, "ROWS_MIN_CHANNELS", 1024)
+    assert K.choose_config(1104, 8, 128, True).rows
     rng = random.Random(6)
     world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=700, seed=6)
     plan = [(0, 700), (37, 380)] + [(rng.randint(0, 50), 1) for _ in range(24)]

@@ -85,7 +85,8 @@ def _gpu_map(meta: list[torch.Tensor], block_size: int, kernel_size: int = 4) ->
 # batch without a map (map-less below MAP_MIN_WORK, a map built for the call above),
 # the public op on a batch carrying the step's map.
 PATHS = ["no-map", "auto", "map"]
-# "rows": the step's map and the row-register kernel on choose_config's tile for it.
+# "rows": the step's map and the row-register kernel on choose_config's tile for it
+# (forced: by default only launches of >= 4096 rows and >= 2048 channels take it).
 ROWS_CONFIG = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
 
 
@@ -320,9 +321,8 @@ def test_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit: int
                                         path: str) -> None:
     """Hits of 512/4096 tokens are block-aligned (what engines produce); 513 is not:
     every path is exact at any alignment (one hazard rule). The 128-token prompts
-    (T <= 256) take the map-less kernel's one-chunk scan; launches of more than 1024
-    rows take the row-register kernel by default ("auto", "map"), all of them with
-    "rows"."""
+    (T <= 256) take the map-less kernel's one-chunk scan; the 8192 + 4096-row launch
+    takes the row-register kernel by default ("auto", "map"), all of them with "rows"."""
     case = _hazard_case(prompt_len, hit, b_first)
     d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
     expected = d["expected"]

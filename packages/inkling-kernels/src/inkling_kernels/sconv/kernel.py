@@ -57,7 +57,8 @@ from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 from .rows_kernel import _rows_sconv_kernel, rows_unfit
 
 __all__ = [
-    "MAP_MIN_WORK", "ConvStream", "SconvConfig", "choose_config", "fused_sconv_triton", "launch_conv_streams",
+    "MAP_MIN_WORK", "ROWS_MIN_CHANNELS", "ROWS_MIN_TOKENS", "ConvStream", "SconvConfig", "choose_config",
+    "fused_sconv_triton", "launch_conv_streams",
     "launch_fused_sconv",
 ]
 
@@ -394,12 +395,14 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
     a tap map), so tiles never straddle heads and no lanes idle.
 
-    With a tap map (``mapped``), a launch of more than 1024 rows whose channel count is a
-    multiple of 256 takes the row-register kernel (``rows``: 8 rows x 256 channels, two
-    warps; :mod:`.rows_kernel`): on the H200 0.80-0.82 of copy on prefill 8192 ATTN and
-    16k sliding K against 0.68 for the one-load tiles
-    (benchmarks/RESULTS_prefill_exp.md, session 13). ``rows=False``, ``one_load=False``
-    or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles below.
+    With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (4096) rows and
+    ``ROWS_MIN_CHANNELS`` (2048) channels, a multiple of 256, takes the row-register
+    kernel (``rows``: 8 rows x 256 channels, two warps; :mod:`.rows_kernel`). On the
+    H200 (benchmarks/RESULTS_prefill_exp.md, session 13) it is 1.08x the one-load tile on
+    prefill and chunked 8192 ATTN (96.4 against 104.1 µs, 0.74 of copy) and 1.03x on 16k
+    sliding K, but 0.97x on prefill 8192 K (1024 channels) and 0.94x on a mixed batch of
+    2303 rows: those keep the tiles below. ``rows=False``, ``one_load=False`` or
+    ``INKLING_KERNELS_SCONV_ROWS=0`` keeps them everywhere.
 
     Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
@@ -425,8 +428,9 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
         block_c = min(256, pow2_ceil(stream_width))
     work = num_tokens * num_heads * stream_width
     if mapped:
-        if (rows and one_load and num_tokens > 1024 and (num_heads * stream_width) % 256 == 0
-                and work >= MAP_MIN_WORK and rows_default()):
+        channels = num_heads * stream_width
+        if (rows and one_load and num_tokens >= ROWS_MIN_TOKENS and channels >= ROWS_MIN_CHANNELS
+                and channels % 256 == 0 and rows_default()):
             return SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
         block_c = min(block_c, 128)
         if one_load and work >= MAP_MIN_WORK and tap_select_default():
@@ -468,6 +472,10 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
 #: Launches moving at least this many elements (T * C) without a tap map build one
 #: for the call (see the module docstring for the measurements).
 MAP_MIN_WORK = 2**20
+#: Mapped one-stream launches of at least this many rows and channels take the
+#: row-register kernel by default (choose_config).
+ROWS_MIN_TOKENS = 4096
+ROWS_MIN_CHANNELS = 2048
 
 
 def auto_tap_map(batch: SconvBatch, prob: SconvProblem, device: torch.device, auto_map: bool = True) -> torch.Tensor | None:
