@@ -875,6 +875,9 @@ VARIANTS += [_rows(bt, bc, nw, g) for bt, bc, nw, g in (
     (16, 1024, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1), (16, 256, 2, 1), (8, 256, 2, 1),
     (16, 512, 2, 1), (8, 512, 2, 1), (16, 256, 1, 1), (8, 256, 1, 1), (16, 128, 1, 1), (16, 512, 4, 4),
     (8, 512, 4, 4), (8, 256, 2, 4))]
+# (sm_90, compiled on the CPU: 127 registers against rows 8x256/2w/g1's 102; not yet timed)
+VARIANTS += [Variant("rows-wCW 8x256/2w/g1", "rows 8x256/2w/g1 with the weights as the library's [C, W] view",
+                     tile=(8, 256, 2), rows=1, **{**_ROWS, "wt": False})]
 # Session 13: the library's row-register kernel (sconv/rows_kernel.py) on other tiles, and
 # its one-load tile (the default before it) for comparison.
 VARIANTS += [
