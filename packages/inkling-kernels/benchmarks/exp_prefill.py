@@ -886,6 +886,16 @@ VARIANTS += [
     for bt, bc, nw in ((16, 256, 1), (8, 256, 1), (16, 1024, 4), (8, 512, 2), (16, 512, 2), (8, 1024, 4))
 ] + [Variant("lib-one-load 16x128/4w", "the library's one-load tile (fused_sconv's default before session 13)",
              libcfg=(16, 128, 4, "one-load"))]
+# The library given its weights as a [C, W] view of a [W, C]-contiguous tensor (strides
+# (1, C); every kernel reads weights through strides): vector weight loads. On the CPU the
+# row kernel compiles to 114 registers with the [C, W] layout and 96 with this one
+# (probe_sm90.py --lib 8,256,2,rows[,wt]); not yet timed.
+VARIANTS += [
+    Variant("lib-rows-wt 8x256/2w", "the library's row kernel, 8x256/2w, weights [W, C]-contiguous",
+            libcfg=(8, 256, 2, "rows"), wt=True),
+    Variant("lib-one-load-wt 16x128/4w", "the library's one-load tile, weights [W, C]-contiguous",
+            libcfg=(16, 128, 4, "one-load"), wt=True),
+]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
     Variant("canary: rows register bug", "rows 16x256/1w/g4, the dist-1 register tap is the row two back",

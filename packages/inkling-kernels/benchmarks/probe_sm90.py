@@ -7,8 +7,9 @@ lent to see what a kernel change does to the code (RESULTS_prefill_exp.md, sessi
         python3 packages/inkling-kernels/benchmarks/probe_sm90.py --case "prefill 8192, ATTN" \\
         --lib 16,128,4 16,128,4,ts --exp "sel 16x128/4w" "spec 16x128/4w"
 
-``--lib BT,BC,NW[,ts|rows]``: the library's ``fused_sconv`` kernel on the case's mapped
-batch with that tile (``ts``: one load a tap; ``rows``: the row-register kernel). ``--exp NAME``: an ``exp_prefill.py`` variant.
+``--lib BT,BC,NW[,ts|rows][,wt]``: the library's ``fused_sconv`` kernel on the case's
+mapped batch with that tile (``ts``: one load a tap; ``rows``: the row-register kernel;
+``wt``: the weights as a ``[C, W]`` view of a ``[W, C]``-contiguous tensor). ``--exp NAME``: an ``exp_prefill.py`` variant.
 The case is one of bench_sconv.py's; the values do not change the code.
 """
 
@@ -116,8 +117,9 @@ def main() -> int:
         bt, bc, nw, *flags = spec.split(",")
         cfg = K.SconvConfig(block_t=int(bt), block_c=int(bc), num_warps=int(nw), tap_select="ts" in flags,
                             rows="rows" in flags)
+        w = weight.t().contiguous().t() if "wt" in flags else weight
         kernel, a, kw = _capture(K, "_rows_sconv_kernel" if cfg.rows else "_fused_sconv_kernel",
-                                 lambda: K.fused_sconv_triton(s.x, weight, cache, s.mapped, off, width, config=cfg))
+                                 lambda: K.fused_sconv_triton(s.x, w, cache, s.mapped, off, width, config=cfg))
         print(f"  library {spec}: {_resources(kernel, a, kw, args.order)}", flush=True)
     if args.exp:
         import exp_prefill as E

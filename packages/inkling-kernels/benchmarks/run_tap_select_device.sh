@@ -23,6 +23,9 @@
 #   rowslib  (.peer carried) the library's row-register kernel (fused_sconv's default for
 #            prefill-sized mapped launches since session 13): fused_sconv's GPU tests, its
 #            tiles in exp_prefill.py next to the one-load tile and the floor, the sweep
+#   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
+#            the weights [W, C]-contiguous, next to the experimental row kernel with and
+#            without (RESULTS_prefill_exp.md, session 13)
 OUT=${OUT:-device-out}/r
 source "$(dirname "$0")/device_env.sh"
 device_info
@@ -91,8 +94,15 @@ case "${1:-}" in
     prefill 135
     sweep 165
     ;;
+  weights)
+    # session 13's open question, about 3 minutes: is the library row kernel's gap to the
+    # experimental one its [C, W] weight view (114 registers against 96 with [W, C])?
+    PREFILL_VARIANTS="lib-rows-wt 8x256/2w,rows 8x256/2w/g1,rows-wCW 8x256/2w/g1,lib-one-load 16x128/4w"
+    PREFILL_VARIANTS+=",lib-one-load-wt 16x128/4w,floor"
+    prefill 240
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights" >&2
     exit 2
     ;;
 esac
