@@ -32,6 +32,11 @@ on a hit, the writer's row of ``x`` is read instead of the cache. The
 result equals "insert the whole batch, then convolve" (the reference's semantics) at
 any alignment of the hit.
 
+Prefill-sized mapped launches of one stream (``choose_config``: at least
+``ROWS_MIN_TOKENS`` rows and ``ROWS_MIN_CHANNELS`` channels) run another kernel,
+:mod:`.rows_kernel`, whose programs keep their rows in registers and, inside a prompt,
+read no tap from memory.
+
 Which path runs (measured on an H200, benchmarks/RESHAPE_ISSUE9.md): without a map,
 the in-kernel prologue (block table + hazard search) costs more than building a map
 once for the call (two small launches) as soon as a launch moves about a million
