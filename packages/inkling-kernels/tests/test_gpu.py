@@ -126,28 +126,34 @@ def test_inkling_shapes_vs_reference(
 ONE_LOAD_TILES = [(16, 128, 4), (4, 128, 2), (1, 128, 1)]
 
 
-@pytest.mark.parametrize("tile", ONE_LOAD_TILES, ids=[f"{t}x{c}w{w}" for t, c, w in ONE_LOAD_TILES])
-@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
-def test_one_load_tap_vs_reference(shape: tuple, tile: tuple[int, int, int], case_seed: Callable[..., int]) -> None:
-    """The mapped kernel with ``tap_select`` on Inkling shapes (bf16, N 16), a mixed
-    batch whose tiles hold rows with taps in this forward and in the cache: against
-    the reference and the cache, bit for bit."""
-    from inkling_kernels.sconv.kernel import SconvConfig, fused_sconv_triton
+def _config_vs_reference(shape: tuple, cfg: SconvConfig, seed: int) -> None:
+    """``fused_sconv_triton`` with ``cfg`` on the step's GPU map, Inkling shape ``shape``
+    (bf16, N 16), a mixed batch (prompts, decodes, spec, chunks, pad rows): against the
+    reference and the cache, bit for bit."""
+    from inkling_kernels.sconv.kernel import fused_sconv_triton
 
-    name, heads, head_size, off, width = shape
-    rng = random.Random(case_seed("one-load", name, *tile) % 10_000)
+    _, heads, head_size, off, width = shape
+    rng = random.Random(seed)
     world = PagedWorld(num_heads=heads, head_size=head_size, block_size=16, streams=((off, width),),
                        dtype=torch.bfloat16, num_blocks=160, page_pad=64, seed=rng.randint(0, 999))
     batch = world.make_batch(_mixed(world, rng, scale=2), num_pad=5)
     storage, cache = _gpu_copy(world)
     meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
-    cfg = SconvConfig(block_t=tile[0], block_c=tile[1], num_warps=tile[2], tap_select=True)
     out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, _gpu_map(meta, 16), off, width,
                              config=cfg)
     torch.cuda.synchronize()
     ref = world.run(batch, 0, "reference")
     torch.testing.assert_close(out.cpu(), ref, **TOL[torch.bfloat16])
     assert torch.equal(bits(storage.cpu()), bits(world.storage))
+
+
+@pytest.mark.parametrize("tile", ONE_LOAD_TILES, ids=[f"{t}x{c}w{w}" for t, c, w in ONE_LOAD_TILES])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_one_load_tap_vs_reference(shape: tuple, tile: tuple[int, int, int], case_seed: Callable[..., int]) -> None:
+    """The mapped kernel with ``tap_select``, its tiles holding rows with taps in this
+    forward and in the cache."""
+    cfg = SconvConfig(block_t=tile[0], block_c=tile[1], num_warps=tile[2], tap_select=True)
+    _config_vs_reference(shape, cfg, case_seed("one-load", shape[0], *tile) % 10_000)
 
 
 ROWS_TILES = [(8, 256, 2), (16, 256, 1), (16, 1024, 4)]
@@ -156,27 +162,12 @@ ROWS_TILES = [(8, 256, 2), (16, 256, 1), (16, 1024, 4)]
 @pytest.mark.parametrize("tile", ROWS_TILES, ids=[f"{t}x{c}w{w}" for t, c, w in ROWS_TILES])
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
 def test_rows_kernel_vs_reference(shape: tuple, tile: tuple[int, int, int], case_seed: Callable[..., int]) -> None:
-    """The row-register kernel (``SconvConfig.rows``) on Inkling shapes (bf16, N 16), a
-    mixed batch with prompts (register tiles) and decodes, spec and chunks (the
-    one-load tile path): against the reference and the cache, bit for bit."""
-    from inkling_kernels.sconv.kernel import SconvConfig, fused_sconv_triton
-
-    name, heads, head_size, off, width = shape
-    if heads * width % tile[1]:
-        pytest.skip(f"{tile[1]}-channel tiles do not divide C={heads * width}")
-    rng = random.Random(case_seed("rows", name, *tile) % 10_000)
-    world = PagedWorld(num_heads=heads, head_size=head_size, block_size=16, streams=((off, width),),
-                       dtype=torch.bfloat16, num_blocks=160, page_pad=64, seed=rng.randint(0, 999))
-    batch = world.make_batch(_mixed(world, rng, scale=2), num_pad=5)
-    storage, cache = _gpu_copy(world)
-    meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
+    """The row-register kernel (``SconvConfig.rows``): prompt tiles take its register
+    path, tiles with decodes, spec or a chunk's first rows its load path."""
+    if shape[1] * shape[4] % tile[1]:
+        pytest.skip(f"{tile[1]}-channel tiles do not divide C={shape[1] * shape[4]}")
     cfg = SconvConfig(block_t=tile[0], block_c=tile[1], num_warps=tile[2], rows=True)
-    out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, _gpu_map(meta, 16), off, width,
-                             config=cfg)
-    torch.cuda.synchronize()
-    ref = world.run(batch, 0, "reference")
-    torch.testing.assert_close(out.cpu(), ref, **TOL[torch.bfloat16])
-    assert torch.equal(bits(storage.cpu()), bits(world.storage))
+    _config_vs_reference(shape, cfg, case_seed("rows", shape[0], *tile) % 10_000)
 
 
 def _replay_step(world: PagedWorld, rng: random.Random, st: dict[str, torch.Tensor], rows: int, reqs: int) -> Any:
