@@ -621,7 +621,7 @@ def _rows_sconv_kernel(
     stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
     C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, G: tl.constexpr, CS: tl.constexpr, BUG: tl.constexpr,
-    QP: tl.constexpr,
+    QP: tl.constexpr, WTILE: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -655,9 +655,16 @@ def _rows_sconv_kernel(
     qreg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
     regbits = tl.sum(tl.where(qreg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
     bad = tl.sum((((xrow >= 0) & ~qreg) | (cslot >= 0)).to(tl.int32), axis=0)
-    wts = ()
-    for k in tl.static_range(W):
-        wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
+    if WTILE:  # (W == 4) the weights as one [BLOCK_C, 4] tile, split into its columns
+        w2 = tl.load(w_ptr + chan[:, None] * stride_wc + tl.arange(0, 4)[None, :] * stride_wk).to(tl.float32)
+        w02, w13 = tl.split(tl.reshape(w2, [BLOCK_C, 2, 2]))  # columns (0, 2) and (1, 3)
+        w0, w2c = tl.split(w02)
+        w1, w3 = tl.split(w13)
+        wts = (w0, w1, w2c, w3)
+    else:
+        wts = ()
+        for k in tl.static_range(W):
+            wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
     if bad == 0:  # every tap is a register row or none: no more loads
         for i in tl.static_range(ROWS):
             _rows_out(x_ptr, cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, (), (), t0, num_tokens,
@@ -742,6 +749,7 @@ class Variant:
     sel: bool = False  # general path: one load a tap (the library's tap_select)
     spec: bool = False  # speculative shifted taps + one masked fix-up load (_spec_taps)
     feat: int = 0  # sel plus the library kernel's ways, a bit each (_feat_taps)
+    wtile: bool = False  # _rows_sconv_kernel: weights loaded as one [BLOCK_C, W] tile and split (W = 4)
     rows: int = 0  # _rows_sconv_kernel, fix-up loads this many rows at a time; tile = (rows, block_c, warps)
     bug: int = 0
 
@@ -875,9 +883,12 @@ VARIANTS += [_rows(bt, bc, nw, g) for bt, bc, nw, g in (
     (16, 1024, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1), (16, 256, 2, 1), (8, 256, 2, 1),
     (16, 512, 2, 1), (8, 512, 2, 1), (16, 256, 1, 1), (8, 256, 1, 1), (16, 128, 1, 1), (16, 512, 4, 4),
     (8, 512, 4, 4), (8, 256, 2, 4))]
-# (sm_90, compiled on the CPU: 127 registers against rows 8x256/2w/g1's 102; not yet timed)
+# (sm_90, compiled on the CPU: rows-wCW 127 registers, rows-wtile 92, against rows
+# 8x256/2w/g1's 102; not yet timed)
 VARIANTS += [Variant("rows-wCW 8x256/2w/g1", "rows 8x256/2w/g1 with the weights as the library's [C, W] view",
-                     tile=(8, 256, 2), rows=1, **{**_ROWS, "wt": False})]
+                     tile=(8, 256, 2), rows=1, **{**_ROWS, "wt": False}),
+             Variant("rows-wtile 8x256/2w/g1", "rows-wCW with the weights loaded as one [BLOCK_C, 4] tile and split",
+                     tile=(8, 256, 2), rows=1, wtile=True, **{**_ROWS, "wt": False})]
 # Session 13: the library's row-register kernel (sconv/rows_kernel.py) on other tiles, and
 # its one-load tile (the default before it) for comparison.
 VARIANTS += [
@@ -952,6 +963,8 @@ def applicable(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, cache: t
         return f"shift kernels hold at most {min(SHIFT_OV, SHIFT_HALO)} earlier rows"
     if v.shift and (bt < 16 or bt <= shift_overlap(v)):
         return "shift kernels need at least 16 rows per tile (tl.dot) and some output rows"
+    if v.wtile and bs.W != 4:
+        return "the weight tile is split for W = 4 only"
     if v.rows and (bt % v.rows or bt * (bs.W - 1) > 64):
         return "rows kernel: the fix-up group must divide the rows, and a tile's taps fit 64 bits"
     if v.stream and not 2 <= width_taps() <= 4:
@@ -982,7 +995,7 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
             t, cache.shape[0] * cache.shape[2],
             weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
             C=c, WS=width, N=bs.N, W=bs.W, ROWS=bt, BLOCK_C=bc, G=v.rows, CS=v.cs, BUG=v.bug,
-            QP=triton.next_power_of_2(bt * (bs.W - 1)),
+            QP=triton.next_power_of_2(bt * (bs.W - 1)), WTILE=v.wtile,
             num_warps=nw,
         )
         return

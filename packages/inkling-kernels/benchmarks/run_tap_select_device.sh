@@ -97,7 +97,8 @@ case "${1:-}" in
   weights)
     # session 13's open question, about 3 minutes: is the library row kernel's gap to the
     # experimental one its [C, W] weight view (114 registers against 96 with [W, C])?
-    PREFILL_VARIANTS="lib-rows-wt 8x256/2w,rows 8x256/2w/g1,rows-wCW 8x256/2w/g1,lib-one-load 16x128/4w"
+    PREFILL_VARIANTS="lib-rows-wt 8x256/2w,rows 8x256/2w/g1,rows-wCW 8x256/2w/g1,rows-wtile 8x256/2w/g1"
+    PREFILL_VARIANTS+=",lib-one-load 16x128/4w"
     PREFILL_VARIANTS+=",lib-one-load-wt 16x128/4w,floor"
     prefill 240
     ;;
