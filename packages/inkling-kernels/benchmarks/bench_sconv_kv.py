@@ -8,7 +8,10 @@ L2), with the step's tap map (the model path on CUDA) and without one:
 
 - ``kv``: ``fused_sconv_kv(k, v, ...)`` on the slices of ``qkv`` (one launch);
 - ``two + copies``: ``fused_sconv(k.contiguous(), ...)``, the same for v (the old path);
-- ``two``: the two launches on already-contiguous k and v (launch cost alone).
+- ``two``: the two launches on already-contiguous k and v (launch cost alone);
+- with ``--rows``, mapped only, where the channels are a multiple of 256: ``kv rows``,
+  ``fused_sconv_kv`` with ``SconvConfig(rows=True)`` (the row-register kernel, one launch
+  per stream; not a default), checked against ``two + copies`` before it is timed.
 
 Shapes (KV heads of 128 per rank, q = 64 query heads of 128 per model): global layers
 8 KV heads (D 2048), sliding 16 (D 1024), at TP1 and TP8.
@@ -35,6 +38,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_sconv import DTYPE, N, W, Case, Inputs, _hist, build, time_graph  # noqa: E402
 
 from inkling_kernels import fused_sconv, fused_sconv_kv  # noqa: E402
+from inkling_kernels.sconv.kernel import SconvConfig  # noqa: E402
+from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton  # noqa: E402
+
+ROWS = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
 
 HEAD_DIM = 128
 Q_HEADS = 64
@@ -105,7 +112,7 @@ def setup(shape: Shape, requests: list[tuple[int, int]], num_sets: int, gen: tor
 
 
 def launches(shape: Shape, cache: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, sets: list[KVSet],
-             mapped: bool) -> dict[str, list[Callable[[], Any]]]:
+             mapped: bool, rows: bool = False) -> dict[str, list[Callable[[], Any]]]:
     def batch(s: KVSet) -> Any:
         return s.inputs.mapped if mapped else s.inputs.batch
 
@@ -122,8 +129,14 @@ def launches(shape: Shape, cache: torch.Tensor, wk: torch.Tensor, wv: torch.Tens
         return (fused_sconv(s.k_dense, wk, cache, batch(s), 0, HEAD_DIM),
                 fused_sconv(s.v_dense, wv, cache, batch(s), HEAD_DIM, HEAD_DIM))
 
-    return {name: [lambda s=s, f=f: f(s) for s in sets] for name, f in
-            (("kv", kv), ("two + copies", two_copies), ("two", two))}
+    def kv_rows(s: KVSet) -> Any:
+        k, v = s.slices(shape)
+        return fused_sconv_kv_triton(k, v, wk, wv, cache, batch(s), 0, HEAD_DIM, HEAD_DIM, config=ROWS)
+
+    fns = [("kv", kv), ("two + copies", two_copies), ("two", two)]
+    if rows and mapped and shape.kv_heads * HEAD_DIM % ROWS.block_c == 0:
+        fns.append(("kv rows", kv_rows))
+    return {name: [lambda s=s, f=f: f(s) for s in sets] for name, f in fns}
 
 
 def spot_check(shape: Shape, cache: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, s: KVSet) -> float:
@@ -136,14 +149,26 @@ def spot_check(shape: Shape, cache: torch.Tensor, wk: torch.Tensor, wv: torch.Te
     return max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, want))
 
 
-def bench(shape: Shape, step: str, requests: list[tuple[int, int]], reps: int, gen: torch.Generator) -> dict[str, Any]:
+def bench(shape: Shape, step: str, requests: list[tuple[int, int]], reps: int, gen: torch.Generator,
+          rows: bool = False) -> dict[str, Any]:
     nbytes = min_bytes(shape, requests)
     num_sets = max(2, min(16, math.ceil(256e6 / nbytes)))
     cache, wk, wv, sets = setup(shape, requests, num_sets, gen, "cuda")
     res: dict[str, Any] = dict(shape=shape.name, step=step, T=sets[0].qkv.shape[0], C=shape.kv_heads * HEAD_DIM,
                                bytes=nbytes, sets=num_sets)
+    if rows and "kv rows" in launches(shape, cache, wk, wv, sets[:1], True, rows):
+        c1, c2 = cache.clone(), cache.clone()
+        got = launches(shape, c1, wk, wv, sets[:1], True, rows)["kv rows"][0]()
+        want = launches(shape, c2, wk, wv, sets[:1], True)["two + copies"][0]()
+        if not torch.equal(c1, c2):
+            raise AssertionError(f"{shape.name} {step}: kv rows wrote another cache than two launches")
+        res["max_abs_kv_rows_vs_two"] = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, want))
+        if res["max_abs_kv_rows_vs_two"] > 1.6e-2 * 8:  # (bf16 outputs of |x| up to ~8)
+            raise AssertionError(f"{shape.name} {step}: kv rows differs from two launches by "
+                                 f"{res['max_abs_kv_rows_vs_two']}")
+        del c1, c2
     for mapped in (True, False):
-        for name, fns in launches(shape, cache, wk, wv, sets, mapped).items():
+        for name, fns in launches(shape, cache, wk, wv, sets, mapped, rows).items():
             res[f"{name}{'' if mapped else ', no map'} us"] = time_graph(fns, reps)
     res["max_abs_kv_vs_two"] = spot_check(shape, cache, wk, wv, sets[0])
     del cache, sets
@@ -174,6 +199,11 @@ def markdown(results: list[dict[str, Any]]) -> str:
                      + " | ".join(f"{r[c]:.2f}" for c in cols)
                      + f" | {r['two + copies us'] / r['kv us']:.2f}x | {r['two us'] / r['kv us']:.2f}x"
                      + f" | {r['max_abs_kv_vs_two']:.3g} |")
+    rows = [r for r in results if "kv rows us" in r]
+    if rows:
+        lines += ["", "| shape | step | T | kv µs | kv rows µs | kv / kv rows | max abs kv rows vs two |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['shape']} | {r['step']} | {r['T']} | {r['kv us']:.2f} | {r['kv rows us']:.2f} | "
+                  f"{r['kv us'] / r['kv rows us']:.2f}x | {r['max_abs_kv_rows_vs_two']:.3g} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -184,6 +214,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--only", default=None, help="substring filter on 'shape step'")
     ap.add_argument("--dry-run", action="store_true", help="CPU: build the cases and check kv == two launches")
+    ap.add_argument("--rows", action="store_true", help="also time kv on the row-register kernel (mapped, checked first)")
     args = ap.parse_args()
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
@@ -195,7 +226,7 @@ def main() -> int:
         for step, requests in STEPS:
             if args.only and args.only not in f"{shape.name} {step}":
                 continue
-            r = bench(shape, step, requests, args.reps, gen)
+            r = bench(shape, step, requests, args.reps, gen, args.rows)
             results.append(r)
             print(json.dumps(r), flush=True)
     md = markdown(results)

@@ -23,6 +23,9 @@
 #   rowslib  (.peer carried) the library's row-register kernel (fused_sconv's default for
 #            prefill-sized mapped launches since session 13): fused_sconv's GPU tests, its
 #            tiles in exp_prefill.py next to the one-load tile and the floor, the sweep
+#   kvrows   bench_sconv_kv.py --rows: fused_sconv_kv on the row-register kernel (one
+#            launch per stream, opt-in since session 13, checked first) next to its
+#            default one-launch tiles, every KV shape and step
 #   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
 #            the weights [W, C]-contiguous, next to the experimental row kernel with and
 #            without (RESULTS_prefill_exp.md, session 13)
@@ -102,8 +105,13 @@ case "${1:-}" in
     PREFILL_VARIANTS+=",lib-one-load-wt 16x128/4w,floor"
     prefill 240
     ;;
+  kvrows)
+    stage "fused_sconv_kv, the row kernel"
+    timeout 500 python3 $B/bench_sconv_kv.py --rows --json "$OUT/kv.json" --md "$OUT/kv.md" > "$OUT/kv.log" 2>&1
+    tail -30 "$OUT/kv.md"
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows" >&2
     exit 2
     ;;
 esac

@@ -231,7 +231,7 @@ def test_rows_kernel_unfit() -> None:
     with pytest.raises(ValueError, match=r"rows=True\) cannot take this launch.*multiple"):
         fused_sconv_triton(batch.x[2], world.weights[2], world.cache, mapped, off, width,
                            config=SconvConfig(block_t=8, block_c=8, num_warps=1, rows=True))
-    with pytest.raises(ValueError, match="one stream with the step's tap map"):
+    with pytest.raises(ValueError, match="needs the step's tap map"):
         fused_sconv_triton(batch.x[0], world.weights[0], world.cache, batch.sconv(), *world.streams[0],
                            config=SconvConfig(block_t=8, block_c=8, num_warps=1, rows=True), auto_map=False)
 

@@ -74,6 +74,30 @@ def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool) -> None:
     world.run_kv(batch, impl, config=SMALL if impl != "reference" else None)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("kind", ["mixed", "decode"])
+def test_rows_kernel(kind: str) -> None:
+    """``SconvConfig(rows=True)`` on the K+V launch: the row-register kernel once per
+    stream, each reading its column slice of qkv: both outputs and the cache against
+    the references, with prompts long enough for its register path."""
+    from test_fused_sconv import _long_prompts
+
+    rng = random.Random(17)
+    world = PagedWorld(dtype=torch.bfloat16, num_blocks=96, seed=17)
+    items = _long_prompts(world, rng, "mixed") if kind == "mixed" else _trace(world, "decode", rng)
+    batch = world.make_batch(items, num_pad=1, extra_cols=1)
+    world.run_kv(batch, "triton_map", config=SconvConfig(block_t=8, block_c=8, num_warps=1, rows=True))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
+def test_rows_kernel_same_step_prefix_hit(hit_first: bool) -> None:
+    """The same-step hazard on the K+V launch through the row-register kernel."""
+    world = PagedWorld(dtype=torch.bfloat16, block_size=4, num_blocks=40, seed=99)
+    batch = world.prefix_hit_batch(13, hit_first)
+    world.run_kv(batch, "triton_map", config=SconvConfig(block_t=4, block_c=8, num_warps=1, rows=True))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_multi_step(impl: str) -> None:
     """Steps of chunked prefill, decode and speculative verification with rejected

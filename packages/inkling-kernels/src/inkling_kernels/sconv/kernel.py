@@ -382,9 +382,10 @@ class SconvConfig:
     # cache slot) instead of two masked loads (one of them always masked off). The
     # default of fused_sconv's mapped launches of T x C >= MAP_MIN_WORK (choose_config)
     tap_select: bool = False
-    # mapped launches of one stream: the row-register kernel (rows_kernel.py; block_t
-    # rows as register vectors, no tap reloads inside a prompt). The default of
-    # fused_sconv's prefill-sized mapped launches (choose_config)
+    # mapped launches: the row-register kernel (rows_kernel.py; block_t rows as register
+    # vectors, no tap reloads inside a prompt). The default of fused_sconv's
+    # prefill-sized mapped launches (choose_config); fused_sconv_kv takes it only when
+    # asked (one launch per stream, not yet timed)
     rows: bool = False
 
 
@@ -531,16 +532,20 @@ def launch_conv_streams(
     cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None,
                                   one_load=len(streams) == 1)
     if cfg.rows:
-        why = rows_unfit(prob.num_tokens, prob.channels, streams[0].x.stride(0), prob.kernel_size, cfg.block_t,
-                         cfg.block_c)
-        if len(streams) != 1 or tap_map is None:
-            why = "it convolves one stream with the step's tap map"
+        why = None if tap_map is not None else "it needs the step's tap map"
+        for st in streams:
+            why = why or rows_unfit(prob.num_tokens, prob.channels, st.x.stride(0), prob.kernel_size, cfg.block_t,
+                                    cfg.block_c)
         if why is None:
-            _launch_rows(streams[0], cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
+            # (two streams, K and V: a launch each; they write and read other columns
+            # of the slots, and the map already names every same-step writer's row)
+            for st in streams:
+                _launch_rows(st, cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
             return
         if config is not None:
             raise ValueError(f"SconvConfig(rows=True) cannot take this launch: {why}; use rows=False")
-        cfg = choose_config(prob.num_tokens, prob.num_heads, stream_width, True, one_load=True, rows=False)
+        cfg = choose_config(prob.num_tokens, prob.num_heads, stream_width, True, one_load=len(streams) == 1,
+                            rows=False)
     taps_p2 = pow2_ceil(prob.kernel_size - 1)
     scan = cfg.scan or _scan_chunk(cfg, taps_p2)
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
