@@ -154,8 +154,8 @@ def _rows_sconv_kernel(
     else:
         # Row by row, each row's W - 1 taps: a register vector or one masked load. The
         # loads of a row wait for the stores of the row before it (one round trip a
-        # row); a tile of decodes pays that (measured: 8-row tiles of a mixed batch
-        # still beat the one-load tile kernel).
+        # row); a tile of decodes pays that, which is why choose_config keeps mixed
+        # batches of a few thousand rows on the one-load tiles.
         for i in tl.static_range(ROWS):
             regs = ()
             fixes = ()
@@ -167,11 +167,11 @@ def _rows_sconv_kernel(
             _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, regs, fixes, t0 + i, t0 + i < num_tokens,
                       chan, ccol, i, C, W, True, SILU, RESIDUAL)
 
+
 def rows_unfit(num_tokens: int, channels: int, row_stride: int, kernel_size: int, block_t: int,
                block_c: int) -> str | None:
-    """Why the row-register kernel cannot take this launch (None: it can)."""
-    if kernel_size < 2:
-        return "a kernel of one tap has no earlier rows"
+    """Why the row-register kernel cannot take this launch (None: it can); the
+    launch's arguments passed ``check_conv_call`` (so ``kernel_size >= 2``)."""
     if channels % block_c:
         return f"C={channels} is not a multiple of the tile's {block_c} channels"
     if block_t * (kernel_size - 1) > 64:
