@@ -26,6 +26,7 @@ if "--dry-run" in sys.argv:  # before triton is imported (here or by inkling_ker
     os.environ["TRITON_INTERPRET"] = "1"
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -34,7 +35,7 @@ import pathlib
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import triton
@@ -45,6 +46,7 @@ import bench_sconv as bs  # noqa: E402  (the case setup, time_graph and copy_bas
 
 from inkling_kernels import fused_sconv_ref  # noqa: E402
 from inkling_kernels._triton_common import decode_tap_codes  # noqa: E402
+from inkling_kernels.sconv import kernel as sconv_kernel  # noqa: E402
 from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton  # noqa: E402
 
 T0 = time.monotonic()
@@ -751,6 +753,7 @@ class Variant:
     feat: int = 0  # sel plus the library kernel's ways, a bit each (_feat_taps)
     wtile: bool = False  # _rows_sconv_kernel: weights loaded as one [BLOCK_C, W] tile and split (W = 4)
     rows: int = 0  # _rows_sconv_kernel, fix-up loads this many rows at a time; tile = (rows, block_c, warps)
+    knobs: tuple[int, bool, bool] | None = None  # libcfg "rows": (ROWS_FIX_GROUP, ROWS_PIPE_CODES, weight tile)
     bug: int = 0
 
 
@@ -907,6 +910,20 @@ VARIANTS += [
     Variant("lib-one-load-wt 16x128/4w", "the library's one-load tile, weights [W, C]-contiguous",
             libcfg=(16, 128, 4, "one-load"), wt=True),
 ]
+# Session 14: the library's row kernel reads [C, W]-contiguous weights as one [BLOCK_C, 4]
+# tile (87 registers for sm_90, 114 before), and its load path (decode tiles) can take G rows'
+# fix-up loads at once and load the next group's codes before a group's stores.
+VARIANTS += [
+    Variant(f"lib-rows{name} 8x256/2w", f"the library's row kernel, 8x256/2w, {desc}", libcfg=(8, 256, 2, "rows"),
+            knobs=knobs)
+    for name, desc, knobs in (
+        ("-strided-w", "weights read as W strided vectors (before session 14)", (1, False, False)),
+        ("-pipe", "next group's codes before a group's stores", (1, True, True)),
+        ("-g2", "load path 2 rows at a time", (2, False, True)),
+        ("-g2-pipe", "load path 2 rows at a time, next group's codes early", (2, True, True)),
+        ("-g4", "load path 4 rows at a time", (4, False, True)),
+    )
+] + [Variant("lib-rows 8x256/2w", "the library's row kernel, 8x256/2w, as committed", libcfg=(8, 256, 2, "rows"))]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
     Variant("canary: rows register bug", "rows 16x256/1w/g4, the dist-1 register tap is the row two back",
@@ -1019,6 +1036,20 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
     )
 
 
+@contextlib.contextmanager
+def _row_knobs(group: int, pipe: bool, wtile: bool | None) -> Iterator[None]:
+    """The library row kernel's load-path group, code prefetch and weight tile (None: its
+    own rule) for the launches inside (read at launch time; a graph keeps what it captured)."""
+    saved = sconv_kernel.ROWS_FIX_GROUP, sconv_kernel.ROWS_PIPE_CODES, sconv_kernel.rows_weight_tile
+    sconv_kernel.ROWS_FIX_GROUP, sconv_kernel.ROWS_PIPE_CODES = group, pipe
+    if wtile is not None:
+        sconv_kernel.rows_weight_tile = lambda w: wtile and saved[2](w)
+    try:
+        yield
+    finally:
+        sconv_kernel.ROWS_FIX_GROUP, sconv_kernel.ROWS_PIPE_CODES, sconv_kernel.rows_weight_tile = saved
+
+
 def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Tensor, cache: torch.Tensor,
                 inp: bs.Inputs, off: int, width: int, out: torch.Tensor) -> Callable[[], Any]:
     if v.lib:
@@ -1026,7 +1057,12 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
     if v.libcfg:
         bt, bc, nw, kind = v.libcfg
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
-        return lambda: fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out, config=cfg)
+        knobs = v.knobs or (sconv_kernel.ROWS_FIX_GROUP, sconv_kernel.ROWS_PIPE_CODES, None)
+
+        def launch() -> Any:
+            with _row_knobs(*knobs):
+                return fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out, config=cfg)
+        return launch
     assert tile is not None
     return lambda: launch_exp(v, tile, inp.x, weight, cache, inp, off, width, out)
 

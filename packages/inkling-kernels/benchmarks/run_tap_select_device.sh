@@ -26,6 +26,9 @@
 #   kvrows   bench_sconv_kv.py --rows: fused_sconv_kv on the row-register kernel (one
 #            launch per stream, opt-in since session 13, checked first) next to its
 #            default one-launch tiles, every KV shape and step
+#   s14      (session 14) the row kernel's GPU tests, then exp_prefill.py: the library's row
+#            kernel with the weight tile, its load-path group and code prefetch, the strided
+#            weights it had before, the experimental kernel, the one-load tile, the floor
 #   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
 #            the weights [W, C]-contiguous, next to the experimental row kernel with and
 #            without (RESULTS_prefill_exp.md, session 13)
@@ -110,8 +113,17 @@ case "${1:-}" in
     timeout 500 python3 $B/bench_sconv_kv.py --rows --json "$OUT/kv.json" --md "$OUT/kv.md" > "$OUT/kv.log" 2>&1
     tail -30 "$OUT/kv.md"
     ;;
+  s14)
+    stage "row kernel GPU tests"
+    timeout 170 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows" > "$OUT/tests.log" 2>&1
+    tail -8 "$OUT/tests.log"
+    PREFILL_VARIANTS="floor,lib-one-load 16x128/4w,lib-rows 8x256/2w,lib-rows-strided-w 8x256/2w"
+    PREFILL_VARIANTS+=",lib-rows-pipe 8x256/2w,lib-rows-g2 8x256/2w,lib-rows-g2-pipe 8x256/2w,lib-rows-g4 8x256/2w"
+    PREFILL_VARIANTS+=",rows 8x256/2w/g1,lib-rows-wt 8x256/2w"
+    prefill 360
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14" >&2
     exit 2
     ;;
 esac

@@ -34,19 +34,23 @@ and ``ROWS * (W - 1) <= 64`` (the bit mask).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
 from .._triton_common import decode_tap_codes
 
+if TYPE_CHECKING:
+    import torch
+
 
 @triton.jit
-def _fix_tap(x_ptr, cache_ptr, map_ptr, t, live, k: tl.constexpr, chan, ccol, num_slots, stride_cb, stride_cn,
-             SX: tl.constexpr, N: tl.constexpr, W: tl.constexpr):
-    """Row ``t``'s tap at distance ``k + 1`` on the load path: (is it x row ``t - k - 1``,
-    held in registers; else its value from one masked load at the x row or cache slot
-    the map names, 0 where there is none). The code is loaded again (an L1 hit)."""
-    code = tl.load(map_ptr + t.to(tl.int64) * (W - 1) + k, mask=live, other=-1)
+def _fix_tap(x_ptr, cache_ptr, code, t, k: tl.constexpr, chan, ccol, num_slots, stride_cb, stride_cn,
+             SX: tl.constexpr, N: tl.constexpr):
+    """Row ``t``'s tap at distance ``k + 1`` on the load path, from its map ``code``: (is
+    it x row ``t - k - 1``, held in registers; else its value from one masked load at the
+    x row or cache slot the map names, 0 where there is none)."""
     xrow, cslot = decode_tap_codes(code, num_slots)
     from_x = xrow >= 0
     reg = from_x & (xrow == t - (k + 1))
@@ -58,9 +62,20 @@ def _fix_tap(x_ptr, cache_ptr, map_ptr, t, live, k: tl.constexpr, chan, ccol, nu
 
 
 @triton.jit
+def _group_codes(map_ptr, t0, num_tokens, r0: tl.constexpr, G: tl.constexpr, W: tl.constexpr):
+    """The map codes of the tile's rows ``r0 .. r0 + G - 1`` as scalars, (row, tap)
+    row-major (L1 hits: the tile's map was read as a vector)."""
+    codes = ()
+    for j in tl.static_range(G * (W - 1)):
+        codes = codes + (tl.load(map_ptr + (t0 + r0).to(tl.int64) * (W - 1) + j,
+                                 mask=t0 + r0 + j // (W - 1) < num_tokens, other=-1),)
+    return codes
+
+
+@triton.jit
 def _conv_row(
     cache_ptr, out_ptr, xs, wts, dst, ok, regbits, regs, fixes, t, live, chan, ccol,
-    i: tl.constexpr, C: tl.constexpr, W: tl.constexpr, LOADS: tl.constexpr, SILU: tl.constexpr,
+    i: tl.constexpr, f: tl.constexpr, C: tl.constexpr, W: tl.constexpr, LOADS: tl.constexpr, SILU: tl.constexpr,
     RESIDUAL: tl.constexpr,
 ):
     """Row ``t`` (the tile's row ``i``): its slot store (at cache offset ``dst`` where
@@ -73,7 +88,7 @@ def _conv_row(
     acc = wts[W - 1] * xf
     for k in tl.static_range(W - 1):  # distance k + 1: x row t - k - 1 is xs[i + W - 2 - k]
         if LOADS:
-            tap = tl.where(regs[k], xs[i + W - 2 - k], fixes[k])
+            tap = tl.where(regs[f + k], xs[i + W - 2 - k], fixes[f + k])
         else:
             tap = tl.where(((regbits >> (i * (W - 1) + k)) & 1) != 0, xs[i + W - 2 - k], 0.0)
         acc += wts[W - 2 - k] * tap.to(tl.float32)
@@ -110,6 +125,9 @@ def _rows_sconv_kernel(
     QP: tl.constexpr,
     SILU: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    WTILE: tl.constexpr = False,
+    G: tl.constexpr = 1,
+    PIPE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
@@ -144,28 +162,57 @@ def _rows_sconv_kernel(
     in_reg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
     regbits = tl.sum(tl.where(in_reg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
     other_taps = tl.sum((((xrow >= 0) & ~in_reg) | (cslot >= 0)).to(tl.int32), axis=0)
-    wts = ()
-    for k in tl.static_range(W):
-        wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
+    if WTILE:  # (W == 4, stride_wk == 1) one [BLOCK_C, 4] load, split into its columns
+        w2d = tl.load(w_ptr + chan[:, None] * stride_wc + tl.arange(0, 4)[None, :]).to(tl.float32)
+        w02, w13 = tl.split(tl.reshape(w2d, [BLOCK_C, 2, 2]))  # columns (0, 2) and (1, 3)
+        w0, w2 = tl.split(w02)
+        w1, w3 = tl.split(w13)
+        wts = (w0, w1, w2, w3)
+    else:
+        wts = ()
+        for k in tl.static_range(W):
+            wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
     if other_taps == 0:
         for i in tl.static_range(ROWS):
             _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, (), (), t0 + i, t0 + i < num_tokens,
-                      chan, ccol, i, C, W, False, SILU, RESIDUAL)
+                      chan, ccol, i, 0, C, W, False, SILU, RESIDUAL)
     else:
         # Row by row, each row's W - 1 taps: a register vector or one masked load. The
         # loads of a row wait for the stores of the row before it (one round trip a
         # row); a tile of decodes pays that, which is why choose_config keeps mixed
         # batches of a few thousand rows on the one-load tiles.
-        for i in tl.static_range(ROWS):
+        codes = _group_codes(map_ptr, t0, num_tokens, 0, G, W)
+        for g in tl.static_range(ROWS // G):
+            if not PIPE and g > 0:
+                codes = _group_codes(map_ptr, t0, num_tokens, g * G, G, W)
             regs = ()
             fixes = ()
-            for k in tl.static_range(W - 1):
-                reg, fix = _fix_tap(x_ptr, cache_ptr, map_ptr, t0 + i, t0 + i < num_tokens, k, chan, ccol, num_slots,
-                                    stride_cb, stride_cn, SX, N, W)
-                regs = regs + (reg,)
-                fixes = fixes + (fix,)
-            _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, regs, fixes, t0 + i, t0 + i < num_tokens,
-                      chan, ccol, i, C, W, True, SILU, RESIDUAL)
+            for ii in tl.static_range(G):
+                for k in tl.static_range(W - 1):
+                    reg, fix = _fix_tap(x_ptr, cache_ptr, codes[ii * (W - 1) + k], t0 + g * G + ii, k,
+                                        chan, ccol, num_slots, stride_cb, stride_cn, SX, N)
+                    regs = regs + (reg,)
+                    fixes = fixes + (fix,)
+            if PIPE and g + 1 < ROWS // G:  # the next group's codes, before this group's stores
+                codes = _group_codes(map_ptr, t0, num_tokens, (g + 1) * G, G, W)
+            for ii in tl.static_range(G):
+                _conv_row(cache_ptr, out_ptr, xs, wts, dsts[g * G + ii], oks[g * G + ii], regbits, regs, fixes,
+                          t0 + g * G + ii, t0 + g * G + ii < num_tokens, chan, ccol, g * G + ii, ii * (W - 1), C, W,
+                          True, SILU, RESIDUAL)
+
+
+# Rows of a tile whose fix-up taps are loaded together, before those rows' stores (the
+# load path). Decode tiles wait one round trip per group.
+ROWS_FIX_GROUP = 1
+# Whether the load path loads the next group's map codes before this group's stores.
+ROWS_PIPE_CODES = False
+
+
+def rows_weight_tile(weight2d: torch.Tensor) -> bool:
+    """Whether the kernel reads the ``[C, W]`` weights as one ``[BLOCK_C, 4]`` tile (W = 4
+    and each channel's taps contiguous: one vector load a channel) rather than W strided
+    ``[BLOCK_C]`` loads."""
+    return weight2d.shape[1] == 4 and weight2d.stride(1) == 1
 
 
 def rows_unfit(num_tokens: int, channels: int, row_stride: int, kernel_size: int, block_t: int,
