@@ -1083,6 +1083,24 @@ def gpu_cases() -> list[bs.Case]:
     return [by_name[n] for n in GPU_CASES]
 
 
+def threshold_cases() -> list[bs.Case]:
+    """(--threshold) Launches between decode and prefill size, to place choose_config's
+    switch to the row kernel: decode-heavy batches of >= 1024 rows (every tile on the
+    row kernel's load path) next to prompts and mixes of the same size, and a TP 8 shard."""
+    h = bs._hist
+    return [
+        bs.Case("prefill 1024, ATTN", bs.ATTN_GLOBAL, [(0, 1024)], 0.0),
+        bs.Case("prefill 2048, K", bs.K_GLOBAL, [(0, 2048)], 0.0),
+        bs.Case("prefill 8192, ATTN, tp8", bs.ATTN_GLOBAL_TP8, [(0, 8192)], 0.0),
+        bs.Case("decode 1024 reqs, ATTN", bs.ATTN_GLOBAL, [(h(i), 1) for i in range(1024)], 0.0),
+        bs.Case("decode 2048 reqs, K (global)", bs.K_GLOBAL, [(h(i), 1) for i in range(2048)], 0.0),
+        bs.Case("spec verify 256x4, ATTN", bs.ATTN_GLOBAL, [(h(i), 4) for i in range(256)], 0.0),
+        bs.Case("mixed 512 + 512 decodes, ATTN", bs.ATTN_GLOBAL, [(0, 512)] + [(h(i), 1) for i in range(512)], 0.0),
+        bs.Case("mixed 1024 + 255 decodes, ATTN", bs.ATTN_GLOBAL, [(0, 1024)] + [(h(i), 1) for i in range(255)],
+                0.0),
+    ]
+
+
 def dry_cases() -> list[bs.Case]:
     attn = (2, 512, 128, 256)  # (H, D, stream offset, stream width): ATTN-like, tiny
     k = (2, 128, 0, 128)  # K-like, tiny (a 256-channel tile covers both heads)
@@ -1247,6 +1265,8 @@ def main() -> int:
                          "skipped check would go unnoticed)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--threshold", action="store_true", help="the cases between decode and prefill size "
+                    "(threshold_cases) instead of the prefill ones")
     ap.add_argument("--variants", default=None, help="comma-separated variant names, run in this order (lib is "
                     "always run first)")
     args = ap.parse_args()
@@ -1267,7 +1287,7 @@ def main() -> int:
     else:
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device: use --dry-run on a CPU machine")
-        device, cases = "cuda", gpu_cases()
+        device, cases = "cuda", threshold_cases() if args.threshold else gpu_cases()
     if args.only:
         cases = [c for c in cases if args.only in c.name]
     results: dict[str, Any] = dict(

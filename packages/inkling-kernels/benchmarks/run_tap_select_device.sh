@@ -29,6 +29,8 @@
 #   s14      (session 14) the row kernel's GPU tests, then exp_prefill.py: the library's row
 #            kernel with the weight tile, its load-path group and code prefetch, the strided
 #            weights it had before, the experimental kernel, the one-load tile, the floor
+#   s14b     exp_prefill.py --threshold (decode-heavy and mid-size launches: where the row
+#            kernel should start), then kvrows
 #   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
 #            the weights [W, C]-contiguous, next to the experimental row kernel with and
 #            without (RESULTS_prefill_exp.md, session 13)
@@ -122,8 +124,17 @@ case "${1:-}" in
     PREFILL_VARIANTS+=",rows 8x256/2w/g1,lib-rows-wt 8x256/2w"
     prefill 360
     ;;
+  s14b)
+    stage "threshold cases"
+    timeout 250 python3 $B/exp_prefill.py --threshold --budget-s 220 --json "$OUT/threshold.json" \
+      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,lib-rows-g2 8x256/2w" > "$OUT/threshold.log" 2>&1
+    grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -45
+    stage "fused_sconv_kv, the row kernel"
+    timeout 250 python3 $B/bench_sconv_kv.py --rows --json "$OUT/kv.json" --md "$OUT/kv.md" > "$OUT/kv.log" 2>&1
+    tail -30 "$OUT/kv.md"
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b" >&2
     exit 2
     ;;
 esac
