@@ -31,6 +31,9 @@
 #            weights it had before, the experimental kernel, the one-load tile, the floor
 #   s14b     exp_prefill.py --threshold (decode-heavy and mid-size launches: where the row
 #            kernel should start), then kvrows
+#   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
+#            hazard paths, then the sweep
+#   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
 #   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
 #            the weights [W, C]-contiguous, next to the experimental row kernel with and
 #            without (RESULTS_prefill_exp.md, session 13)
@@ -133,8 +136,21 @@ case "${1:-}" in
     timeout 250 python3 $B/bench_sconv_kv.py --rows --json "$OUT/kv.json" --md "$OUT/kv.md" > "$OUT/kv.log" 2>&1
     tail -30 "$OUT/kv.md"
     ;;
+  s14c)
+    stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
+    timeout 230 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_ or (hazard and map)" \
+      > "$OUT/tests.log" 2>&1
+    tail -8 "$OUT/tests.log"
+    sweep 200
+    ;;
+  layer)
+    stage "layer, peer"
+    timeout 300 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
+      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
+    tail -40 "$OUT/layer.log"
+    ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b|s14c|layer" >&2
     exit 2
     ;;
 esac

@@ -237,12 +237,13 @@ def test_rows_kernel_unfit() -> None:
 
 
 def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``fused_sconv``'s mapped launches of >= 4096 rows and >= 2048 channels, a multiple
-    of 256, take the row-register kernel (8 x 256, two warps); other mapped
-    launches of ``T * C >= MAP_MIN_WORK`` take 16-row tiles with one load a tap; smaller
-    and map-less launches, the two-stream (K+V) launch and ``fused_sconv_add``'s
-    mirrored tiles keep the two-load tiles, and no ``fused_sconv_add_rmsnorm`` tiling
-    takes either. ``INKLING_KERNELS_SCONV_ROWS=0`` turns the row kernel off,
+    """``fused_sconv``'s mapped launches of >= 1024 rows and >= 64 rows per request (a
+    known bound on the requests), over a multiple of 256 channels, take the row-register
+    kernel (8 x 256, two warps; the K+V launch too); other mapped one-stream launches of
+    ``T * C >= MAP_MIN_WORK`` take 16-row tiles with one load a tap; smaller and map-less
+    launches, the two-stream (K+V) launch and ``fused_sconv_add``'s mirrored tiles keep
+    the two-load tiles, and no ``fused_sconv_add_rmsnorm`` tiling takes either.
+    ``INKLING_KERNELS_SCONV_ROWS=0`` turns the row kernel off,
     ``INKLING_KERNELS_TAP_SELECT=0`` the one-load tiles."""
     from inkling_kernels.sconv.kernel import MAP_MIN_WORK, SconvConfig, choose_config
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
@@ -262,22 +263,27 @@ def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
                 monkeypatch.setenv(name, value)
         one_load_on, rows_on = tap_select != "0", rows != "0"
         counts = {"rows": 0, "one-load": 0}
+        row_cfg = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
         for (t, h, w, mapped), cfg in base.items():
             got = choose_config(t, h, w, mapped)
             assert choose_config(t, h, w, mapped, one_load=False) == cfg
             add = choose_add_config(t, h, w, mapped)
             assert not add.tap_select and (add.block_t, add.num_warps) == (cfg.block_t, cfg.num_warps)
-            if mapped and rows_on and t >= 4096 and h * w >= 2048 and h * w % 256 == 0:
+            tiles = _one_load_or(cfg, t, h, w, one_load_on and mapped and t * h * w >= MAP_MIN_WORK)
+            assert got == tiles  # no request bound: never the row kernel
+            few, many = max(1, t // 64), t // 64 + 1  # requests: 64 rows each, or fewer rows each
+            if mapped and rows_on and t >= 1024 and h * w % 256 == 0:
                 counts["rows"] += 1
-                assert got == SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
-                assert choose_config(t, h, w, mapped, rows=False) == _one_load_or(cfg, t, h, w, one_load_on)
-            elif mapped and one_load_on and t * h * w >= MAP_MIN_WORK:
-                counts["one-load"] += 1
-                assert got == _one_load_or(cfg, t, h, w, True)
+                assert choose_config(t, h, w, mapped, num_requests=few) == row_cfg
+                assert choose_config(t, h, w, mapped, one_load=False, num_requests=1) == row_cfg
+                assert choose_config(t, h, w, mapped, rows=False, num_requests=1) == tiles
             else:
-                assert got == cfg
-        assert counts == ({"rows": 3, "one-load": 6} if rows_on and one_load_on else
-                          {"rows": 3, "one-load": 0} if rows_on else {"rows": 0, "one-load": 9})
+                assert choose_config(t, h, w, mapped, num_requests=few) == tiles
+            assert choose_config(t, h, w, mapped, num_requests=many) == tiles
+            assert choose_config(t, h, w, mapped, one_load=False, num_requests=many) == cfg
+            counts["one-load"] += tiles != cfg
+        assert counts == ({"rows": 7, "one-load": 9} if rows_on and one_load_on else
+                          {"rows": 7, "one-load": 0} if rows_on else {"rows": 0, "one-load": 9})
         for t in (1, 64, 256, 8192):
             assert not choose_norm_config(t, 8, 768).tap_select
 
@@ -316,25 +322,27 @@ def test_tap_select_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @needs_interpreter
 def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A mapped launch of 1104 rows (a 700-token prompt, a 380-token chunk after a
-    history, 24 decodes; 8 heads x 128) with the default row thresholds lowered to fit
-    it (the default is 4096 x 2048, too large for the interpreter) runs the row-register
-    kernel: against the reference and the cache oracle."""
+    """A mapped launch of 1094 rows (a 700-token prompt, a 380-token chunk after a
+    history, 14 decodes: 16 requests, 68 rows each; 8 heads x 128) runs the
+    row-register kernel by default: against the reference and the cache oracle."""
     import inkling_kernels.sconv.kernel as K
 
     monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
-    monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 1024)
-    monkeypatch.setattr(K, "ROWS_MIN_CHANNELS", 1024)
-    assert K.choose_config(1104, 8, 128, True).rows
+    assert K.choose_config(1094, 8, 128, True, num_requests=16).rows
+    assert not K.choose_config(1094, 8, 128, True, num_requests=18).rows
+    real, calls = K._launch_rows, []
+    monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
     rng = random.Random(6)
     world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=700, seed=6)
-    plan = [(0, 700), (37, 380)] + [(rng.randint(0, 50), 1) for _ in range(24)]
+    plan = [(0, 700), (37, 380)] + [(rng.randint(0, 50), 1) for _ in range(14)]
     for rid, (history, _) in enumerate(plan):
         world.add_request(rid, history)
     items = [(rid, n) for rid, (_, n) in enumerate(plan)]
     rng.shuffle(items)
     batch = world.make_batch(items)
+    assert (batch.positions.shape[0], batch.block_table.shape[0]) == (1094, 16)
     world.run(batch, 0, "triton_map")
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("impl", IMPLS)

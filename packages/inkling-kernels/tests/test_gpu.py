@@ -86,7 +86,7 @@ def _gpu_map(meta: list[torch.Tensor], block_size: int, kernel_size: int = 4) ->
 # the public op on a batch carrying the step's map.
 PATHS = ["no-map", "auto", "map"]
 # "rows": the step's map and the row-register kernel on choose_config's tile for it
-# (forced: by default only launches of >= 4096 rows and >= 2048 channels take it).
+# (forced: by default only launches of >= 1024 rows and >= 64 rows a request take it).
 ROWS_CONFIG = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
 
 
@@ -401,11 +401,13 @@ def test_kv_inkling_shapes_vs_reference(shape: tuple, dtype: torch.dtype, path: 
     assert torch.equal(bits(storage.cpu()), bits(world.storage))
 
 
-@pytest.mark.parametrize("mapped", [False, True], ids=["no-map", "map"])
-def test_kv_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
-    """One captured K+V launch (with the map build when ``mapped``) on static buffers,
-    k and v slices of a static qkv buffer; replayed over different batches."""
+@pytest.mark.parametrize("mapped", [False, True, "rows"], ids=["no-map", "map", "rows"])
+def test_kv_cuda_graph_replay_with_changing_metadata(mapped: bool | str) -> None:
+    """One captured K+V launch (with the map build when ``mapped``; "rows": the
+    row-register kernel, a launch per stream, after it) on static buffers, k and v
+    slices of a static qkv buffer; replayed over different batches."""
     from inkling_kernels import fused_sconv_kv
+    from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
 
     rng = random.Random(8)
     heads, head_size, q_cols = 8, 2048, 64 * 128
@@ -429,6 +431,8 @@ def test_kv_cuda_graph_replay_with_changing_metadata(mapped: bool) -> None:
         if mapped:
             batch = sconv_tap_map(batch, tap_map)
         _, k, v = st["qkv"].split([q_cols, c, c], dim=-1)
+        if mapped == "rows":
+            return fused_sconv_kv_triton(k, v, *weights, cache, batch, 0, 128, 128, config=ROWS_CONFIG)
         return fused_sconv_kv(k, v, *weights, cache, batch, 0, 128, 128)
 
     stream = torch.cuda.Stream()

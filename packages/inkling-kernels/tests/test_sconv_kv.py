@@ -90,6 +90,30 @@ def test_rows_kernel(kind: str) -> None:
 
 
 @needs_interpreter
+def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mapped K+V launch of 1094 rows from 16 requests (a prompt, a chunk after a
+    history, 14 decodes; K and V 2 heads x 128 each) takes the row-register kernel by
+    default, once per stream: both outputs and the cache against the references."""
+    import inkling_kernels.sconv.kernel as K
+
+    monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
+    real, calls = K._launch_rows, []
+    monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
+    rng = random.Random(7)
+    world = PagedWorld(num_heads=2, head_size=256, streams=((0, 128), (128, 128)), dtype=torch.bfloat16,
+                       num_blocks=700, seed=7)
+    plan = [(0, 700), (37, 380)] + [(rng.randint(0, 50), 1) for _ in range(14)]
+    for rid, (history, _) in enumerate(plan):
+        world.add_request(rid, history)
+    items = [(rid, n) for rid, (_, n) in enumerate(plan)]
+    rng.shuffle(items)
+    batch = world.make_batch(items)
+    assert (batch.positions.shape[0], batch.block_table.shape[0]) == (1094, 16)
+    world.run_kv(batch, "triton_map")
+    assert len(calls) == 2
+
+
+@needs_interpreter
 @pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
 def test_rows_kernel_same_step_prefix_hit(hit_first: bool) -> None:
     """The same-step hazard on the K+V launch through the row-register kernel."""

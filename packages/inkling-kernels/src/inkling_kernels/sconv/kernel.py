@@ -32,10 +32,10 @@ on a hit, the writer's row of ``x`` is read instead of the cache. The
 result equals "insert the whole batch, then convolve" (the reference's semantics) at
 any alignment of the hit.
 
-Prefill-sized mapped launches of one stream (``choose_config``: at least
-``ROWS_MIN_TOKENS`` rows and ``ROWS_MIN_CHANNELS`` channels) run another kernel,
-:mod:`.rows_kernel`, whose programs keep their rows in registers and, inside a prompt,
-read no tap from memory.
+Prefill-sized mapped launches (``choose_config``: at least ``ROWS_MIN_TOKENS`` rows and
+``ROWS_TOKENS_PER_REQUEST`` rows per request) run another kernel, :mod:`.rows_kernel`,
+once per stream, whose programs keep their rows in registers and, inside a prompt, read
+no tap from memory.
 
 Which path runs (measured on an H200, benchmarks/RESHAPE_ISSUE9.md): without a map,
 the in-kernel prologue (block table + hazard search) costs more than building a map
@@ -62,7 +62,7 @@ from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 from .rows_kernel import ROWS_FIX_GROUP, ROWS_PIPE_CODES, _rows_sconv_kernel, rows_unfit, rows_weight_tile
 
 __all__ = [
-    "MAP_MIN_WORK", "ROWS_MIN_CHANNELS", "ROWS_MIN_TOKENS", "ConvStream", "SconvConfig", "choose_config",
+    "MAP_MIN_WORK", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig", "choose_config",
     "fused_sconv_triton", "launch_conv_streams",
     "launch_fused_sconv",
 ]
@@ -394,21 +394,28 @@ def _pow2_floor(n: int) -> int:
 
 
 def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
-                  one_load: bool = True, rows: bool = True) -> SconvConfig:
+                  one_load: bool = True, rows: bool = True, num_requests: int | None = None) -> SconvConfig:
     """Heuristic tile choice per shape class (one config each: no autotuning),
     from sweeps on an H200 (benchmarks/RESULTS.md).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
     a tap map), so tiles never straddle heads and no lanes idle.
 
-    With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (4096) rows and
-    ``ROWS_MIN_CHANNELS`` (2048) channels, a multiple of 256, takes the row-register
-    kernel (``rows``: 8 rows x 256 channels, two warps; :mod:`.rows_kernel`). On the
-    H200 (benchmarks/RESULTS_prefill_exp.md, session 13) it is 1.08x the one-load tile on
-    prefill and chunked 8192 ATTN (96.4 against 104.1 µs, 0.74 of copy) and 1.03x on 16k
-    sliding K, but 0.97x on prefill 8192 K (1024 channels) and 0.94x on a mixed batch of
-    2303 rows: those keep the tiles below. ``rows=False``, ``one_load=False`` or
-    ``INKLING_KERNELS_SCONV_ROWS=0`` keeps them everywhere.
+    With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (1024) rows and
+    at least ``ROWS_TOKENS_PER_REQUEST`` (64) rows per request (``num_requests``: at most
+    this many requests; ``None``, unknown: never), over a multiple of 256 channels, takes
+    the row-register kernel (``rows``: 8 rows x 256 channels, two warps, a launch per
+    stream; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap from memory; its
+    tiles with decode rows or a chunk's first rows wait a round trip per row, so it needs
+    few of those: with 8-row tiles, at most 1/8 of them at 64 rows a request. On the H200
+    (benchmarks/RESULTS_prefill_exp.md, session 14), against the one-load tile: prefill
+    8192 ATTN 1.23x (85.0 µs, 0.83 of copy), prefill 8192 K 1.15x, 16k sliding K 1.14x,
+    prefill 1024 ATTN 1.22x, prefill 2048 K 1.27x, prefill 8192 at the TP 8 ATTN shard
+    1.18x, the K+V launch on prefill 8192 1.28x (1.82x sliding); but 0.73-0.80x on 1024
+    decodes, 2048 decodes, 256 x 4 speculative rows and 512 + 512 decodes, 0.96x on 1024
+    + 255 decodes (all kept on the tiles by the per-request rule; 2048 + 255 decodes,
+    1.04x, is kept there too). ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps
+    the tiles everywhere.
 
     Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
@@ -434,9 +441,9 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
         block_c = min(256, pow2_ceil(stream_width))
     work = num_tokens * num_heads * stream_width
     if mapped:
-        channels = num_heads * stream_width
-        if (rows and one_load and num_tokens >= ROWS_MIN_TOKENS and channels >= ROWS_MIN_CHANNELS
-                and channels % 256 == 0 and rows_default()):
+        if (rows and num_requests is not None and num_tokens >= ROWS_MIN_TOKENS
+                and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests
+                and num_heads * stream_width % 256 == 0 and rows_default()):
             return SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
         block_c = min(block_c, 128)
         if one_load and work >= MAP_MIN_WORK and tap_select_default():
@@ -478,10 +485,10 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
 #: Launches moving at least this many elements (T * C) without a tap map build one
 #: for the call (see the module docstring for the measurements).
 MAP_MIN_WORK = 2**20
-#: Mapped one-stream launches of at least this many rows and channels take the
+#: Mapped launches of at least this many rows, and this many rows per request, take the
 #: row-register kernel by default (choose_config).
-ROWS_MIN_TOKENS = 4096
-ROWS_MIN_CHANNELS = 2048
+ROWS_MIN_TOKENS = 1024
+ROWS_TOKENS_PER_REQUEST = 64
 
 
 def auto_tap_map(batch: SconvBatch, prob: SconvProblem, device: torch.device, auto_map: bool = True) -> torch.Tensor | None:
@@ -529,8 +536,9 @@ def launch_conv_streams(
     if not 1 <= len(streams) <= 2:
         raise ValueError(f"the kernel convolves one or two streams per launch, got {len(streams)}")
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
+    # (the block table has a row per request, at least: the rows rule's request bound)
     cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None,
-                                  one_load=len(streams) == 1)
+                                  one_load=len(streams) == 1, num_requests=batch.block_table.shape[0])
     if cfg.rows:
         why = None if tap_map is not None else "it needs the step's tap map"
         for st in streams:
