@@ -76,8 +76,9 @@ def _resources(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], order
     # the trailing BRA loop excluded) is a static proxy for the issue work per program
     ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)]
     body = [op for op in ops if op != "NOP"]
+    spills = sum(1 for op in body if op.startswith(("LDL", "STL")))
     out = (f"registers {regs.group(1) if regs else '?'}; instructions {len(body)}; loads {dict(loads)}; "
-           f"stores {dict(stores)}")
+           f"stores {dict(stores)}; local (spill) ops {spills}")
     if order:
         # global memory ops in program order: L/S + bits, and how many other
         # instructions sit between them (e.g. "L64 +3 L128")
@@ -122,6 +123,7 @@ def main() -> int:
         w = weight.t().contiguous().t() if "wt" in flags else weight
         K.ROWS_FIX_GROUP = next((int(f[1:]) for f in flags if f[:1] == "g" and f[1:].isdigit()), 1)
         K.ROWS_PIPE_CODES = "pipe" in flags
+        K._rk.ROWS_MAXNREG = next((int(f[1:]) for f in flags if f[:1] == "r" and f[1:].isdigit()), None)
         kernel, a, kw = _capture(K, "_rows_sconv_kernel" if cfg.rows else "_fused_sconv_kernel",
                                  lambda: K.fused_sconv_triton(s.x, w, cache, s.mapped, off, width, config=cfg))
         print(f"  library {spec}: {_resources(kernel, a, kw, args.order)}", flush=True)

@@ -33,6 +33,8 @@
 #            kernel should start), then kvrows
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
+#   s14d     exp_prefill.py: the row kernel under register caps; the mixed batch with its
+#            decodes first and last; then layer
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
 #   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
 #            the weights [W, C]-contiguous, next to the experimental row kernel with and
@@ -143,6 +145,18 @@ case "${1:-}" in
     tail -8 "$OUT/tests.log"
     sweep 200
     ;;
+  s14d)
+    PREFILL_VARIANTS="lib-rows 8x256/2w,lib-rows-r80 8x256/2w,lib-rows-r72 8x256/2w,lib-rows-r64 8x256/2w"
+    prefill 130
+    stage "mixed batches, decodes first and last"
+    timeout 90 python3 $B/exp_prefill.py --threshold --only "mixed 2" --budget-s 80 --json "$OUT/order.json" \
+      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w" > "$OUT/order.log" 2>&1
+    grep -E "^\| " "$OUT/order.log" | cut -c1-150 | tail -12
+    stage "layer, peer"
+    timeout 300 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
+      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
+    tail -40 "$OUT/layer.log"
+    ;;
   layer)
     stage "layer, peer"
     timeout 300 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
@@ -150,7 +164,7 @@ case "${1:-}" in
     tail -40 "$OUT/layer.log"
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b|s14c|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b|s14c|s14d|layer" >&2
     exit 2
     ;;
 esac

@@ -59,6 +59,7 @@ from .._triton_common import (
 )
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
+from . import rows_kernel as _rk
 from .rows_kernel import ROWS_FIX_GROUP, ROWS_PIPE_CODES, _rows_sconv_kernel, rows_unfit, rows_weight_tile
 
 __all__ = [
@@ -613,7 +614,7 @@ def _launch_rows(stream: ConvStream, cache: torch.Tensor, batch: SconvBatch, pro
         ROWS=cfg.block_t, BLOCK_C=cfg.block_c, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
         SILU=activation == "silu", RESIDUAL=residual,
         WTILE=rows_weight_tile(stream.weight2d), G=ROWS_FIX_GROUP, PIPE=ROWS_PIPE_CODES,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **({} if _rk.ROWS_MAXNREG is None else {"maxnreg": _rk.ROWS_MAXNREG}),
         **pdl_launch(cfg.pdl, cache.device),
     )
 

@@ -206,6 +206,8 @@ def _rows_sconv_kernel(
 ROWS_FIX_GROUP = 1
 # Whether the load path loads the next group's map codes before this group's stores.
 ROWS_PIPE_CODES = False
+# A register cap per thread for the kernel (None: the compiler's choice).
+ROWS_MAXNREG: int | None = None
 
 
 def rows_weight_tile(weight2d: torch.Tensor) -> bool:
