@@ -753,8 +753,8 @@ class Variant:
     feat: int = 0  # sel plus the library kernel's ways, a bit each (_feat_taps)
     wtile: bool = False  # _rows_sconv_kernel: weights loaded as one [BLOCK_C, W] tile and split (W = 4)
     rows: int = 0  # _rows_sconv_kernel, fix-up loads this many rows at a time; tile = (rows, block_c, warps)
-    # libcfg "rows": (ROWS_FIX_GROUP, ROWS_PIPE_CODES, weight tile, ROWS_MAXNREG)
-    knobs: tuple[int, bool, bool | None, int | None] | None = None
+    # libcfg "rows": (ROWS_FIX_GROUP, ROWS_PIPE_CODES, weight tile, ROWS_ORDER)
+    knobs: tuple[int, bool, bool | None, int] | None = None
     bug: int = 0
 
 
@@ -918,16 +918,16 @@ VARIANTS += [
     Variant(f"lib-rows{name} 8x256/2w", f"the library's row kernel, 8x256/2w, {desc}", libcfg=(8, 256, 2, "rows"),
             knobs=knobs)
     for name, desc, knobs in (
-        ("-strided-w", "weights read as W strided vectors (before session 14)", (1, False, False, None)),
-        ("-pipe", "next group's codes before a group's stores", (1, True, True, None)),
-        ("-g2", "load path 2 rows at a time", (2, False, True, None)),
-        ("-g2-pipe", "load path 2 rows at a time, next group's codes early", (2, True, True, None)),
-        ("-g4", "load path 4 rows at a time", (4, False, True, None)),
-        # (sm_90 on the CPU: 86 registers uncapped; capped at 80 / 72 / 64, 56 / 104 / 172
-        # spill instructions; 11 / 14 / 16 two-warp programs an SM can hold)
-        ("-r80", "at most 80 registers a thread", (1, False, True, 80)),
-        ("-r72", "at most 72 registers a thread", (1, False, True, 72)),
-        ("-r64", "at most 64 registers a thread", (1, False, True, 64)),
+        ("-strided-w", "weights read as W strided vectors (before session 14)", (1, False, False, 0)),
+        ("-pipe", "next group's codes before a group's stores", (1, True, True, 0)),
+        ("-g2", "load path 2 rows at a time", (2, False, True, 0)),
+        ("-g2-pipe", "load path 2 rows at a time, next group's codes early", (2, True, True, 0)),
+        ("-g4", "load path 4 rows at a time", (4, False, True, 0)),
+        # (session 14 also capped the registers through Triton's maxnreg: 80 / 72 / 64
+        # a thread, 56 / 104 / 172 spill instructions, 1.44x / 2.1x / 3.1x slower on
+        # prefill 8192 ATTN; the knob is gone)
+        ("-ends", "row tiles taken from both ends alternately", (1, False, True, 1)),
+        ("-rev", "row tiles taken last first", (1, False, True, 2)),
     )
 ] + [Variant("lib-rows 8x256/2w", "the library's row kernel, 8x256/2w, as committed", libcfg=(8, 256, 2, "rows"))]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
@@ -1043,19 +1043,19 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
 
 
 @contextlib.contextmanager
-def _row_knobs(group: int, pipe: bool, wtile: bool | None, maxnreg: int | None) -> Iterator[None]:
+def _row_knobs(group: int, pipe: bool, wtile: bool | None, order: int) -> Iterator[None]:
     """The library row kernel's load-path group, code prefetch, weight tile (None: its
-    own rule) and register cap for the launches inside (read at launch time; a graph
+    own rule) and tile order for the launches inside (read at launch time; a graph
     keeps what it captured)."""
     k = sconv_kernel
-    saved = k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k.rows_weight_tile, k._rk.ROWS_MAXNREG
-    k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k._rk.ROWS_MAXNREG = group, pipe, maxnreg
+    saved = k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k.rows_weight_tile, k._rk.ROWS_ORDER
+    k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k._rk.ROWS_ORDER = group, pipe, order
     if wtile is not None:
         k.rows_weight_tile = lambda w: wtile and saved[2](w)
     try:
         yield
     finally:
-        k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k.rows_weight_tile, k._rk.ROWS_MAXNREG = saved
+        k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k.rows_weight_tile, k._rk.ROWS_ORDER = saved
 
 
 def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Tensor, cache: torch.Tensor,
@@ -1066,7 +1066,7 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
         bt, bc, nw, kind = v.libcfg
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
         knobs = v.knobs or (sconv_kernel.ROWS_FIX_GROUP, sconv_kernel.ROWS_PIPE_CODES, None,
-                            sconv_kernel._rk.ROWS_MAXNREG)
+                            sconv_kernel._rk.ROWS_ORDER)
 
         def launch() -> Any:
             with _row_knobs(*knobs):

@@ -123,7 +123,6 @@ def main() -> int:
         w = weight.t().contiguous().t() if "wt" in flags else weight
         K.ROWS_FIX_GROUP = next((int(f[1:]) for f in flags if f[:1] == "g" and f[1:].isdigit()), 1)
         K.ROWS_PIPE_CODES = "pipe" in flags
-        K._rk.ROWS_MAXNREG = next((int(f[1:]) for f in flags if f[:1] == "r" and f[1:].isdigit()), None)
         kernel, a, kw = _capture(K, "_rows_sconv_kernel" if cfg.rows else "_fused_sconv_kernel",
                                  lambda: K.fused_sconv_triton(s.x, w, cache, s.mapped, off, width, config=cfg))
         print(f"  library {spec}: {_resources(kernel, a, kw, args.order)}", flush=True)

@@ -35,6 +35,8 @@
 #            hazard paths, then the sweep
 #   s14d     exp_prefill.py: the row kernel under register caps; the mixed batch with its
 #            decodes first and last; then layer
+#   s14e     exp_prefill.py: the row kernel's tile orders (in order, both ends, last first)
+#            on the prefill cases and the mixed ones (decodes first, last, half)
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
 #   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
 #            the weights [W, C]-contiguous, next to the experimental row kernel with and
@@ -157,6 +159,15 @@ case "${1:-}" in
       --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
     tail -40 "$OUT/layer.log"
     ;;
+  s14e)
+    PREFILL_VARIANTS="lib-rows 8x256/2w,lib-rows-ends 8x256/2w,lib-rows-rev 8x256/2w"
+    prefill 110
+    stage "mixed batches, tile orders"
+    timeout 150 python3 $B/exp_prefill.py --threshold --only "mixed" --budget-s 140 --json "$OUT/order.json" \
+      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,lib-rows-ends 8x256/2w,lib-rows-rev 8x256/2w" \
+      > "$OUT/order.log" 2>&1
+    grep -E "^\| " "$OUT/order.log" | cut -c1-150 | tail -30
+    ;;
   layer)
     stage "layer, peer"
     timeout 300 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
@@ -164,7 +175,7 @@ case "${1:-}" in
     tail -40 "$OUT/layer.log"
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b|s14c|s14d|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b|s14c|s14d|s14e|layer" >&2
     exit 2
     ;;
 esac

@@ -614,7 +614,7 @@ def _launch_rows(stream: ConvStream, cache: torch.Tensor, batch: SconvBatch, pro
         ROWS=cfg.block_t, BLOCK_C=cfg.block_c, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
         SILU=activation == "silu", RESIDUAL=residual,
         WTILE=rows_weight_tile(stream.weight2d), G=ROWS_FIX_GROUP, PIPE=ROWS_PIPE_CODES,
-        num_warps=cfg.num_warps, **({} if _rk.ROWS_MAXNREG is None else {"maxnreg": _rk.ROWS_MAXNREG}),
+        ORDER=_rk.ROWS_ORDER, num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )
 

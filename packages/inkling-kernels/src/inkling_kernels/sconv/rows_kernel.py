@@ -128,6 +128,7 @@ def _rows_sconv_kernel(
     WTILE: tl.constexpr = False,
     G: tl.constexpr = 1,
     PIPE: tl.constexpr = False,
+    ORDER: tl.constexpr = 0,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
@@ -135,6 +136,10 @@ def _rows_sconv_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
+    if ORDER == 1:
+        pid_t = tl.where(pid_t % 2 == 0, pid_t // 2, tl.num_programs(1) - 1 - pid_t // 2)
+    elif ORDER == 2:
+        pid_t = tl.num_programs(1) - 1 - pid_t
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS
@@ -206,8 +211,9 @@ def _rows_sconv_kernel(
 ROWS_FIX_GROUP = 1
 # Whether the load path loads the next group's map codes before this group's stores.
 ROWS_PIPE_CODES = False
-# A register cap per thread for the kernel (None: the compiler's choice).
-ROWS_MAXNREG: int | None = None
+# The order in which programs take the row tiles: 0 in order, 1 from both ends
+# alternately (0, n-1, 1, n-2, ...), 2 last first.
+ROWS_ORDER = 0
 
 
 def rows_weight_tile(weight2d: torch.Tensor) -> bool:
