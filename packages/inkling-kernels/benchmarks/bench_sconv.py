@@ -286,7 +286,7 @@ def sweep_configs(case: Case) -> list[SconvConfig]:
     """The heuristic's choice plus alternatives (rows x channels per program, warps)."""
     heads, _, _, width = case.stream
     t = sum(n for _, n in case.requests)
-    out = [choose_config(t, heads, width, mapped=True)]
+    out = [choose_config(t, heads, width, mapped=True, num_requests=len(case.requests))]
     two_load = choose_config(t, heads, width, mapped=True, one_load=False)  # the default before session 12
     if two_load not in out:
         out.append(two_load)
@@ -340,7 +340,8 @@ def bench_case(case: Case, peer: Any, reps: int, sweep: bool, gen: torch.Generat
                                peer_us_brief=case.peer_us)
     heur = choose_config(t, heads, width)
     res["config"] = dataclasses.asdict(heur)
-    res["config_map"] = dataclasses.asdict(choose_config(t, heads, width, mapped=True))
+    res["config_map"] = dataclasses.asdict(choose_config(t, heads, width, mapped=True,
+                                                         num_requests=len(case.requests)))
     res["ours_map_us"] = time_graph(ours(None, mapped=True), reps)
     # The map is built once per step and KV-cache group (two launches), then shared
     # by the 4 streams x layers of the group.

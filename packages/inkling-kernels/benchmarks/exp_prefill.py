@@ -47,6 +47,7 @@ import bench_sconv as bs  # noqa: E402  (the case setup, time_graph and copy_bas
 from inkling_kernels import fused_sconv_ref  # noqa: E402
 from inkling_kernels._triton_common import decode_tap_codes  # noqa: E402
 from inkling_kernels.sconv import kernel as sconv_kernel  # noqa: E402
+from inkling_kernels.sconv.rows_kernel import weight_columns4  # noqa: E402
 from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton  # noqa: E402
 
 T0 = time.monotonic()
@@ -657,12 +658,8 @@ def _rows_sconv_kernel(
     qreg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
     regbits = tl.sum(tl.where(qreg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
     bad = tl.sum((((xrow >= 0) & ~qreg) | (cslot >= 0)).to(tl.int32), axis=0)
-    if WTILE:  # (W == 4) the weights as one [BLOCK_C, 4] tile, split into its columns
-        w2 = tl.load(w_ptr + chan[:, None] * stride_wc + tl.arange(0, 4)[None, :] * stride_wk).to(tl.float32)
-        w02, w13 = tl.split(tl.reshape(w2, [BLOCK_C, 2, 2]))  # columns (0, 2) and (1, 3)
-        w0, w2c = tl.split(w02)
-        w1, w3 = tl.split(w13)
-        wts = (w0, w1, w2c, w3)
+    if WTILE:  # (W == 4, stride_wk == 1) the weights as one [BLOCK_C, 4] tile, split into its columns
+        wts = weight_columns4(w_ptr, chan, stride_wc, BLOCK_C)
     else:
         wts = ()
         for k in tl.static_range(W):
@@ -753,8 +750,7 @@ class Variant:
     feat: int = 0  # sel plus the library kernel's ways, a bit each (_feat_taps)
     wtile: bool = False  # _rows_sconv_kernel: weights loaded as one [BLOCK_C, W] tile and split (W = 4)
     rows: int = 0  # _rows_sconv_kernel, fix-up loads this many rows at a time; tile = (rows, block_c, warps)
-    # libcfg "rows": (ROWS_FIX_GROUP, ROWS_PIPE_CODES, weight tile, ROWS_ORDER)
-    knobs: tuple[int, bool, bool | None, int] | None = None
+    strided_w: bool = False  # libcfg "rows": the weights read as W strided vectors, not as one tile
     bug: int = 0
 
 
@@ -904,7 +900,7 @@ VARIANTS += [
 # The library given its weights as a [C, W] view of a [W, C]-contiguous tensor (strides
 # (1, C); every kernel reads weights through strides): vector weight loads. On the CPU the
 # row kernel compiles to 114 registers with the [C, W] layout and 96 with this one
-# (probe_sm90.py --lib 8,256,2,rows[,wt]); not yet timed.
+# (probe_sm90.py --lib 8,256,2,rows[,wt]); timed in session 14 (RESULTS_prefill_exp.md).
 VARIANTS += [
     Variant("lib-rows-wt 8x256/2w", "the library's row kernel, 8x256/2w, weights [W, C]-contiguous",
             libcfg=(8, 256, 2, "rows"), wt=True),
@@ -912,23 +908,13 @@ VARIANTS += [
             libcfg=(16, 128, 4, "one-load"), wt=True),
 ]
 # Session 14: the library's row kernel reads [C, W]-contiguous weights as one [BLOCK_C, 4]
-# tile (87 registers for sm_90, 114 before), and its load path (decode tiles) can take G rows'
-# fix-up loads at once and load the next group's codes before a group's stores.
+# tile (86 registers for sm_90, 114 before). Measured and dropped the same session (knobs
+# of the kernel then; RESULTS_prefill_exp.md): the load path taking 2 or 4 rows' fix-up
+# loads at once, loading the next row's codes early, a register cap (maxnreg 80/72/64),
+# taking the row tiles from both ends or last first.
 VARIANTS += [
-    Variant(f"lib-rows{name} 8x256/2w", f"the library's row kernel, 8x256/2w, {desc}", libcfg=(8, 256, 2, "rows"),
-            knobs=knobs)
-    for name, desc, knobs in (
-        ("-strided-w", "weights read as W strided vectors (before session 14)", (1, False, False, 0)),
-        ("-pipe", "next group's codes before a group's stores", (1, True, True, 0)),
-        ("-g2", "load path 2 rows at a time", (2, False, True, 0)),
-        ("-g2-pipe", "load path 2 rows at a time, next group's codes early", (2, True, True, 0)),
-        ("-g4", "load path 4 rows at a time", (4, False, True, 0)),
-        # (session 14 also capped the registers through Triton's maxnreg: 80 / 72 / 64
-        # a thread, 56 / 104 / 172 spill instructions, 1.44x / 2.1x / 3.1x slower on
-        # prefill 8192 ATTN; the knob is gone)
-        ("-ends", "row tiles taken from both ends alternately", (1, False, True, 1)),
-        ("-rev", "row tiles taken last first", (1, False, True, 2)),
-    )
+    Variant("lib-rows-strided-w 8x256/2w", "the library's row kernel, 8x256/2w, weights read as W strided vectors "
+            "(before session 14)", libcfg=(8, 256, 2, "rows"), strided_w=True)
 ] + [Variant("lib-rows 8x256/2w", "the library's row kernel, 8x256/2w, as committed", libcfg=(8, 256, 2, "rows"))]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
@@ -1043,19 +1029,16 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
 
 
 @contextlib.contextmanager
-def _row_knobs(group: int, pipe: bool, wtile: bool | None, order: int) -> Iterator[None]:
-    """The library row kernel's load-path group, code prefetch, weight tile (None: its
-    own rule) and tile order for the launches inside (read at launch time; a graph
-    keeps what it captured)."""
-    k = sconv_kernel
-    saved = k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k.rows_weight_tile, k._rk.ROWS_ORDER
-    k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k._rk.ROWS_ORDER = group, pipe, order
-    if wtile is not None:
-        k.rows_weight_tile = lambda w: wtile and saved[2](w)
+def _strided_weights(on: bool) -> Iterator[None]:
+    """With ``on``, the library's row kernel reads its weights as W strided vectors (its
+    way before session 14) in the launches inside (read at launch time)."""
+    saved = sconv_kernel.rows_weight_tile
+    if on:
+        sconv_kernel.rows_weight_tile = lambda w: False
     try:
         yield
     finally:
-        k.ROWS_FIX_GROUP, k.ROWS_PIPE_CODES, k.rows_weight_tile, k._rk.ROWS_ORDER = saved
+        sconv_kernel.rows_weight_tile = saved
 
 
 def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Tensor, cache: torch.Tensor,
@@ -1065,11 +1048,9 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
     if v.libcfg:
         bt, bc, nw, kind = v.libcfg
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
-        knobs = v.knobs or (sconv_kernel.ROWS_FIX_GROUP, sconv_kernel.ROWS_PIPE_CODES, None,
-                            sconv_kernel._rk.ROWS_ORDER)
 
         def launch() -> Any:
-            with _row_knobs(*knobs):
+            with _strided_weights(v.strided_w):
                 return fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out, config=cfg)
         return launch
     assert tile is not None
@@ -1179,7 +1160,7 @@ def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, g
             log(f"  {v.name}: skipped, budget spent")
             continue
         if v.lib:
-            cfg = choose_config(t, heads, width, mapped=True)
+            cfg = choose_config(t, heads, width, mapped=True, num_requests=len(case.requests))
             tile = None
             row["tile"] = f"{cfg.block_t}x{cfg.block_c}/{cfg.num_warps}w" + (" rows" if cfg.rows else "")
         elif v.libcfg:

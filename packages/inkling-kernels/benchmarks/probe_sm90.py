@@ -7,11 +7,9 @@ lent to see what a kernel change does to the code (RESULTS_prefill_exp.md, sessi
         python3 packages/inkling-kernels/benchmarks/probe_sm90.py --case "prefill 8192, ATTN" \\
         --lib 16,128,4 16,128,4,ts --exp "sel 16x128/4w" "spec 16x128/4w"
 
-``--lib BT,BC,NW[,ts|rows][,wt][,gG]``: the library's ``fused_sconv`` kernel on the case's
+``--lib BT,BC,NW[,ts|rows][,wt]``: the library's ``fused_sconv`` kernel on the case's
 mapped batch with that tile (``ts``: one load a tap; ``rows``: the row-register kernel;
-``wt``: the weights as a ``[C, W]`` view of a ``[W, C]``-contiguous tensor; ``gG``:
-the row kernel's load path takes G rows at a time; ``pipe``: it loads the next group's
-codes before a group's stores). ``--exp NAME``: an ``exp_prefill.py`` variant.
+``wt``: the weights as a ``[C, W]`` view of a ``[W, C]``-contiguous tensor). ``--exp NAME``: an ``exp_prefill.py`` variant.
 The case is one of bench_sconv.py's; the values do not change the code.
 """
 
@@ -121,8 +119,6 @@ def main() -> int:
         cfg = K.SconvConfig(block_t=int(bt), block_c=int(bc), num_warps=int(nw), tap_select="ts" in flags,
                             rows="rows" in flags)
         w = weight.t().contiguous().t() if "wt" in flags else weight
-        K.ROWS_FIX_GROUP = next((int(f[1:]) for f in flags if f[:1] == "g" and f[1:].isdigit()), 1)
-        K.ROWS_PIPE_CODES = "pipe" in flags
         kernel, a, kw = _capture(K, "_rows_sconv_kernel" if cfg.rows else "_fused_sconv_kernel",
                                  lambda: K.fused_sconv_triton(s.x, w, cache, s.mapped, off, width, config=cfg))
         print(f"  library {spec}: {_resources(kernel, a, kw, args.order)}", flush=True)

@@ -26,17 +26,12 @@
 #   kvrows   bench_sconv_kv.py --rows: fused_sconv_kv on the row-register kernel (one
 #            launch per stream, opt-in since session 13, checked first) next to its
 #            default one-launch tiles, every KV shape and step
-#   s14      (session 14) the row kernel's GPU tests, then exp_prefill.py: the library's row
-#            kernel with the weight tile, its load-path group and code prefetch, the strided
-#            weights it had before, the experimental kernel, the one-load tile, the floor
-#   s14b     exp_prefill.py --threshold (decode-heavy and mid-size launches: where the row
-#            kernel should start), then kvrows
+#   s14      (session 14) the row kernel's GPU tests; exp_prefill.py: the library's row
+#            kernel (weights as one tile), with its old strided weights, the experimental
+#            kernel, the one-load tile, the floor; then the --threshold cases (decode-heavy
+#            and mid-size launches, mixed batches with their decodes first and last)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
-#   s14d     exp_prefill.py: the row kernel under register caps; the mixed batch with its
-#            decodes first and last; then layer
-#   s14e     exp_prefill.py: the row kernel's tile orders (in order, both ends, last first)
-#            on the prefill cases and the mixed ones (decodes first, last, half)
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
 #   weights  exp_prefill.py, about 3 minutes: the library's row and one-load kernels with
 #            the weights [W, C]-contiguous, next to the experimental row kernel with and
@@ -127,18 +122,12 @@ case "${1:-}" in
     timeout 170 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows" > "$OUT/tests.log" 2>&1
     tail -8 "$OUT/tests.log"
     PREFILL_VARIANTS="floor,lib-one-load 16x128/4w,lib-rows 8x256/2w,lib-rows-strided-w 8x256/2w"
-    PREFILL_VARIANTS+=",lib-rows-pipe 8x256/2w,lib-rows-g2 8x256/2w,lib-rows-g2-pipe 8x256/2w,lib-rows-g4 8x256/2w"
     PREFILL_VARIANTS+=",rows 8x256/2w/g1,lib-rows-wt 8x256/2w"
-    prefill 360
-    ;;
-  s14b)
+    prefill 200
     stage "threshold cases"
-    timeout 250 python3 $B/exp_prefill.py --threshold --budget-s 220 --json "$OUT/threshold.json" \
-      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,lib-rows-g2 8x256/2w" > "$OUT/threshold.log" 2>&1
+    timeout 200 python3 $B/exp_prefill.py --threshold --budget-s 180 --json "$OUT/threshold.json" \
+      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w" > "$OUT/threshold.log" 2>&1
     grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -45
-    stage "fused_sconv_kv, the row kernel"
-    timeout 250 python3 $B/bench_sconv_kv.py --rows --json "$OUT/kv.json" --md "$OUT/kv.md" > "$OUT/kv.log" 2>&1
-    tail -30 "$OUT/kv.md"
     ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
@@ -147,27 +136,6 @@ case "${1:-}" in
     tail -8 "$OUT/tests.log"
     sweep 200
     ;;
-  s14d)
-    PREFILL_VARIANTS="lib-rows 8x256/2w,lib-rows-r80 8x256/2w,lib-rows-r72 8x256/2w,lib-rows-r64 8x256/2w"
-    prefill 130
-    stage "mixed batches, decodes first and last"
-    timeout 90 python3 $B/exp_prefill.py --threshold --only "mixed 2" --budget-s 80 --json "$OUT/order.json" \
-      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w" > "$OUT/order.log" 2>&1
-    grep -E "^\| " "$OUT/order.log" | cut -c1-150 | tail -12
-    stage "layer, peer"
-    timeout 300 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
-      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
-    tail -40 "$OUT/layer.log"
-    ;;
-  s14e)
-    PREFILL_VARIANTS="lib-rows 8x256/2w,lib-rows-ends 8x256/2w,lib-rows-rev 8x256/2w"
-    prefill 110
-    stage "mixed batches, tile orders"
-    timeout 150 python3 $B/exp_prefill.py --threshold --only "mixed" --budget-s 140 --json "$OUT/order.json" \
-      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,lib-rows-ends 8x256/2w,lib-rows-rev 8x256/2w" \
-      > "$OUT/order.log" 2>&1
-    grep -E "^\| " "$OUT/order.log" | cut -c1-150 | tail -30
-    ;;
   layer)
     stage "layer, peer"
     timeout 300 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
@@ -175,7 +143,7 @@ case "${1:-}" in
     tail -40 "$OUT/layer.log"
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14b|s14c|s14d|s14e|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|layer" >&2
     exit 2
     ;;
 esac

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from _sconv_world import DTYPES, IMPLS, PagedWorld, needs_interpreter
+from _sconv_world import DTYPES, IMPLS, Batch, PagedWorld, needs_interpreter
 
 
 
@@ -332,8 +332,14 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not K.choose_config(1094, 8, 128, True, num_requests=18).rows
     real, calls = K._launch_rows, []
     monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
-    rng = random.Random(6)
     world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=700, seed=6)
+    world.run(_rows_rule_batch(world, random.Random(6)), 0, "triton_map")
+    assert len(calls) == 1
+
+
+def _rows_rule_batch(world: PagedWorld, rng: random.Random) -> Batch:
+    """1094 rows from 16 requests (a 700-token prompt, a 380-token chunk after a
+    history, 14 decodes; shuffled): just inside choose_config's row-kernel rule."""
     plan = [(0, 700), (37, 380)] + [(rng.randint(0, 50), 1) for _ in range(14)]
     for rid, (history, _) in enumerate(plan):
         world.add_request(rid, history)
@@ -341,8 +347,7 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     rng.shuffle(items)
     batch = world.make_batch(items)
     assert (batch.positions.shape[0], batch.block_table.shape[0]) == (1094, 16)
-    world.run(batch, 0, "triton_map")
-    assert len(calls) == 1
+    return batch
 
 
 @pytest.mark.parametrize("impl", IMPLS)

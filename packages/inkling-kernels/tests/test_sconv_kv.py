@@ -99,17 +99,11 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
     real, calls = K._launch_rows, []
     monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
-    rng = random.Random(7)
+    from test_fused_sconv import _rows_rule_batch
+
     world = PagedWorld(num_heads=2, head_size=256, streams=((0, 128), (128, 128)), dtype=torch.bfloat16,
                        num_blocks=700, seed=7)
-    plan = [(0, 700), (37, 380)] + [(rng.randint(0, 50), 1) for _ in range(14)]
-    for rid, (history, _) in enumerate(plan):
-        world.add_request(rid, history)
-    items = [(rid, n) for rid, (_, n) in enumerate(plan)]
-    rng.shuffle(items)
-    batch = world.make_batch(items)
-    assert (batch.positions.shape[0], batch.block_table.shape[0]) == (1094, 16)
-    world.run_kv(batch, "triton_map")
+    world.run_kv(_rows_rule_batch(world, random.Random(7)), "triton_map")
     assert len(calls) == 2
 
 

@@ -49,7 +49,8 @@ def test_builder_fills_per_token_metadata_in_persistent_buffers(seed):
         qsl = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32)
         slots = torch.randint(0, 500, (padded,), dtype=torch.int64)
         slots[actual:] = -1
-        table = torch.randint(0, 50, (len(lens), 7), dtype=torch.int32)
+        # (a persistent table with rows past this step's requests, as vLLM's)
+        table = torch.randint(0, 50, (len(lens) + rng.randint(0, 3), 7), dtype=torch.int32)
         # Stale contents from a previous, bigger step must not leak into pad rows.
         builder.seq_idx_buffer.fill_(77)
         builder.query_start_buffer.fill_(77)
@@ -59,7 +60,9 @@ def test_builder_fills_per_token_metadata_in_persistent_buffers(seed):
         assert meta.seq_idx.tolist() == want_seq
         assert meta.query_start.tolist() == want_start
         assert meta.slot_mapping.tolist() == slots.tolist()
-        assert meta.block_table is table and meta.num_tokens == padded and meta.num_actual_tokens == actual
+        # the table cut to the step's requests (a view): its rows bound them for the tiling
+        assert meta.block_table.shape == (len(lens), 7) and meta.block_table.data_ptr() == table.data_ptr()
+        assert meta.num_tokens == padded and meta.num_actual_tokens == actual
         assert meta.positions.data_ptr() == positions.data_ptr() and meta.block_size == 4
         assert meta.seq_idx.data_ptr() == seq_ptr and meta.query_start.data_ptr() == start_ptr
         assert meta.seq_idx.dtype == torch.int32 and meta.query_start.dtype == torch.int32

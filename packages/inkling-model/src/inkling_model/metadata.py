@@ -213,7 +213,9 @@ class SconvMetadataBuilder:
         # values, so it is built before the launches fill the buffers it views).
         batch = SconvBatch(
             positions=positions[:num_padded_tokens],
-            block_table=block_table,
+            # (its rows past num_reqs are never read; cut, the table's rows count the
+            # requests, which fused_sconv's tiling reads: choose_config's num_requests)
+            block_table=block_table[: max(num_reqs, 1)] if block_table.dim() == 2 else block_table,
             seq_idx=self.seq_idx_buffer[:num_padded_tokens],
             slot_mapping=slots,
             query_start=self.query_start_buffer[:num_padded_tokens],

@@ -59,8 +59,7 @@ from .._triton_common import (
 )
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
-from . import rows_kernel as _rk
-from .rows_kernel import ROWS_FIX_GROUP, ROWS_PIPE_CODES, _rows_sconv_kernel, rows_unfit, rows_weight_tile
+from .rows_kernel import _rows_sconv_kernel, rows_unfit, rows_weight_tile
 
 __all__ = [
     "MAP_MIN_WORK", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig", "choose_config",
@@ -613,8 +612,8 @@ def _launch_rows(stream: ConvStream, cache: torch.Tensor, batch: SconvBatch, pro
         C=prob.channels, SX=stream.x.stride(0), WS=stream_width, N=batch.block_size, W=prob.kernel_size,
         ROWS=cfg.block_t, BLOCK_C=cfg.block_c, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
         SILU=activation == "silu", RESIDUAL=residual,
-        WTILE=rows_weight_tile(stream.weight2d), G=ROWS_FIX_GROUP, PIPE=ROWS_PIPE_CODES,
-        ORDER=_rk.ROWS_ORDER, num_warps=cfg.num_warps,
+        WTILE=rows_weight_tile(stream.weight2d),
+        num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )
 

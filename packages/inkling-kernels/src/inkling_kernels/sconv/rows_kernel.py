@@ -22,9 +22,16 @@ row (fp32 accumulation in the same order as the tile kernel; the cache bit for b
 Both read ``xs`` and the weight vectors: that keeps every first load ahead of the
 branch. When only one path used the weights, the compiler moved their loads into it,
 behind the map's reduction: a second round trip per program (prefill 8192 ATTN on the
-H200: 102.9 µs, against 96.0 with both paths reading them). The experimental version in
-benchmarks/exp_prefill.py, which reads ``[W, C]``-contiguous weights, takes 86.7 µs
-there: fewer registers (102 against 114 for sm_90), more programs per SM.
+H200: 102.9 µs, against 96.0 with both paths reading them).
+
+The weights (``[C, W]``, each channel's taps contiguous: the model's layout) are read
+as one ``[BLOCK_C, 4]`` tile and split into their columns in registers (``WTILE``,
+``rows_weight_tile``). Read as W strided ``[BLOCK_C]`` vectors they cost 16 scalar
+loads a thread and 114 registers for sm_90 instead of 86; with the tile, prefill 8192
+ATTN on the H200 went from 95.8 to 85.0 µs (0.83 of copy) and 16k sliding K from 78.8
+to 61.4 (benchmarks/RESULTS_prefill_exp.md, session 14). The kernel is sensitive to
+registers: a cap of 80 (Triton's ``maxnreg``; spills) made it 1.44x slower, loading the
+next row's map codes early (+16 registers) 1.11x slower.
 
 x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
 cache offsets are int64. ``C`` and the x row stride are compile-time constants (one
@@ -46,11 +53,24 @@ if TYPE_CHECKING:
 
 
 @triton.jit
-def _fix_tap(x_ptr, cache_ptr, code, t, k: tl.constexpr, chan, ccol, num_slots, stride_cb, stride_cn,
-             SX: tl.constexpr, N: tl.constexpr):
-    """Row ``t``'s tap at distance ``k + 1`` on the load path, from its map ``code``: (is
-    it x row ``t - k - 1``, held in registers; else its value from one masked load at the
-    x row or cache slot the map names, 0 where there is none)."""
+def weight_columns4(w_ptr, chan, stride_wc, BLOCK_C: tl.constexpr):
+    """The 4 taps' weights of channels ``chan`` (``[C, 4]``, taps contiguous) as 4 fp32
+    ``[BLOCK_C]`` vectors: one ``[BLOCK_C, 4]`` load (a vector load per channel), split
+    into its columns in registers."""
+    w2d = tl.load(w_ptr + chan[:, None] * stride_wc + tl.arange(0, 4)[None, :]).to(tl.float32)
+    w02, w13 = tl.split(tl.reshape(w2d, [BLOCK_C, 2, 2]))  # columns (0, 2) and (1, 3)
+    w0, w2 = tl.split(w02)
+    w1, w3 = tl.split(w13)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _fix_tap(x_ptr, cache_ptr, map_ptr, t, live, k: tl.constexpr, chan, ccol, num_slots, stride_cb, stride_cn,
+             SX: tl.constexpr, N: tl.constexpr, W: tl.constexpr):
+    """Row ``t``'s tap at distance ``k + 1`` on the load path: (is it x row ``t - k - 1``,
+    held in registers; else its value from one masked load at the x row or cache slot
+    the map names, 0 where there is none). The code is loaded again (an L1 hit)."""
+    code = tl.load(map_ptr + t.to(tl.int64) * (W - 1) + k, mask=live, other=-1)
     xrow, cslot = decode_tap_codes(code, num_slots)
     from_x = xrow >= 0
     reg = from_x & (xrow == t - (k + 1))
@@ -62,20 +82,9 @@ def _fix_tap(x_ptr, cache_ptr, code, t, k: tl.constexpr, chan, ccol, num_slots, 
 
 
 @triton.jit
-def _group_codes(map_ptr, t0, num_tokens, r0: tl.constexpr, G: tl.constexpr, W: tl.constexpr):
-    """The map codes of the tile's rows ``r0 .. r0 + G - 1`` as scalars, (row, tap)
-    row-major (L1 hits: the tile's map was read as a vector)."""
-    codes = ()
-    for j in tl.static_range(G * (W - 1)):
-        codes = codes + (tl.load(map_ptr + (t0 + r0).to(tl.int64) * (W - 1) + j,
-                                 mask=t0 + r0 + j // (W - 1) < num_tokens, other=-1),)
-    return codes
-
-
-@triton.jit
 def _conv_row(
     cache_ptr, out_ptr, xs, wts, dst, ok, regbits, regs, fixes, t, live, chan, ccol,
-    i: tl.constexpr, f: tl.constexpr, C: tl.constexpr, W: tl.constexpr, LOADS: tl.constexpr, SILU: tl.constexpr,
+    i: tl.constexpr, C: tl.constexpr, W: tl.constexpr, LOADS: tl.constexpr, SILU: tl.constexpr,
     RESIDUAL: tl.constexpr,
 ):
     """Row ``t`` (the tile's row ``i``): its slot store (at cache offset ``dst`` where
@@ -88,7 +97,7 @@ def _conv_row(
     acc = wts[W - 1] * xf
     for k in tl.static_range(W - 1):  # distance k + 1: x row t - k - 1 is xs[i + W - 2 - k]
         if LOADS:
-            tap = tl.where(regs[f + k], xs[i + W - 2 - k], fixes[f + k])
+            tap = tl.where(regs[k], xs[i + W - 2 - k], fixes[k])
         else:
             tap = tl.where(((regbits >> (i * (W - 1) + k)) & 1) != 0, xs[i + W - 2 - k], 0.0)
         acc += wts[W - 2 - k] * tap.to(tl.float32)
@@ -125,10 +134,7 @@ def _rows_sconv_kernel(
     QP: tl.constexpr,
     SILU: tl.constexpr,
     RESIDUAL: tl.constexpr,
-    WTILE: tl.constexpr = False,
-    G: tl.constexpr = 1,
-    PIPE: tl.constexpr = False,
-    ORDER: tl.constexpr = 0,
+    WTILE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
@@ -136,10 +142,6 @@ def _rows_sconv_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
-    if ORDER == 1:
-        pid_t = tl.where(pid_t % 2 == 0, pid_t // 2, tl.num_programs(1) - 1 - pid_t // 2)
-    elif ORDER == 2:
-        pid_t = tl.num_programs(1) - 1 - pid_t
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS
@@ -167,12 +169,8 @@ def _rows_sconv_kernel(
     in_reg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
     regbits = tl.sum(tl.where(in_reg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
     other_taps = tl.sum((((xrow >= 0) & ~in_reg) | (cslot >= 0)).to(tl.int32), axis=0)
-    if WTILE:  # (W == 4, stride_wk == 1) one [BLOCK_C, 4] load, split into its columns
-        w2d = tl.load(w_ptr + chan[:, None] * stride_wc + tl.arange(0, 4)[None, :]).to(tl.float32)
-        w02, w13 = tl.split(tl.reshape(w2d, [BLOCK_C, 2, 2]))  # columns (0, 2) and (1, 3)
-        w0, w2 = tl.split(w02)
-        w1, w3 = tl.split(w13)
-        wts = (w0, w1, w2, w3)
+    if WTILE:
+        wts = weight_columns4(w_ptr, chan, stride_wc, BLOCK_C)
     else:
         wts = ()
         for k in tl.static_range(W):
@@ -180,46 +178,29 @@ def _rows_sconv_kernel(
     if other_taps == 0:
         for i in tl.static_range(ROWS):
             _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, (), (), t0 + i, t0 + i < num_tokens,
-                      chan, ccol, i, 0, C, W, False, SILU, RESIDUAL)
+                      chan, ccol, i, C, W, False, SILU, RESIDUAL)
     else:
         # Row by row, each row's W - 1 taps: a register vector or one masked load. The
         # loads of a row wait for the stores of the row before it (one round trip a
-        # row); a tile of decodes pays that, which is why choose_config keeps mixed
-        # batches of a few thousand rows on the one-load tiles.
-        codes = _group_codes(map_ptr, t0, num_tokens, 0, G, W)
-        for g in tl.static_range(ROWS // G):
-            if not PIPE and g > 0:
-                codes = _group_codes(map_ptr, t0, num_tokens, g * G, G, W)
+        # row); a tile of decodes pays that, which is why choose_config keeps batches
+        # of fewer than 64 rows a request on the one-load tiles. (Taking the fix-up
+        # loads of 2 or 4 rows at once cost registers and was slower on the H200.)
+        for i in tl.static_range(ROWS):
             regs = ()
             fixes = ()
-            for ii in tl.static_range(G):
-                for k in tl.static_range(W - 1):
-                    reg, fix = _fix_tap(x_ptr, cache_ptr, codes[ii * (W - 1) + k], t0 + g * G + ii, k,
-                                        chan, ccol, num_slots, stride_cb, stride_cn, SX, N)
-                    regs = regs + (reg,)
-                    fixes = fixes + (fix,)
-            if PIPE and g + 1 < ROWS // G:  # the next group's codes, before this group's stores
-                codes = _group_codes(map_ptr, t0, num_tokens, (g + 1) * G, G, W)
-            for ii in tl.static_range(G):
-                _conv_row(cache_ptr, out_ptr, xs, wts, dsts[g * G + ii], oks[g * G + ii], regbits, regs, fixes,
-                          t0 + g * G + ii, t0 + g * G + ii < num_tokens, chan, ccol, g * G + ii, ii * (W - 1), C, W,
-                          True, SILU, RESIDUAL)
-
-
-# Rows of a tile whose fix-up taps are loaded together, before those rows' stores (the
-# load path). Decode tiles wait one round trip per group.
-ROWS_FIX_GROUP = 1
-# Whether the load path loads the next group's map codes before this group's stores.
-ROWS_PIPE_CODES = False
-# The order in which programs take the row tiles: 0 in order, 1 from both ends
-# alternately (0, n-1, 1, n-2, ...), 2 last first.
-ROWS_ORDER = 0
+            for k in tl.static_range(W - 1):
+                reg, fix = _fix_tap(x_ptr, cache_ptr, map_ptr, t0 + i, t0 + i < num_tokens, k, chan, ccol, num_slots,
+                                    stride_cb, stride_cn, SX, N, W)
+                regs = regs + (reg,)
+                fixes = fixes + (fix,)
+            _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, regs, fixes, t0 + i, t0 + i < num_tokens,
+                      chan, ccol, i, C, W, True, SILU, RESIDUAL)
 
 
 def rows_weight_tile(weight2d: torch.Tensor) -> bool:
     """Whether the kernel reads the ``[C, W]`` weights as one ``[BLOCK_C, 4]`` tile (W = 4
-    and each channel's taps contiguous: one vector load a channel) rather than W strided
-    ``[BLOCK_C]`` loads."""
+    and each channel's taps contiguous: a vector load per channel) rather than W
+    strided ``[BLOCK_C]`` loads (one scalar load per channel and tap)."""
     return weight2d.shape[1] == 4 and weight2d.stride(1) == 1
 
 
