@@ -624,7 +624,7 @@ def _rows_sconv_kernel(
     stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
     C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, G: tl.constexpr, CS: tl.constexpr, BUG: tl.constexpr,
-    QP: tl.constexpr, WTILE: tl.constexpr = False,
+    QP: tl.constexpr, WTILE: tl.constexpr = False, SUB: tl.constexpr = 0, ALL_SLOW: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -664,10 +664,14 @@ def _rows_sconv_kernel(
         wts = ()
         for k in tl.static_range(W):
             wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
-    if bad == 0:  # every tap is a register row or none: no more loads
+    if bad == 0 and not ALL_SLOW:  # every tap is a register row or none: no more loads
         for i in tl.static_range(ROWS):
             _rows_out(x_ptr, cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, (), (), t0, num_tokens,
                       chan, ccol, i, 0, C, W, True, CS, BUG)
+    elif SUB > 0:  # the tile as [ROWS, SUB] channel chunks, one load round trip each
+        _rows_slow2d(x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, t0, num_tokens, num_slots, pid_c,
+                     stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+                     C, WS, N, W, ROWS, BLOCK_C, SUB, BUG)
     else:  # fix-up loads G rows at a time (the codes loaded again: L1 hits)
         for g in tl.static_range(ROWS // G):
             regs = ()
@@ -683,6 +687,57 @@ def _rows_sconv_kernel(
             for ii in tl.static_range(G):
                 _rows_out(x_ptr, cache_ptr, out_ptr, xs, wts, dsts[g * G + ii], oks[g * G + ii], regbits, regs,
                           fixes, t0, num_tokens, chan, ccol, g * G + ii, ii, C, W, False, CS, BUG)
+
+
+@triton.jit
+def _rows_slow2d(x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, t0, num_tokens, num_slots, pid_c,
+                 stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+                 C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK_C: tl.constexpr, SUB: tl.constexpr, BUG: tl.constexpr):
+    """(session 14, SUB > 0) The load path of a tile with decode rows, a chunk's first rows
+    or same-step writers, as 2D chunks: every row's taps resolved once from the map (a
+    [ROWS] code vector a distance), then per chunk of SUB channels the x tile, each
+    distance's taps (one masked load from the x row or the cache slot the map names) and
+    the weights, all loaded before that chunk's stores. A chunk's loads wait behind the
+    chunk before it (one round trip a chunk), not behind every row. The program's row
+    vectors are not used here (dead in this branch), so their registers are free for
+    the chunk tiles. Same accumulation order as _rows_out."""
+    r = tl.arange(0, ROWS)
+    t = t0 + r
+    live = t < num_tokens
+    slot = tl.load(slot_ptr + t, mask=live, other=-1)
+    ok = live & (slot >= 0) & (slot < num_slots)
+    ws = tl.where(ok, slot, 0).to(tl.int32)
+    dst = (ws // N) * stride_cb + (ws % N) * stride_cn
+    xrows = ()
+    from_xs = ()
+    cdsts = ()
+    takes = ()
+    for k in tl.static_range(W - 1):
+        code = tl.load(map_ptr + t * (W - 1) + k, mask=live, other=-1)
+        xrow, cslot = decode_tap_codes(code, num_slots)
+        from_x = xrow >= 0
+        cs = tl.where(cslot >= 0, cslot, 0).to(tl.int32)
+        xrows = xrows + (tl.where(from_x, xrow, 0).to(tl.int32),)
+        from_xs = from_xs + (from_x,)
+        cdsts = cdsts + ((cs // N) * stride_cb + (cs % N) * stride_cn,)
+        takes = takes + (from_x | (cslot >= 0),)
+    for cc in tl.static_range(BLOCK_C // SUB):
+        ch = pid_c * BLOCK_C + cc * SUB + tl.arange(0, SUB)
+        ccol = (ch // WS) * stride_ch + stream_offset + ch % WS
+        xt = tl.load(x_ptr + (t[:, None] * C + ch[None, :]), mask=live[:, None], other=0.0)
+        xf = xt.to(tl.float32)
+        acc = tl.load(w_ptr + ch * stride_wc + (W - 1) * stride_wk).to(tl.float32)[None, :] * xf
+        for k in tl.static_range(W - 1):
+            src = tl.where(from_xs[k][:, None], x_ptr + (xrows[k][:, None] * C + ch[None, :]),
+                           cache_ptr + (cdsts[k][:, None] + ccol[None, :]))
+            tap = tl.load(src, mask=takes[k][:, None], other=0.0).to(tl.float32)
+            # the canary (BUG 10) puts the distance-1 tap on the distance-2 weight
+            wk = (W - 3) if (BUG == 10 and k == 0) else (W - 2 - k)
+            acc += tl.load(w_ptr + ch * stride_wc + wk * stride_wk).to(tl.float32)[None, :] * tap
+        tl.store(cache_ptr + (dst[:, None] + ccol[None, :]), xt, mask=ok[:, None])
+        acc += xf
+        tl.store(out_ptr + (t[:, None] * C + ch[None, :]), acc.to(out_ptr.dtype.element_ty), mask=live[:, None])
 
 
 @triton.jit
@@ -750,6 +805,8 @@ class Variant:
     feat: int = 0  # sel plus the library kernel's ways, a bit each (_feat_taps)
     wtile: bool = False  # _rows_sconv_kernel: weights loaded as one [BLOCK_C, W] tile and split (W = 4)
     rows: int = 0  # _rows_sconv_kernel, fix-up loads this many rows at a time; tile = (rows, block_c, warps)
+    sub: int = 0  # _rows_sconv_kernel: the load path as [rows, sub] channel chunks (_rows_slow2d); 0: row by row
+    all_slow: bool = False  # _rows_sconv_kernel: every tile on the load path (a check of that path)
     strided_w: bool = False  # libcfg "rows": the weights read as W strided vectors, not as one tile
     bug: int = 0
 
@@ -916,8 +973,19 @@ VARIANTS += [
     Variant("lib-rows-strided-w 8x256/2w", "the library's row kernel, 8x256/2w, weights read as W strided vectors "
             "(before session 14)", libcfg=(8, 256, 2, "rows"), strided_w=True)
 ] + [Variant("lib-rows 8x256/2w", "the library's row kernel, 8x256/2w, as committed", libcfg=(8, 256, 2, "rows"))]
+# Session 14, not yet timed: the experimental row kernel's load path (tiles with decode
+# rows) as [8, SUB] channel chunks, one round trip a chunk instead of one a row
+# (_rows_slow2d); weights as the library's [C, W] tile.
+VARIANTS += [Variant(f"rows2d 8x256/2w/s{sub}", f"rows-wtile 8x256/2w/g1 with its load path as [8, {sub}] chunks",
+                     tile=(8, 256, 2), rows=1, wtile=True, sub=sub, **{**_ROWS, "wt": False})
+             for sub in (32, 64, 128)] + [
+    Variant("rows2d-all 8x256/2w/s64", "rows2d 8x256/2w/s64 with every tile on its load path (checks that path "
+            "on prompt tiles too)", tile=(8, 256, 2), rows=1, wtile=True, sub=64, all_slow=True,
+            **{**_ROWS, "wt": False})]
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
+    Variant("canary: rows2d weight bug", "rows2d 8x256/2w/s64, the load path's dist-1 tap on the dist-2 weight",
+            tile=(8, 256, 2), rows=1, wtile=True, sub=64, bug=10, all_slow=True, **{**_ROWS, "wt": False}),
     Variant("canary: rows register bug", "rows 16x256/1w/g4, the dist-1 register tap is the row two back",
             tile=(16, 256, 1), rows=4, bug=9, **_ROWS),
     Variant("canary: spec shift bug", "spec 16x128/4w, the dist-1 speculative load 2 rows back", tile=(16, 128, 4),
@@ -1004,7 +1072,7 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
             t, cache.shape[0] * cache.shape[2],
             weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
             C=c, WS=width, N=bs.N, W=bs.W, ROWS=bt, BLOCK_C=bc, G=v.rows, CS=v.cs, BUG=v.bug,
-            QP=triton.next_power_of_2(bt * (bs.W - 1)), WTILE=v.wtile,
+            QP=triton.next_power_of_2(bt * (bs.W - 1)), WTILE=v.wtile, SUB=v.sub, ALL_SLOW=v.all_slow,
             num_warps=nw,
         )
         return

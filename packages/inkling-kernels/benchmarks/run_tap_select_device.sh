@@ -30,6 +30,9 @@
 #            kernel (weights as one tile), with its old strided weights, the experimental
 #            kernel, the one-load tile, the floor; then the --threshold cases (decode-heavy
 #            and mid-size launches, mixed batches with their decodes first and last)
+#   s15      (next) exp_prefill.py: the experimental row kernel's load path as [8, SUB]
+#            channel chunks (rows2d) against row by row and the library, prefill and
+#            --threshold cases (decode-heavy, mixed with decodes first and last)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -129,6 +132,19 @@ case "${1:-}" in
       --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w" > "$OUT/threshold.log" 2>&1
     grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -45
     ;;
+  s15)
+    # session 14's open question, about 5 minutes: the experimental row kernel with its
+    # load path as [8, SUB] channel chunks (rows2d: 72 registers for sm_90 at SUB 64,
+    # against 92 row by row and the library's 87) on the prefill and the threshold cases
+    PREFILL_VARIANTS="floor,lib-rows 8x256/2w,rows-wtile 8x256/2w/g1,rows2d 8x256/2w/s64,rows2d 8x256/2w/s32"
+    PREFILL_VARIANTS+=",rows2d 8x256/2w/s128,rows2d-all 8x256/2w/s64"
+    prefill 200
+    stage "threshold cases"
+    timeout 200 python3 $B/exp_prefill.py --threshold --budget-s 180 --json "$OUT/threshold.json" \
+      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,rows-wtile 8x256/2w/g1,rows2d 8x256/2w/s64,rows2d 8x256/2w/s32" \
+      > "$OUT/threshold.log" 2>&1
+    grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -50
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     timeout 230 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_ or (hazard and map)" \
@@ -143,7 +159,7 @@ case "${1:-}" in
     tail -40 "$OUT/layer.log"
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|layer" >&2
     exit 2
     ;;
 esac

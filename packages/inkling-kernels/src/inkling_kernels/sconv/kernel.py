@@ -383,9 +383,9 @@ class SconvConfig:
     # default of fused_sconv's mapped launches of T x C >= MAP_MIN_WORK (choose_config)
     tap_select: bool = False
     # mapped launches: the row-register kernel (rows_kernel.py; block_t rows as register
-    # vectors, no tap reloads inside a prompt). The default of fused_sconv's
-    # prefill-sized mapped launches (choose_config); fused_sconv_kv takes it only when
-    # asked (one launch per stream, not yet timed)
+    # vectors, no tap reloads inside a prompt; one launch per stream). The default of
+    # fused_sconv's and fused_sconv_kv's mapped launches of >= ROWS_MIN_TOKENS rows and
+    # >= ROWS_TOKENS_PER_REQUEST rows a request (choose_config)
     rows: bool = False
 
 
