@@ -125,7 +125,8 @@ def test_builder_maps_common_metadata(lens: list[int], pad: int) -> None:
     g = torch.Generator().manual_seed(actual)
     slots = torch.randint(0, 1000, (padded,), generator=g, dtype=torch.int64)
     slots[actual:] = -1
-    table = torch.randint(0, 50, (len(lens), 8), generator=g, dtype=torch.int32)
+    # (a persistent table with a row past this step's requests, as vLLM's can be)
+    table = torch.randint(0, 50, (len(lens) + 1, 8), generator=g, dtype=torch.int32)
     cm = SimpleNamespace(
         num_reqs=len(lens),
         num_actual_tokens=padded,
@@ -142,7 +143,8 @@ def test_builder_maps_common_metadata(lens: list[int], pad: int) -> None:
     assert first.seq_idx.tolist() == seq
     assert first.query_start.tolist() == start
     assert first.slot_mapping.tolist() == slots.tolist()
-    assert first.block_table is table
+    # the table cut to the step's requests (a view: no copy); its rows bound them for the tiling
+    assert first.block_table.shape == (max(len(lens), 1), 8) and first.block_table.data_ptr() == table.data_ptr()
     assert first.block_size == 4  # the group's (unified) block size
     # persistent buffers: a second build writes the same storage
     second = builder.build(0, cm)
