@@ -327,14 +327,22 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     row-register kernel by default: against the reference and the cache oracle."""
     import inkling_kernels.sconv.kernel as K
 
-    monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
+    calls = _count_row_launches(monkeypatch)
     assert K.choose_config(1094, 8, 128, True, num_requests=16).rows
     assert not K.choose_config(1094, 8, 128, True, num_requests=18).rows
-    real, calls = K._launch_rows, []
-    monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
     world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=700, seed=6)
     world.run(_rows_rule_batch(world, random.Random(6)), 0, "triton_map")
     assert len(calls) == 1
+
+
+def _count_row_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The row kernel on by default, and a list that records each of its launches."""
+    import inkling_kernels.sconv.kernel as K
+
+    monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
+    real, calls = K._launch_rows, []
+    monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
+    return calls
 
 
 def _rows_rule_batch(world: PagedWorld, rng: random.Random) -> Batch:

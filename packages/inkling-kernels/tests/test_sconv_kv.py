@@ -18,7 +18,7 @@ from inkling_kernels.sconv.kernel import SconvConfig
 from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
 
 from _sconv_world import IMPLS, PagedWorld, needs_interpreter
-from test_fused_sconv import _trace
+from test_fused_sconv import _count_row_launches, _long_prompts, _rows_rule_batch, _trace
 
 # Small tiles: several programs per batch, channel tiles narrower than a head.
 SMALL = SconvConfig(block_t=4, block_c=8, num_warps=1, scan=8)
@@ -80,8 +80,6 @@ def test_rows_kernel(kind: str) -> None:
     """``SconvConfig(rows=True)`` on the K+V launch: the row-register kernel once per
     stream, each reading its column slice of qkv: both outputs and the cache against
     the references, with prompts long enough for its register path."""
-    from test_fused_sconv import _long_prompts
-
     rng = random.Random(17)
     world = PagedWorld(dtype=torch.bfloat16, num_blocks=96, seed=17)
     items = _long_prompts(world, rng, "mixed") if kind == "mixed" else _trace(world, "decode", rng)
@@ -94,13 +92,7 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A mapped K+V launch of 1094 rows from 16 requests (a prompt, a chunk after a
     history, 14 decodes; K and V 2 heads x 128 each) takes the row-register kernel by
     default, once per stream: both outputs and the cache against the references."""
-    import inkling_kernels.sconv.kernel as K
-
-    monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
-    real, calls = K._launch_rows, []
-    monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
-    from test_fused_sconv import _rows_rule_batch
-
+    calls = _count_row_launches(monkeypatch)
     world = PagedWorld(num_heads=2, head_size=256, streams=((0, 128), (128, 128)), dtype=torch.bfloat16,
                        num_blocks=700, seed=7)
     world.run_kv(_rows_rule_batch(world, random.Random(7)), "triton_map")
