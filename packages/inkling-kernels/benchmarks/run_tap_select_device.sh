@@ -33,6 +33,11 @@
 #   s15      (next) exp_prefill.py: the experimental row kernel's load path as [8, SUB]
 #            channel chunks (rows2d) against row by row and the library, prefill and
 #            --threshold cases (decode-heavy, mixed with decodes first and last)
+#   s15b     (session 15) the library's row kernel with its load path as [8, 64] chunks:
+#            its GPU tests (rows, K+V, mapped hazard), exp_prefill.py next to the
+#            experimental rows2d and the one-load tile, then the --threshold cases
+#   s15c     (.peer carried) the sweep, then bench_layer (global and sliding), the peer in
+#            the same run
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -145,6 +150,25 @@ case "${1:-}" in
       > "$OUT/threshold.log" 2>&1
     grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -50
     ;;
+  s15b)
+    stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
+    timeout 170 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_ or (hazard and map)" \
+      > "$OUT/tests.log" 2>&1
+    tail -8 "$OUT/tests.log"
+    PREFILL_VARIANTS="floor,lib-one-load 16x128/4w,rows-wtile 8x256/2w/g1,rows2d 8x256/2w/s64"
+    prefill 130
+    stage "threshold cases"
+    timeout 170 python3 $B/exp_prefill.py --threshold --budget-s 150 --json "$OUT/threshold.json" \
+      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,rows2d 8x256/2w/s64" > "$OUT/threshold.log" 2>&1
+    grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -40
+    ;;
+  s15c)
+    sweep 230
+    stage "layer, peer"
+    timeout 290 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
+      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
+    tail -30 "$OUT/layer.log"
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     timeout 230 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_ or (hazard and map)" \
@@ -159,7 +183,7 @@ case "${1:-}" in
     tail -40 "$OUT/layer.log"
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|layer" >&2
     exit 2
     ;;
 esac

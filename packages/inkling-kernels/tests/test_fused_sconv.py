@@ -150,7 +150,8 @@ def test_one_load_tap(kind: str, dtype: torch.dtype) -> None:
 # The row-register kernel (SconvConfig.rows, rows_kernel.py) on tiles small enough that
 # the suite's batches hold tiles of both kinds: every tap a register row or absent (inside
 # a prompt) and tiles with cache or other-row taps (decodes, a chunk's first rows, spec).
-ROWS_CONFIGS = [(8, 4, 1), (4, 4, 1), (16, 4, 2), (8, 8, 2)]
+# (rows, channels, warps, channels per load-path chunk: several chunks per tile)
+ROWS_CONFIGS = [(8, 4, 1, 2), (4, 4, 1, 4), (16, 4, 2, 1), (8, 8, 2, 4)]
 
 
 def _long_prompts(world: PagedWorld, rng: random.Random, kind: str) -> list[tuple[int, int]]:
@@ -168,13 +169,16 @@ def _long_prompts(world: PagedWorld, rng: random.Random, kind: str) -> list[tupl
 @needs_interpreter
 @pytest.mark.parametrize("kind", ["prefill", "chunked", "mixed", "decode", "spec"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_rows_kernel(kind: str, dtype: torch.dtype) -> None:
+def test_rows_kernel(kind: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """``SconvConfig.rows``: the row-register kernel, on each stream whose channel
     count its tiles divide, against the reference and the cache oracle (every check of
-    the suite)."""
+    the suite); its load path in one chunk or several, its cache offsets int32 or int64."""
+    import inkling_kernels.sconv.kernel as K
     from inkling_kernels.sconv.kernel import SconvConfig
 
-    for i, (bt, bc, nw) in enumerate(ROWS_CONFIGS):
+    for i, (bt, bc, nw, sub) in enumerate(ROWS_CONFIGS):
+        monkeypatch.setattr(K, "ROWS_LOAD_PATH_CHANNELS", sub)
+        monkeypatch.setattr(K, "ROWS_OFFSET32_LIMIT", 2**31 if i % 2 else 0)  # int32 / int64 cache offsets
         seed = 300 + 11 * i + ["prefill", "chunked", "mixed", "decode", "spec"].index(kind)
         rng = random.Random(seed)
         world = PagedWorld(dtype=dtype, seed=seed, num_blocks=96)
@@ -237,7 +241,7 @@ def test_rows_kernel_unfit() -> None:
 
 
 def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``fused_sconv``'s mapped launches of >= 1024 rows and >= 64 rows per request (a
+    """``fused_sconv``'s mapped launches of >= 1024 rows and >= ROWS_TOKENS_PER_REQUEST rows a request (a
     known bound on the requests), over a multiple of 256 channels, take the row-register
     kernel (8 x 256, two warps; the K+V launch too); other mapped one-stream launches of
     ``T * C >= MAP_MIN_WORK`` take 16-row tiles with one load a tap; smaller and map-less
@@ -245,7 +249,7 @@ def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
     the two-load tiles, and no ``fused_sconv_add_rmsnorm`` tiling takes either.
     ``INKLING_KERNELS_SCONV_ROWS=0`` turns the row kernel off,
     ``INKLING_KERNELS_TAP_SELECT=0`` the one-load tiles."""
-    from inkling_kernels.sconv.kernel import MAP_MIN_WORK, SconvConfig, choose_config
+    from inkling_kernels.sconv.kernel import MAP_MIN_WORK, ROWS_TOKENS_PER_REQUEST, SconvConfig, choose_config
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
 
     shapes = [(8192, 8, 768, True), (256, 8, 768, True), (256, 1, 768, True), (8192, 8, 128, True),
@@ -271,7 +275,8 @@ def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
             assert not add.tap_select and (add.block_t, add.num_warps) == (cfg.block_t, cfg.num_warps)
             tiles = _one_load_or(cfg, t, h, w, one_load_on and mapped and t * h * w >= MAP_MIN_WORK)
             assert got == tiles  # no request bound: never the row kernel
-            few, many = max(1, t // 64), t // 64 + 1  # requests: 64 rows each, or fewer rows each
+            per = ROWS_TOKENS_PER_REQUEST
+            few, many = max(1, t // per), t // per + 1  # requests: enough rows each, or fewer
             if mapped and rows_on and t >= 1024 and h * w % 256 == 0:
                 counts["rows"] += 1
                 assert choose_config(t, h, w, mapped, num_requests=few) == row_cfg
@@ -329,7 +334,7 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
     calls = _count_row_launches(monkeypatch)
     assert K.choose_config(1094, 8, 128, True, num_requests=16).rows
-    assert not K.choose_config(1094, 8, 128, True, num_requests=18).rows
+    assert not K.choose_config(1094, 8, 128, True, num_requests=1094 // K.ROWS_TOKENS_PER_REQUEST + 1).rows
     world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=700, seed=6)
     world.run(_rows_rule_batch(world, random.Random(6)), 0, "triton_map")
     assert len(calls) == 1

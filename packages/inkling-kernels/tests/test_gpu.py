@@ -86,7 +86,7 @@ def _gpu_map(meta: list[torch.Tensor], block_size: int, kernel_size: int = 4) ->
 # the public op on a batch carrying the step's map.
 PATHS = ["no-map", "auto", "map"]
 # "rows": the step's map and the row-register kernel on choose_config's tile for it
-# (forced: by default only launches of >= 1024 rows and >= 64 rows a request take it).
+# (forced: by default only launches of >= 1024 rows and >= ROWS_TOKENS_PER_REQUEST rows a request take it).
 ROWS_CONFIG = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
 
 
@@ -168,6 +168,16 @@ def test_rows_kernel_vs_reference(shape: tuple, tile: tuple[int, int, int], case
         pytest.skip(f"{tile[1]}-channel tiles do not divide C={shape[1] * shape[4]}")
     cfg = SconvConfig(block_t=tile[0], block_c=tile[1], num_warps=tile[2], rows=True)
     _config_vs_reference(shape, cfg, case_seed("rows", shape[0], *tile) % 10_000)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_rows_kernel_int64_offsets(shape: tuple, case_seed: Callable[..., int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row-register kernel with int64 cache offsets (what a cache of 2^31 elements or
+    more takes; forced here by lowering the limit)."""
+    import inkling_kernels.sconv.kernel as sconv_kernel
+
+    monkeypatch.setattr(sconv_kernel, "ROWS_OFFSET32_LIMIT", 0)
+    _config_vs_reference(shape, ROWS_CONFIG, case_seed("rows64", shape[0]) % 10_000)
 
 
 def _replay_step(world: PagedWorld, rng: random.Random, st: dict[str, torch.Tensor], rows: int, reqs: int) -> Any:

@@ -20,11 +20,15 @@ from inkling_vllm import conv_state
 from inkling_vllm.model import InklingForCausalLM, UnsupportedCheckpoint, check_supported_config
 
 
-def fake_vllm_config(dtype: torch.dtype = torch.float32, max_tokens: int = 64, **model_config: Any) -> Any:
+def fake_vllm_config(dtype: torch.dtype = torch.float32, max_tokens: int = 64, num_spec: int | None = None,
+                     **model_config: Any) -> Any:
     return SimpleNamespace(
         model_config=SimpleNamespace(dtype=dtype, **model_config),
         compilation_config=SimpleNamespace(static_forward_context={}, cudagraph_capture_sizes=[]),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+        speculative_config=None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec,
+                                                                         parallel_drafting=False),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
     )
 
 
@@ -227,6 +231,17 @@ def test_builder_passes_positions_to_the_tap_map(block_size: int, monkeypatch: p
     cm.positions = positions[:5]
     with pytest.raises(ValueError, match="at least num_padded_tokens"):
         builder.build(0, cm)
+
+
+@pytest.mark.parametrize("num_spec", [None, 3])
+def test_builder_asks_for_decodes_first(num_spec: int | None) -> None:
+    """The conv group asks vLLM to put decode requests (1 token, or 1 + the draft tokens
+    of a verification) ahead of prompts in each step's batch."""
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=2, head_size=256, head_size_v=0, dtype=torch.float32,
+                             sliding_window=4)
+    builder = conv_state.InklingSconvMetadataBuilder(spec, ["x"], fake_vllm_config(num_spec=num_spec),
+                                                     torch.device("cpu"))
+    assert builder.reorder_batch_threshold == 1 + (num_spec or 0)
 
 
 def test_builder_refuses_other_specs() -> None:

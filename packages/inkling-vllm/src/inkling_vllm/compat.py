@@ -112,6 +112,12 @@ REQUIRED_API: tuple[ApiItem, ...] = (
     ),
     ApiItem(
         "vllm.v1.attention.backend",
+        "AttentionMetadataBuilder",
+        params=("self", "reorder_batch_threshold", "supports_spec_as_decode"),
+        method="_init_reorder_batch_threshold",
+    ),
+    ApiItem(
+        "vllm.v1.attention.backend",
         "CommonAttentionMetadata",
         fields=(
             "query_start_loc",

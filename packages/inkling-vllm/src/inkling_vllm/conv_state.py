@@ -90,6 +90,15 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # Decode requests first: vLLM then puts the requests of at most 1 + (draft
+        # tokens) scheduled tokens ahead of the others in each step's batch (the least
+        # threshold over the KV-cache groups wins). No result depends on the order (the
+        # tap map resolves each row's taps wherever it sits), but the conv launches of a
+        # mixed batch are faster with it: the row-register kernel's tiles with decode
+        # rows take its slower load path, and started first they overlap the prompt's
+        # tiles instead of forming the launch's tail (H200, 2048-token prompt + 255
+        # decodes, ATTN: 30.4 µs prompt first, 29.1 decodes first).
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         if not isinstance(kv_cache_spec, SlidingWindowSpec):
             raise TypeError(
                 f"the {BACKEND_NAME} backend serves SlidingWindowSpec groups, got "

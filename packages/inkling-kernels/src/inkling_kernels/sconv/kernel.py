@@ -59,7 +59,7 @@ from .._triton_common import (
 )
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
-from .rows_kernel import _rows_sconv_kernel, rows_unfit, rows_weight_tile
+from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_unfit, rows_weight_tile
 
 __all__ = [
     "MAP_MIN_WORK", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig", "choose_config",
@@ -402,20 +402,18 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     a tap map), so tiles never straddle heads and no lanes idle.
 
     With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (1024) rows and
-    at least ``ROWS_TOKENS_PER_REQUEST`` (64) rows per request (``num_requests``: at most
+    at least ``ROWS_TOKENS_PER_REQUEST`` (8) rows per request (``num_requests``: at most
     this many requests; ``None``, unknown: never), over a multiple of 256 channels, takes
     the row-register kernel (``rows``: 8 rows x 256 channels, two warps, a launch per
     stream; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap from memory; its
-    tiles with decode rows or a chunk's first rows wait a round trip per row, so it needs
-    few of those: with 8-row tiles, at most 1/8 of them at 64 rows a request. On the H200
-    (benchmarks/RESULTS_prefill_exp.md, session 14), against the one-load tile: prefill
-    8192 ATTN 1.23x (85.0 µs, 0.83 of copy), prefill 8192 K 1.15x, 16k sliding K 1.14x,
-    prefill 1024 ATTN 1.22x, prefill 2048 K 1.27x, prefill 8192 at the TP 8 ATTN shard
-    1.18x, the K+V launch on prefill 8192 1.28x (1.82x sliding); but 0.73-0.80x on 1024
-    decodes, 2048 decodes, 256 x 4 speculative rows and 512 + 512 decodes, 0.96x on 1024
-    + 255 decodes (all kept on the tiles by the per-request rule; 2048 + 255 decodes,
-    1.04x, is kept there too). ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps
-    the tiles everywhere.
+    tiles with decode rows or a chunk's first rows take a load path of four round trips
+    (64-channel chunks), so it wins while those tiles are a minority. On the H200
+    (benchmarks/RESULTS_prefill_exp.md, session 15), against the one-load tile: faster
+    on every prompt-dominated launch (prefill 8192 ATTN, 16k sliding K, prefill 1024 ATTN,
+    prefill 2048 K, the TP 8 ATTN shard) and on mixed batches of 2048 + 255 and 1024 +
+    255 decodes (9 and 5 rows a request); slower on 1024 decodes, 256 x 4 speculative
+    rows and 512 + 512 decodes (1, 4 and 2 rows a request), which the rule keeps on the
+    tiles. ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
 
     Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
@@ -488,7 +486,12 @@ MAP_MIN_WORK = 2**20
 #: Mapped launches of at least this many rows, and this many rows per request, take the
 #: row-register kernel by default (choose_config).
 ROWS_MIN_TOKENS = 1024
-ROWS_TOKENS_PER_REQUEST = 64
+ROWS_TOKENS_PER_REQUEST = 8
+#: Channels per chunk of the row-register kernel's load path (rows_kernel._load_path).
+ROWS_LOAD_PATH_CHANNELS = 64
+#: The row-register kernel computes cache offsets in int32 when every element of the
+#: cache lies below this offset (8 registers fewer for sm_90), else in int64.
+ROWS_OFFSET32_LIMIT = 2**31
 
 
 def auto_tap_map(batch: SconvBatch, prob: SconvProblem, device: torch.device, auto_map: bool = True) -> torch.Tensor | None:
@@ -612,7 +615,8 @@ def _launch_rows(stream: ConvStream, cache: torch.Tensor, batch: SconvBatch, pro
         C=prob.channels, SX=stream.x.stride(0), WS=stream_width, N=batch.block_size, W=prob.kernel_size,
         ROWS=cfg.block_t, BLOCK_C=cfg.block_c, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
         SILU=activation == "silu", RESIDUAL=residual,
-        WTILE=rows_weight_tile(stream.weight2d),
+        WTILE=rows_weight_tile(stream.weight2d), SUB=min(ROWS_LOAD_PATH_CHANNELS, cfg.block_c),
+        OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
         num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )

@@ -15,14 +15,21 @@ and the ``W - 1`` rows before them, as separate ``[BLOCK_C]`` register vectors (
 tap is x row ``t - dist``" (a register vector), and a count of taps that are neither
 that nor absent. When the count is 0 (a tile inside a prompt: prefill, chunked prefill)
 the taps are register vectors or zero, and the program issues no load after its first
-ones. Otherwise (decode rows, a chunk's first rows, same-step writers) each row's taps
-are the register vector where the map names row ``t - dist``, else one masked load from
-the x row or the cache slot the map names. Both paths give the same value for every
-row (fp32 accumulation in the same order as the tile kernel; the cache bit for bit).
-Both read ``xs`` and the weight vectors: that keeps every first load ahead of the
-branch. When only one path used the weights, the compiler moved their loads into it,
-behind the map's reduction: a second round trip per program (prefill 8192 ATTN on the
-H200: 102.9 µs, against 96.0 with both paths reading them).
+ones. Otherwise (decode rows, a chunk's first rows, same-step writers) the tile takes
+the load path (:func:`_load_path`): ``[ROWS, SUB]`` channel chunks whose taps are one
+masked load each from the x row or cache slot the map names, loaded before the chunk's
+stores, so the tile waits a round trip per chunk (4 at 256 channels) rather than per
+row. Both paths give the same value for every row (fp32 accumulation in the same order
+as the tile kernel; the cache bit for bit).
+
+The kernel is bound by registers (occupancy), so the load path matters even to
+prompt-only launches: the register need is the larger of the two branches. Row by row
+(session 13/14: each row's fix-up loads before its stores, the register rows reused)
+it took 87 registers for sm_90; as 64-channel chunks (which do not read the register
+rows) 72, and on the H200 prefill 8192 ATTN went from 85.0 to 81.0 µs (0.88 of copy),
+the mixed 2048 + 255-decode batch from 33.7 to 31.6 µs and a launch of 1024 decodes
+from 33.2 to 27.3 (benchmarks/RESULTS_prefill_exp.md, session 15). 32-channel chunks
+(more round trips) and 128-channel chunks (95 registers) were slower on most cases.
 
 The weights (``[C, W]``, each channel's taps contiguous: the model's layout) are read
 as one ``[BLOCK_C, 4]`` tile and split into their columns in registers (``WTILE``,
@@ -30,11 +37,12 @@ as one ``[BLOCK_C, 4]`` tile and split into their columns in registers (``WTILE`
 loads a thread and 114 registers for sm_90 instead of 86; with the tile, prefill 8192
 ATTN on the H200 went from 95.8 to 85.0 µs (0.83 of copy) and 16k sliding K from 78.8
 to 61.4 (benchmarks/RESULTS_prefill_exp.md, session 14). The kernel is sensitive to
-registers: a cap of 80 (Triton's ``maxnreg``; spills) made it 1.44x slower, loading the
-next row's map codes early (+16 registers) 1.11x slower.
+registers: a cap of 80 on the row-by-row version (Triton's ``maxnreg``; spills) made it
+1.44x slower, loading the next row's map codes early (+16 registers) 1.11x slower.
 
 x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
-cache offsets are int64. ``C`` and the x row stride are compile-time constants (one
+cache offsets are int32 when every element of the cache lies below offset 2^31
+(``OFF64`` off: 72 registers for sm_90, against 80 with int64 offsets), else int64. ``C`` and the x row stride are compile-time constants (one
 compile per layer shape). The host guarantees ``C % BLOCK_C == 0`` (no channel mask)
 and ``ROWS * (W - 1) <= 64`` (the bit mask).
 """
@@ -65,41 +73,73 @@ def weight_columns4(w_ptr, chan, stride_wc, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _fix_tap(x_ptr, cache_ptr, map_ptr, t, live, k: tl.constexpr, chan, ccol, num_slots, stride_cb, stride_cn,
-             SX: tl.constexpr, N: tl.constexpr, W: tl.constexpr):
-    """Row ``t``'s tap at distance ``k + 1`` on the load path: (is it x row ``t - k - 1``,
-    held in registers; else its value from one masked load at the x row or cache slot
-    the map names, 0 where there is none). The code is loaded again (an L1 hit)."""
-    code = tl.load(map_ptr + t.to(tl.int64) * (W - 1) + k, mask=live, other=-1)
-    xrow, cslot = decode_tap_codes(code, num_slots)
-    from_x = xrow >= 0
-    reg = from_x & (xrow == t - (k + 1))
-    from_cache = cslot >= 0
-    xr = tl.where(from_x, xrow, 0).to(tl.int32)
-    cs = tl.where(from_cache, cslot, 0)
-    src = tl.where(from_x, x_ptr + (xr * SX + chan), cache_ptr + ((cs // N) * stride_cb + (cs % N) * stride_cn + ccol))
-    return reg, tl.load(src, mask=(from_x & ~reg) | from_cache, other=0.0)
+def _load_path(
+    x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, t0, num_tokens, num_slots, pid_c,
+    stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+    C: tl.constexpr, SX: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr, SUB: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, OFF64: tl.constexpr,
+):
+    """A tile with taps outside its register rows (decode rows, a chunk's first rows,
+    same-step writers), as ``[ROWS, SUB]`` channel chunks: each row's taps resolved once
+    from the map (a ``[ROWS]`` code vector per distance), then per chunk its x tile, every
+    distance's taps (one masked load each, from the x row or the cache slot the map
+    names, 0 where there is none) and its weights, all loaded before the chunk's stores.
+    A chunk's loads wait for the chunk before it: one round trip a chunk, not a row.
+    The program's register rows are not read here, so their registers are free for the
+    chunk tiles. Same fp32 accumulation order as :func:`_conv_row`."""
+    t = t0 + tl.arange(0, ROWS)
+    live = t < num_tokens
+    slot = tl.load(slot_ptr + t, mask=live, other=-1)
+    ok = live & (slot >= 0) & (slot < num_slots)
+    ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
+    dst = (ws // N) * stride_cb + (ws % N) * stride_cn
+    xrows = ()
+    from_xs = ()
+    cdsts = ()
+    takes = ()
+    for k in tl.static_range(W - 1):  # distance k + 1
+        code = tl.load(map_ptr + t.to(tl.int64) * (W - 1) + k, mask=live, other=-1)
+        xrow, cslot = decode_tap_codes(code, num_slots)
+        cs = tl.where(cslot >= 0, cslot, 0).to(tl.int64 if OFF64 else tl.int32)
+        xrows = xrows + (tl.where(xrow >= 0, xrow, 0).to(tl.int32),)
+        from_xs = from_xs + (xrow >= 0,)
+        cdsts = cdsts + ((cs // N) * stride_cb + (cs % N) * stride_cn,)
+        takes = takes + ((xrow >= 0) | (cslot >= 0),)
+    for cc in tl.static_range(BLOCK_C // SUB):
+        ch = pid_c * BLOCK_C + cc * SUB + tl.arange(0, SUB)
+        ccol = (ch // WS) * stride_ch + stream_offset + ch % WS
+        xt = tl.load(x_ptr + (t[:, None] * SX + ch[None, :]), mask=live[:, None], other=0.0)
+        taps = ()
+        for k in tl.static_range(W - 1):
+            src = tl.where(from_xs[k][:, None], x_ptr + (xrows[k][:, None] * SX + ch[None, :]),
+                           cache_ptr + (cdsts[k][:, None] + ccol[None, :]))
+            taps = taps + (tl.load(src, mask=takes[k][:, None], other=0.0),)
+        tl.store(cache_ptr + (dst[:, None] + ccol[None, :]), xt, mask=ok[:, None])
+        xf = xt.to(tl.float32)
+        acc = tl.load(w_ptr + ch * stride_wc + (W - 1) * stride_wk).to(tl.float32)[None, :] * xf
+        for k in tl.static_range(W - 1):
+            acc += tl.load(w_ptr + ch * stride_wc + (W - 2 - k) * stride_wk).to(tl.float32)[None, :] * taps[k].to(tl.float32)
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        if RESIDUAL:
+            acc += xf
+        tl.store(out_ptr + (t[:, None] * C + ch[None, :]), acc.to(out_ptr.dtype.element_ty), mask=live[:, None])
 
 
 @triton.jit
 def _conv_row(
-    cache_ptr, out_ptr, xs, wts, dst, ok, regbits, regs, fixes, t, live, chan, ccol,
-    i: tl.constexpr, C: tl.constexpr, W: tl.constexpr, LOADS: tl.constexpr, SILU: tl.constexpr,
-    RESIDUAL: tl.constexpr,
+    cache_ptr, out_ptr, xs, wts, dst, ok, regbits, t, live, chan, ccol,
+    i: tl.constexpr, C: tl.constexpr, W: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
-    """Row ``t`` (the tile's row ``i``): its slot store (at cache offset ``dst`` where
-    ``ok``), its conv, its out. The tap at distance d is the register vector of row
-    ``t - d`` where the map says so (``regbits``; with ``LOADS``, ``regs[d - 1]``), else
-    0 (else ``fixes[d - 1]``)."""
+    """Row ``t`` (the tile's row ``i``, inside a prompt): its slot store (at cache offset
+    ``dst`` where ``ok``), its conv, its out. The tap at distance d is the register
+    vector of row ``t - d`` where the map says so (``regbits``), else 0."""
     xi = xs[i + W - 1]
     tl.store(cache_ptr + (dst + ccol), xi, mask=ok)
     xf = xi.to(tl.float32)
     acc = wts[W - 1] * xf
     for k in tl.static_range(W - 1):  # distance k + 1: x row t - k - 1 is xs[i + W - 2 - k]
-        if LOADS:
-            tap = tl.where(regs[k], xs[i + W - 2 - k], fixes[k])
-        else:
-            tap = tl.where(((regbits >> (i * (W - 1) + k)) & 1) != 0, xs[i + W - 2 - k], 0.0)
+        tap = tl.where(((regbits >> (i * (W - 1) + k)) & 1) != 0, xs[i + W - 2 - k], 0.0)
         acc += wts[W - 2 - k] * tap.to(tl.float32)
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
@@ -135,6 +175,8 @@ def _rows_sconv_kernel(
     SILU: tl.constexpr,
     RESIDUAL: tl.constexpr,
     WTILE: tl.constexpr,
+    SUB: tl.constexpr,
+    OFF64: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
@@ -150,13 +192,13 @@ def _rows_sconv_kernel(
     for j in tl.static_range(ROWS + W - 1):
         xs = xs + (tl.load(x_ptr + ((t0 - (W - 1) + j) * SX + chan),
                            mask=(t0 - (W - 1) + j >= 0) & (t0 - (W - 1) + j < num_tokens), other=0.0),)
-    # Each row's slot: its cache offset (int64) and whether it is written.
+    # Each row's slot: its cache offset and whether it is written.
     dsts = ()
     oks = ()
     for i in tl.static_range(ROWS):
         slot = tl.load(slot_ptr + t0 + i, mask=t0 + i < num_tokens, other=-1)
         ok = (t0 + i < num_tokens) & (slot >= 0) & (slot < num_slots)
-        ws = tl.where(ok, slot, 0).to(tl.int64)
+        ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
         dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
         oks = oks + (ok,)
     # The tile's map codes, (row, tap) row-major, as one vector: a bit per pair whose tap
@@ -177,24 +219,12 @@ def _rows_sconv_kernel(
             wts = wts + (tl.load(w_ptr + chan * stride_wc + k * stride_wk).to(tl.float32),)
     if other_taps == 0:
         for i in tl.static_range(ROWS):
-            _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, (), (), t0 + i, t0 + i < num_tokens,
-                      chan, ccol, i, C, W, False, SILU, RESIDUAL)
+            _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, t0 + i, t0 + i < num_tokens,
+                      chan, ccol, i, C, W, SILU, RESIDUAL)
     else:
-        # Row by row, each row's W - 1 taps: a register vector or one masked load. The
-        # loads of a row wait for the stores of the row before it (one round trip a
-        # row); a tile of decodes pays that, which is why choose_config keeps batches
-        # of fewer than 64 rows a request on the one-load tiles. (Taking the fix-up
-        # loads of 2 or 4 rows at once cost registers and was slower on the H200.)
-        for i in tl.static_range(ROWS):
-            regs = ()
-            fixes = ()
-            for k in tl.static_range(W - 1):
-                reg, fix = _fix_tap(x_ptr, cache_ptr, map_ptr, t0 + i, t0 + i < num_tokens, k, chan, ccol, num_slots,
-                                    stride_cb, stride_cn, SX, N, W)
-                regs = regs + (reg,)
-                fixes = fixes + (fix,)
-            _conv_row(cache_ptr, out_ptr, xs, wts, dsts[i], oks[i], regbits, regs, fixes, t0 + i, t0 + i < num_tokens,
-                      chan, ccol, i, C, W, True, SILU, RESIDUAL)
+        _load_path(x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, t0, num_tokens, num_slots, pid_c,
+                   stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
+                   C, SX, WS, N, W, ROWS, BLOCK_C, SUB, SILU, RESIDUAL, OFF64)
 
 
 def rows_weight_tile(weight2d: torch.Tensor) -> bool:
@@ -217,3 +247,8 @@ def rows_unfit(num_tokens: int, channels: int, row_stride: int, kernel_size: int
     if triton.cdiv(num_tokens, block_t) > 65535:
         return "more than 65535 row tiles"
     return None
+
+
+def cache_max_offset(cache: torch.Tensor) -> int:
+    """The largest element offset inside ``cache`` (its strides may leave gaps)."""
+    return sum((size - 1) * stride for size, stride in zip(cache.shape, cache.stride()))
