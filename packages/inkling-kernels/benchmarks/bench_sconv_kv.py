@@ -10,8 +10,9 @@ L2), with the step's tap map (the model path on CUDA) and without one:
 - ``two + copies``: ``fused_sconv(k.contiguous(), ...)``, the same for v (the old path);
 - ``two``: the two launches on already-contiguous k and v (launch cost alone);
 - with ``--rows``, mapped only, where the channels are a multiple of 256: ``kv rows``,
-  ``fused_sconv_kv`` with ``SconvConfig(rows=True)`` (the row-register kernel, one launch
-  per stream; not a default), checked against ``two + copies`` before it is timed.
+  ``fused_sconv_kv`` with ``SconvConfig(rows=True)`` forced (the row-register kernel, K
+  and V in one launch; the default of prefill-sized mapped launches, where ``kv`` is the
+  same launch), checked against ``two + copies`` before it is timed.
 
 Shapes (KV heads of 128 per rank, q = 64 query heads of 128 per model): global layers
 8 KV heads (D 2048), sliding 16 (D 1024), at TP1 and TP8.

@@ -36,8 +36,8 @@
 #   s15b     (session 15) the library's row kernel with its load path as [8, 64] chunks:
 #            its GPU tests (rows, K+V, mapped hazard), exp_prefill.py next to the
 #            experimental rows2d and the one-load tile, then the --threshold cases
-#   s15c     (.peer carried) the sweep, then bench_layer (global and sliding), the peer in
-#            the same run
+#   s15c     (.peer carried) the row kernel's and K+V GPU tests, bench_sconv_kv.py --rows
+#            (K and V in one row-kernel launch against two), then the sweep; `layer` after
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -163,11 +163,14 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -40
     ;;
   s15c)
+    stage "GPU tests: the row kernel (int64 offsets too), the K+V launches"
+    timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_" \
+      > "$OUT/tests.log" 2>&1
+    tail -4 "$OUT/tests.log"
+    stage "fused_sconv_kv, the row kernel"
+    timeout 130 python3 $B/bench_sconv_kv.py --rows --json "$OUT/kv.json" --md "$OUT/kv.md" > "$OUT/kv.log" 2>&1
+    tail -32 "$OUT/kv.md"
     sweep 230
-    stage "layer, peer"
-    timeout 290 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
-      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
-    tail -30 "$OUT/layer.log"
     ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"

@@ -336,11 +336,13 @@ class PagedWorld:
         config: object = None,
         activation: str | None = None,
         residual: bool = True,
+        v_copy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One fused_sconv_kv call for the streams (K, V), with every check of
         :meth:`run` for both, against two fused_sconv reference calls. k and v are
         column slices of one qkv tensor ``[T, q_cols + 2C]`` (no copy; ``q_cols=0``
-        and K, V swapped in ``streams`` give other layouts)."""
+        and K, V swapped in ``streams`` give other layouts); ``v_copy``: v is a
+        contiguous copy (another row stride)."""
         from inkling_kernels import fused_sconv_kv
         from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
 
@@ -351,6 +353,8 @@ class PagedWorld:
         qkv = torch.cat([self.randn(rows, q_cols).to(self.dtype), batch.x[sk], batch.x[sv]], dim=1)
         k, v = qkv[:, q_cols : q_cols + channels], qkv[:, q_cols + channels :]
         assert rows < 2 or k.stride() == (qkv.shape[1], 1)  # a slice of qkv, not a copy
+        if v_copy:
+            v = v.contiguous()
         sb = batch.sconv()
         before = self.storage.clone()
         ref_storage, ref_cache = self._ref_cache()

@@ -341,13 +341,20 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _count_row_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """The row kernel on by default, and a list that records each of its launches."""
+    """The row kernel on by default, and a list that records each of its launches' grid."""
     import inkling_kernels.sconv.kernel as K
 
     monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
-    real, calls = K._launch_rows, []
-    monkeypatch.setattr(K, "_launch_rows", lambda *a: calls.append(a) or real(*a))
-    return calls
+    grids: list[tuple] = []
+
+    class Counting:
+        def __getitem__(self, grid: tuple) -> object:
+            grids.append(grid)
+            return real[grid]
+
+    real = K._rows_sconv_kernel
+    monkeypatch.setattr(K, "_rows_sconv_kernel", Counting())
+    return grids
 
 
 def _rows_rule_batch(world: PagedWorld, rng: random.Random) -> Batch:

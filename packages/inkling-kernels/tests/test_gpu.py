@@ -414,7 +414,7 @@ def test_kv_inkling_shapes_vs_reference(shape: tuple, dtype: torch.dtype, path: 
 @pytest.mark.parametrize("mapped", [False, True, "rows"], ids=["no-map", "map", "rows"])
 def test_kv_cuda_graph_replay_with_changing_metadata(mapped: bool | str) -> None:
     """One captured K+V launch (with the map build when ``mapped``; "rows": the
-    row-register kernel, a launch per stream, after it) on static buffers, k and v
+    row-register kernel, one launch for both streams, after it) on static buffers, k and v
     slices of a static qkv buffer; replayed over different batches."""
     from inkling_kernels import fused_sconv_kv
     from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton

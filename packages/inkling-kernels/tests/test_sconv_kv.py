@@ -91,12 +91,16 @@ def test_rows_kernel(kind: str) -> None:
 def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A mapped K+V launch of 1094 rows from 16 requests (a prompt, a chunk after a
     history, 14 decodes; K and V 2 heads x 128 each) takes the row-register kernel by
-    default, once per stream: both outputs and the cache against the references."""
-    calls = _count_row_launches(monkeypatch)
-    world = PagedWorld(num_heads=2, head_size=256, streams=((0, 128), (128, 128)), dtype=torch.bfloat16,
-                       num_blocks=700, seed=7)
-    world.run_kv(_rows_rule_batch(world, random.Random(7)), "triton_map")
-    assert len(calls) == 2
+    default, one launch for both streams (column slices of one qkv tensor); with V in
+    its own tensor (another row stride), a launch per stream. Both outputs and the cache
+    against the references."""
+    grids = _count_row_launches(monkeypatch)
+    for v_copy, launches in ((False, [2]), (True, [1, 1])):
+        world = PagedWorld(num_heads=2, head_size=256, streams=((0, 128), (128, 128)), dtype=torch.bfloat16,
+                           num_blocks=700, seed=7)
+        world.run_kv(_rows_rule_batch(world, random.Random(7)), "triton_map", v_copy=v_copy)
+        assert [g[2] for g in grids] == launches
+        grids.clear()
 
 
 @needs_interpreter

@@ -33,9 +33,9 @@ result equals "insert the whole batch, then convolve" (the reference's semantics
 any alignment of the hit.
 
 Prefill-sized mapped launches (``choose_config``: at least ``ROWS_MIN_TOKENS`` rows and
-``ROWS_TOKENS_PER_REQUEST`` rows per request) run another kernel, :mod:`.rows_kernel`,
-once per stream, whose programs keep their rows in registers and, inside a prompt, read
-no tap from memory.
+``ROWS_TOKENS_PER_REQUEST`` rows per request) run another kernel, :mod:`.rows_kernel`
+(one launch for one stream or for K and V), whose programs keep their rows in registers
+and, inside a prompt, read no tap from memory.
 
 Which path runs (measured on an H200, benchmarks/RESHAPE_ISSUE9.md): without a map,
 the in-kernel prologue (block table + hazard search) costs more than building a map
@@ -383,7 +383,7 @@ class SconvConfig:
     # default of fused_sconv's mapped launches of T x C >= MAP_MIN_WORK (choose_config)
     tap_select: bool = False
     # mapped launches: the row-register kernel (rows_kernel.py; block_t rows as register
-    # vectors, no tap reloads inside a prompt; one launch per stream). The default of
+    # vectors, no tap reloads inside a prompt; K and V in one launch). The default of
     # fused_sconv's and fused_sconv_kv's mapped launches of >= ROWS_MIN_TOKENS rows and
     # >= ROWS_TOKENS_PER_REQUEST rows a request (choose_config)
     rows: bool = False
@@ -404,8 +404,8 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (1024) rows and
     at least ``ROWS_TOKENS_PER_REQUEST`` (8) rows per request (``num_requests``: at most
     this many requests; ``None``, unknown: never), over a multiple of 256 channels, takes
-    the row-register kernel (``rows``: 8 rows x 256 channels, two warps, a launch per
-    stream; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap from memory; its
+    the row-register kernel (``rows``: 8 rows x 256 channels, two warps, one launch for
+    one stream or for K and V; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap from memory; its
     tiles with decode rows or a chunk's first rows take a load path of four round trips
     (64-channel chunks), so it wins while those tiles are a minority. On the H200
     (benchmarks/RESULTS_prefill_exp.md, session 15), against the one-load tile: faster
@@ -548,10 +548,10 @@ def launch_conv_streams(
             why = why or rows_unfit(prob.num_tokens, prob.channels, st.x.stride(0), prob.kernel_size, cfg.block_t,
                                     cfg.block_c)
         if why is None:
-            # (two streams, K and V: a launch each; they write and read other columns
-            # of the slots, and the map already names every same-step writer's row)
-            for st in streams:
-                _launch_rows(st, cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
+            # (two streams, K and V, write and read other columns of the slots, and the
+            # map already names every same-step writer's row: their programs need no
+            # order between them)
+            _launch_rows(streams, cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
             return
         if config is not None:
             raise ValueError(f"SconvConfig(rows=True) cannot take this launch: {why}; use rows=False")
@@ -603,20 +603,32 @@ def launch_conv_streams(
     )
 
 
-def _launch_rows(stream: ConvStream, cache: torch.Tensor, batch: SconvBatch, prob: SconvProblem, stream_width: int,
-                 activation: str | None, residual: bool, cfg: SconvConfig, tap_map: torch.Tensor) -> None:
-    """The row-register kernel on a launch that :func:`.rows_kernel.rows_unfit` passed."""
-    grid = (prob.channels // cfg.block_c, triton.cdiv(prob.num_tokens, cfg.block_t))
+def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: SconvBatch, prob: SconvProblem,
+                 stream_width: int, activation: str | None, residual: bool, cfg: SconvConfig,
+                 tap_map: torch.Tensor) -> None:
+    """The row-register kernel on a launch that :func:`.rows_kernel.rows_unfit` passed:
+    one launch for one stream, or for two (K and V) whose rows share a stride and whose
+    weights share a layout (the grid's third axis picks the stream), else a launch each."""
+    if len(streams) == 2 and (streams[0].x.stride(0) != streams[1].x.stride(0)
+                              or rows_weight_tile(streams[0].weight2d) != rows_weight_tile(streams[1].weight2d)
+                              or streams[0].weight2d.stride() != streams[1].weight2d.stride()):
+        for st in streams:
+            _launch_rows((st,), cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
+        return
+    first, second = streams[0], streams[-1]
+    grid = (prob.channels // cfg.block_c, triton.cdiv(prob.num_tokens, cfg.block_t), len(streams))
     _rows_sconv_kernel[grid](
-        stream.x, stream.weight2d, cache, stream.out, batch.slot_mapping, tap_map,
+        first.x, first.weight2d, cache, first.out, batch.slot_mapping, tap_map,
         prob.num_tokens, prob.num_slots,
-        stream.weight2d.stride(0), stream.weight2d.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2), stream.offset,
-        C=prob.channels, SX=stream.x.stride(0), WS=stream_width, N=batch.block_size, W=prob.kernel_size,
+        first.weight2d.stride(0), first.weight2d.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2), first.offset,
+        C=prob.channels, SX=first.x.stride(0), WS=stream_width, N=batch.block_size, W=prob.kernel_size,
         ROWS=cfg.block_t, BLOCK_C=cfg.block_c, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
         SILU=activation == "silu", RESIDUAL=residual,
-        WTILE=rows_weight_tile(stream.weight2d), SUB=min(ROWS_LOAD_PATH_CHANNELS, cfg.block_c),
+        WTILE=rows_weight_tile(first.weight2d), SUB=min(ROWS_LOAD_PATH_CHANNELS, cfg.block_c),
         OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
+        x2_ptr=second.x, w2_ptr=second.weight2d, out2_ptr=second.out, stream_offset2=second.offset,
+        STREAMS=len(streams),
         num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )

@@ -1,5 +1,7 @@
-"""The row-register kernel of ``fused_sconv``: large mapped launches of one stream
-(``SconvConfig.rows``; the default for prefill-sized batches, ``choose_config``).
+"""The row-register kernel of ``fused_sconv`` and ``fused_sconv_kv``: large mapped
+launches of one stream, or of K and V in one launch (``STREAMS=2``: the grid's third
+axis picks the stream's x, weights, out and cache column) (``SconvConfig.rows``; the
+default for prefill-sized batches, ``choose_config``).
 
 Why a second kernel. A tile kernel (:mod:`.kernel`) loads its ``[BLOCK_T, BLOCK_C]`` x
 tile, stores it into the rows' slots, then loads each tap: rows ``t - 1 .. t - 3``
@@ -177,11 +179,22 @@ def _rows_sconv_kernel(
     WTILE: tl.constexpr,
     SUB: tl.constexpr,
     OFF64: tl.constexpr,
+    x2_ptr,  # the second stream (STREAMS == 2): its x, weights, out and cache column
+    w2_ptr,
+    out2_ptr,
+    stream_offset2,
+    STREAMS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    if STREAMS == 2:  # (K and V: the grid's third axis picks the stream)
+        if tl.program_id(2) == 1:
+            x_ptr = x2_ptr
+            w_ptr = w2_ptr
+            out_ptr = out2_ptr
+            stream_offset = stream_offset2
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
