@@ -74,6 +74,9 @@ def cases() -> list[Case]:
         Case("prefill 8192, K", K_GLOBAL, [(0, 8192)], 32.6),
         Case("prefill 16384, K (sliding)", K_SLIDING, [(0, 16384)], 122.0),
         Case("mixed 2048 + 255 decodes, ATTN", ATTN_GLOBAL, [(0, 2048)] + [(_hist(i), 1) for i in range(255)], 54.6),
+        # the same batch in the order vLLM gives it to the plugin (decode requests first:
+        # inkling_vllm's conv group asks for that)
+        Case("mixed 255 decodes + 2048, ATTN", ATTN_GLOBAL, [(_hist(i), 1) for i in range(255)] + [(0, 2048)], 54.6),
     ]
 
 

@@ -38,6 +38,8 @@
 #            experimental rows2d and the one-load tile, then the --threshold cases
 #   s15c     (.peer carried) the row kernel's and K+V GPU tests, bench_sconv_kv.py --rows
 #            (K and V in one row-kernel launch against two), then the sweep; `layer` after
+#   s15d     (.peer carried) the sweep (with the mixed batch in vLLM's order too), then
+#            bench_layer on global and sliding layers, the peer in the same run
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -172,6 +174,13 @@ case "${1:-}" in
     tail -32 "$OUT/kv.md"
     sweep 230
     ;;
+  s15d)
+    sweep 150
+    stage "layer, peer"
+    timeout 330 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
+      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
+    tail -30 "$OUT/layer.log"
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     timeout 230 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_ or (hazard and map)" \
@@ -186,7 +195,7 @@ case "${1:-}" in
     tail -40 "$OUT/layer.log"
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|layer" >&2
     exit 2
     ;;
 esac
