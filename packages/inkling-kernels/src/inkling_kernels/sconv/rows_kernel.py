@@ -26,12 +26,13 @@ as the tile kernel; the cache bit for bit).
 
 The kernel is bound by registers (occupancy), so the load path matters even to
 prompt-only launches: the register need is the larger of the two branches. Row by row
-(session 13/14: each row's fix-up loads before its stores, the register rows reused)
+(sessions 13-14: each row's fix-up loads before its stores, the register rows reused)
 it took 87 registers for sm_90; as 64-channel chunks (which do not read the register
-rows) 72, and on the H200 prefill 8192 ATTN went from 85.0 to 81.0 µs (0.88 of copy),
-the mixed 2048 + 255-decode batch from 33.7 to 31.6 µs and a launch of 1024 decodes
-from 33.2 to 27.3 (benchmarks/RESULTS_prefill_exp.md, session 15). 32-channel chunks
-(more round trips) and 128-channel chunks (95 registers) were slower on most cases.
+rows) 72. On the H200 (benchmarks/RESULTS_prefill_exp.md, session 15 calls 1 and 2; µs,
+row by row -> chunks): prefill 8192 ATTN 88.3 -> 80.1 (0.88 of copy, the store-only floor),
+16k sliding K 58.1 -> 54.8, the mixed 2048-token prompt + 255 decodes 34.3 -> 30.4,
+1024 decodes 32.3 -> 25.9 (the one-load tile: 23.1). 32-channel chunks (more round
+trips) and 128-channel chunks (95 registers) were slower on most cases.
 
 The weights (``[C, W]``, each channel's taps contiguous: the model's layout) are read
 as one ``[BLOCK_C, 4]`` tile and split into their columns in registers (``WTILE``,
@@ -44,9 +45,10 @@ registers: a cap of 80 on the row-by-row version (Triton's ``maxnreg``; spills) 
 
 x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
 cache offsets are int32 when every element of the cache lies below offset 2^31
-(``OFF64`` off: 72 registers for sm_90, against 80 with int64 offsets), else int64. ``C`` and the x row stride are compile-time constants (one
-compile per layer shape). The host guarantees ``C % BLOCK_C == 0`` (no channel mask)
-and ``ROWS * (W - 1) <= 64`` (the bit mask).
+(``OFF64`` off: 72 registers for sm_90, against 80 with int64 offsets), else int64.
+``C`` and the x row stride are compile-time constants (one compile per layer shape).
+The host guarantees ``C % BLOCK_C == 0`` (no channel mask) and ``ROWS * (W - 1) <= 64``
+(the bit mask).
 """
 
 from __future__ import annotations
@@ -83,12 +85,14 @@ def _load_path(
 ):
     """A tile with taps outside its register rows (decode rows, a chunk's first rows,
     same-step writers), as ``[ROWS, SUB]`` channel chunks: each row's taps resolved once
-    from the map (a ``[ROWS]`` code vector per distance), then per chunk its x tile, every
-    distance's taps (one masked load each, from the x row or the cache slot the map
-    names, 0 where there is none) and its weights, all loaded before the chunk's stores.
-    A chunk's loads wait for the chunk before it: one round trip a chunk, not a row.
-    The program's register rows are not read here, so their registers are free for the
-    chunk tiles. Same fp32 accumulation order as :func:`_conv_row`."""
+    from the map (a ``[ROWS]`` code vector per distance), then per chunk its x tile and
+    every distance's taps (one masked load each, from the x row or the cache slot the map
+    names, 0 where there is none), loaded before the chunk's stores; its weights after
+    them, one strided vector a tap (L1 hits; held from the start, or read as the
+    ``[SUB, 4]`` tile, they cost 8-22 more registers for sm_90). A chunk's loads wait for
+    the chunk before it: one round trip a chunk, not a row. The program's register rows
+    are not read here, so their registers are free for the chunk tiles. Same fp32
+    accumulation order as :func:`_conv_row`."""
     t = t0 + tl.arange(0, ROWS)
     live = t < num_tokens
     slot = tl.load(slot_ptr + t, mask=live, other=-1)
@@ -120,7 +124,8 @@ def _load_path(
         xf = xt.to(tl.float32)
         acc = tl.load(w_ptr + ch * stride_wc + (W - 1) * stride_wk).to(tl.float32)[None, :] * xf
         for k in tl.static_range(W - 1):
-            acc += tl.load(w_ptr + ch * stride_wc + (W - 2 - k) * stride_wk).to(tl.float32)[None, :] * taps[k].to(tl.float32)
+            wk = tl.load(w_ptr + ch * stride_wc + (W - 2 - k) * stride_wk).to(tl.float32)
+            acc += wk[None, :] * taps[k].to(tl.float32)
         if SILU:
             acc = acc / (1.0 + tl.exp(-acc))
         if RESIDUAL:
