@@ -59,6 +59,22 @@ sweep() {
     --json "$OUT/sweep.json" --md "$OUT/sweep.md" > "$OUT/sweep.log" 2>&1
   tail -5 "$OUT/sweep.log"
 }
+layer() {
+  stage "layer, peer"
+  timeout "$1" python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
+    --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
+  tail -"$2" "$OUT/layer.log"
+}
+threshold() {  # limit (s), variants, lines of the table to print
+  stage "threshold cases"
+  timeout "$1" python3 $B/exp_prefill.py --threshold --budget-s $(( $1 - 20 )) --json "$OUT/threshold.json" \
+    --variants "$2" > "$OUT/threshold.log" 2>&1
+  grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -"$3"
+}
+gputests() {  # limit (s), pytest -k expression, lines of the log to print
+  timeout "$1" python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "$2" > "$OUT/tests.log" 2>&1
+  tail -"$3" "$OUT/tests.log"
+}
 prefill() {
   stage "prefill designs"
   timeout "$1" python3 $B/exp_prefill.py --budget-s $(( $1 - 40 )) --json "$OUT/prefill.json" \
@@ -75,18 +91,13 @@ case "${1:-}" in
     ;;
   check)
     stage "fused_sconv GPU tests, defaults"
-    timeout 260 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "not kv_ and not add_" \
-      > "$OUT/tests.log" 2>&1
-    tail -15 "$OUT/tests.log"
+    gputests 260 "not kv_ and not add_" 15
     sweep 150
     prefill 110
     ;;
   bench)
     sweep 330
-    stage "layer, peer"
-    timeout 220 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
-      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
-    tail -40 "$OUT/layer.log"
+    layer 220 40
     ;;
   prefill)
     prefill 420
@@ -107,9 +118,7 @@ case "${1:-}" in
     ;;
   rowslib)
     stage "fused_sconv GPU tests, defaults (the row-register kernel included)"
-    timeout 250 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "not kv_ and not add_" \
-      > "$OUT/tests.log" 2>&1
-    tail -15 "$OUT/tests.log"
+    gputests 250 "not kv_ and not add_" 15
     PREFILL_VARIANTS="floor,lib-one-load 16x128/4w,rows 8x256/2w/g1,lib-rows 16x256/1w,lib-rows 16x1024/4w"
     prefill 135
     sweep 165
@@ -129,15 +138,11 @@ case "${1:-}" in
     ;;
   s14)
     stage "row kernel GPU tests"
-    timeout 170 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows" > "$OUT/tests.log" 2>&1
-    tail -8 "$OUT/tests.log"
+    gputests 170 "rows" 8
     PREFILL_VARIANTS="floor,lib-one-load 16x128/4w,lib-rows 8x256/2w,lib-rows-strided-w 8x256/2w"
     PREFILL_VARIANTS+=",rows 8x256/2w/g1,lib-rows-wt 8x256/2w"
     prefill 200
-    stage "threshold cases"
-    timeout 200 python3 $B/exp_prefill.py --threshold --budget-s 180 --json "$OUT/threshold.json" \
-      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w" > "$OUT/threshold.log" 2>&1
-    grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -45
+    threshold 200 "lib-one-load 16x128/4w,lib-rows 8x256/2w" 45
     ;;
   s15)
     # session 14's open question, about 5 minutes: the experimental row kernel with its
@@ -146,29 +151,18 @@ case "${1:-}" in
     PREFILL_VARIANTS="floor,lib-rows 8x256/2w,rows-wtile 8x256/2w/g1,rows2d 8x256/2w/s64,rows2d 8x256/2w/s32"
     PREFILL_VARIANTS+=",rows2d 8x256/2w/s128,rows2d-all 8x256/2w/s64"
     prefill 200
-    stage "threshold cases"
-    timeout 200 python3 $B/exp_prefill.py --threshold --budget-s 180 --json "$OUT/threshold.json" \
-      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,rows-wtile 8x256/2w/g1,rows2d 8x256/2w/s64,rows2d 8x256/2w/s32" \
-      > "$OUT/threshold.log" 2>&1
-    grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -50
+    threshold 200 "lib-one-load 16x128/4w,lib-rows 8x256/2w,rows-wtile 8x256/2w/g1,rows2d 8x256/2w/s64,rows2d 8x256/2w/s32" 50
     ;;
   s15b)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
-    timeout 170 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_ or (hazard and map)" \
-      > "$OUT/tests.log" 2>&1
-    tail -8 "$OUT/tests.log"
+    gputests 170 "rows or kv_ or (hazard and map)" 8
     PREFILL_VARIANTS="floor,lib-one-load 16x128/4w,rows-wtile 8x256/2w/g1,rows2d 8x256/2w/s64"
     prefill 130
-    stage "threshold cases"
-    timeout 170 python3 $B/exp_prefill.py --threshold --budget-s 150 --json "$OUT/threshold.json" \
-      --variants "lib-one-load 16x128/4w,lib-rows 8x256/2w,rows2d 8x256/2w/s64" > "$OUT/threshold.log" 2>&1
-    grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -40
+    threshold 170 "lib-one-load 16x128/4w,lib-rows 8x256/2w,rows2d 8x256/2w/s64" 40
     ;;
   s15c)
     stage "GPU tests: the row kernel (int64 offsets too), the K+V launches"
-    timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_" \
-      > "$OUT/tests.log" 2>&1
-    tail -4 "$OUT/tests.log"
+    gputests 150 "rows or kv_" 4
     stage "fused_sconv_kv, the row kernel"
     timeout 130 python3 $B/bench_sconv_kv.py --rows --json "$OUT/kv.json" --md "$OUT/kv.md" > "$OUT/kv.log" 2>&1
     tail -32 "$OUT/kv.md"
@@ -176,23 +170,15 @@ case "${1:-}" in
     ;;
   s15d)
     sweep 150
-    stage "layer, peer"
-    timeout 330 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
-      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
-    tail -30 "$OUT/layer.log"
+    layer 330 30
     ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
-    timeout 230 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows or kv_ or (hazard and map)" \
-      > "$OUT/tests.log" 2>&1
-    tail -8 "$OUT/tests.log"
+    gputests 230 "rows or kv_ or (hazard and map)" 8
     sweep 200
     ;;
   layer)
-    stage "layer, peer"
-    timeout 300 python3 $B/bench_layer.py --peer-dir .peer --layers global,sliding --reps 50 \
-      --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
-    tail -40 "$OUT/layer.log"
+    layer 300 40
     ;;
   *)
     echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|layer" >&2
