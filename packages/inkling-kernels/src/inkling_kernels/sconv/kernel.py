@@ -405,15 +405,16 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     at least ``ROWS_TOKENS_PER_REQUEST`` (8) rows per request (``num_requests``: at most
     this many requests; ``None``, unknown: never), over a multiple of 256 channels, takes
     the row-register kernel (``rows``: 8 rows x 256 channels, two warps, one launch for
-    one stream or for K and V; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap from memory; its
-    tiles with decode rows or a chunk's first rows take a load path of four round trips
-    (64-channel chunks), so it wins while those tiles are a minority. On the H200
-    (benchmarks/RESULTS_prefill_exp.md, session 15), against the one-load tile: faster
-    on every prompt-dominated launch (prefill 8192 ATTN, 16k sliding K, prefill 1024 ATTN,
-    prefill 2048 K, the TP 8 ATTN shard) and on mixed batches of 2048 + 255 and 1024 +
-    255 decodes (9 and 5 rows a request); slower on 1024 decodes, 256 x 4 speculative
-    rows and 512 + 512 decodes (1, 4 and 2 rows a request), which the rule keeps on the
-    tiles. ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
+    one stream or for K and V; :mod:`.rows_kernel`). Its tiles inside a prompt read no
+    tap from memory; its tiles with decode rows or a chunk's first rows take a load path
+    of four round trips (64-channel chunks), so it wins while those tiles are a
+    minority. On the H200 (benchmarks/RESULTS_prefill_exp.md, session 15), against the
+    one-load tile: faster on every prompt-dominated launch (prefill 8192 ATTN, 16k
+    sliding K, prefill 1024 ATTN, prefill 2048 K, the TP 8 ATTN shard) and on mixed
+    batches of 2048 + 255 and 1024 + 255 decodes (9 and 5 rows a request; the latter,
+    1.07x, stays on the tiles: speculative batches of 4 drafts also have 5); slower on
+    1024 decodes, 256 x 4 speculative rows and 512 + 512 decodes (1, 4 and 2 rows a
+    request), which the rule keeps on the tiles. ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
 
     Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
@@ -608,9 +609,9 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
                  tap_map: torch.Tensor) -> None:
     """The row-register kernel on a launch that :func:`.rows_kernel.rows_unfit` passed:
     one launch for one stream, or for two (K and V) whose rows share a stride and whose
-    weights share a layout (the grid's third axis picks the stream), else a launch each."""
+    weights share their strides (so their layout, ``WTILE``; the grid's third axis picks
+    the stream), else a launch each."""
     if len(streams) == 2 and (streams[0].x.stride(0) != streams[1].x.stride(0)
-                              or rows_weight_tile(streams[0].weight2d) != rows_weight_tile(streams[1].weight2d)
                               or streams[0].weight2d.stride() != streams[1].weight2d.stride()):
         for st in streams:
             _launch_rows((st,), cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
