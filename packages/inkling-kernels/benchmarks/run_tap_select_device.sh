@@ -40,6 +40,9 @@
 #            (K and V in one row-kernel launch against two), then the sweep; `layer` after
 #   s15d     (.peer carried) the sweep (with the mixed batch in vLLM's order too), then
 #            bench_layer on global and sliding layers, the peer in the same run
+#   s16      (session 16) GPU tests of the K+V launch on the row kernel (CUDA-graph replay,
+#            the many-launch same-step hazard); the --threshold cases with the experimental
+#            row kernel's tiles rotated (rows2d-rot: the decode tiles first in either order)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -172,6 +175,12 @@ case "${1:-}" in
     sweep 150
     layer 330 30
     ;;
+  s16)
+    stage "GPU tests: the K+V launch (row kernel included), graph replay and hazard"
+    gputests 230 "kv_cuda_graph or kv_same_step" 6
+    threshold 230 "lib-rows 8x256/2w,rows2d 8x256/2w/s64,rows2d-rot 8x256/2w/s64" 40
+    grep "rotated" "$OUT/threshold.log" | head -12
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     gputests 230 "rows or kv_ or (hazard and map)" 8
@@ -181,7 +190,7 @@ case "${1:-}" in
     layer 300 40
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|layer" >&2
     exit 2
     ;;
 esac

@@ -486,15 +486,19 @@ def test_tap_map_argument() -> None:
                           tr.op_args(clone_cache(tr.cache), tap_map))
 
 
+# (each config in one dtype, both dtypes over the three: CI time under the interpreter)
 @pytest.mark.parametrize(
-    "config",
+    "config,dtype",
     [
-        NormConfig(block_t=1, block_h=1, block_j=8, num_warps=2, scan=4, split=4),  # 2 chunks each, last masked
-        NormConfig(block_t=1, block_h=2, block_j=16, num_warps=1, scan=8, split=3),  # masked j, uneven heads
-        NormConfig(block_t=1, block_h=1, block_j=32, num_warps=1, scan=8, split=3),  # one head a chunk
+        # 2 chunks each, last masked
+        (NormConfig(block_t=1, block_h=1, block_j=8, num_warps=2, scan=4, split=4), torch.float32),
+        # masked j, uneven heads
+        (NormConfig(block_t=1, block_h=2, block_j=16, num_warps=1, scan=8, split=3), torch.bfloat16),
+        # one head a chunk
+        (NormConfig(block_t=1, block_h=1, block_j=32, num_warps=1, scan=8, split=3), torch.float32),
     ],
+    ids=["split4-float32", "masked-bfloat16", "head-float32"],
 )
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_split_rows_over_programs(config: NormConfig, dtype: torch.dtype) -> None:
     """Each row's chunks over several programs (partial sums of squares, the last
     program's ticket normalises): 3 heads x 20 channels, random mixed batches with

@@ -89,15 +89,19 @@ def test_rows_kernel(kind: str) -> None:
 
 @needs_interpreter
 def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A mapped K+V launch of 1094 rows from 16 requests (a prompt, a chunk after a
-    history, 14 decodes; K and V 2 heads x 128 each) takes the row-register kernel by
-    default, one launch for both streams (column slices of one qkv tensor); with V in
-    its own tensor (another row stride), a launch per stream. Both outputs and the cache
-    against the references."""
+    """A mapped K+V launch inside the row-kernel rule (154 rows from 16 requests: a
+    prompt, a chunk after a history, 14 decodes; K and V 2 heads x 128 each;
+    ``ROWS_MIN_TOKENS`` lowered to 128 for the interpreter's sake) takes the row-register
+    kernel by default, one launch for both streams (column slices of one qkv tensor);
+    with V in its own tensor (another row stride), a launch per stream. Both outputs and
+    the cache against the references."""
+    import inkling_kernels.sconv.kernel as K
+
     grids = _count_row_launches(monkeypatch)
+    monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 128)
     for v_copy, launches in ((False, [2]), (True, [1, 1])):
         world = PagedWorld(num_heads=2, head_size=256, streams=((0, 128), (128, 128)), dtype=torch.bfloat16,
-                           num_blocks=700, seed=7)
+                           num_blocks=260, seed=7)
         world.run_kv(_rows_rule_batch(world, random.Random(7)), "triton_map", v_copy=v_copy)
         assert [g[2] for g in grids] == launches
         grids.clear()
