@@ -40,7 +40,7 @@
 #            (K and V in one row-kernel launch against two), then the sweep; `layer` after
 #   s15d     (.peer carried) the sweep (with the mixed batch in vLLM's order too), then
 #            bench_layer on global and sliding layers, the peer in the same run
-#   s16      (session 16) GPU tests of the K+V launch on the row kernel (CUDA-graph replay,
+#   s16      (written in session 16, not yet run: that session had 213 s of device time) GPU tests of the K+V launch on the row kernel (CUDA-graph replay,
 #            the many-launch same-step hazard); the --threshold cases with the experimental
 #            row kernel's tiles rotated (rows2d-rot: the decode tiles first in either order)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped

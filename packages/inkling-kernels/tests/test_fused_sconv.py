@@ -312,25 +312,31 @@ def _one_load_or(two_load: object, t: int, h: int, w: int, on: bool) -> object:
 
 @needs_interpreter
 def test_tap_select_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A mapped launch of 2^20 elements (an 880-token chunk after a history and 144
-    decodes, 8 heads x 128: fewer than ROWS_TOKENS_PER_REQUEST rows a request, so not the
-    row kernel) runs the default one-load tiles: against the reference and the cache
-    oracle."""
-    from inkling_kernels.sconv.kernel import choose_config
+    """A mapped launch of at least MAP_MIN_WORK elements with fewer than
+    ROWS_TOKENS_PER_REQUEST rows a request (so not the row kernel) runs the default
+    one-load tiles: against the reference and the cache oracle. The rule is checked at
+    its real sizes (1024 rows from 145 requests, 8 heads x 128); the launch runs with
+    both thresholds lowered for the interpreter's sake (154 rows: a 130-token chunk
+    after a history and 24 decodes, 25 requests; 2 heads x 128)."""
+    import inkling_kernels.sconv.kernel as K
 
     grids = _count_row_launches(monkeypatch)
     monkeypatch.delenv("INKLING_KERNELS_TAP_SELECT", raising=False)
-    cfg = choose_config(1024, 8, 128, True, num_requests=145)
+    cfg = K.choose_config(1024, 8, 128, True, num_requests=145)
+    assert cfg.tap_select and not cfg.rows
+    monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 128)
+    monkeypatch.setattr(K, "MAP_MIN_WORK", 2**15)
+    cfg = K.choose_config(154, 2, 128, True, num_requests=25)
     assert cfg.tap_select and not cfg.rows
     rng = random.Random(5)
-    world = PagedWorld(num_heads=8, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=2400, seed=5)
-    plan = [(37, 880)] + [(rng.randint(0, 50), 1) for _ in range(144)]
+    world = PagedWorld(num_heads=2, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=400, seed=5)
+    plan = [(37, 130)] + [(rng.randint(0, 50), 1) for _ in range(24)]
     for rid, (history, _) in enumerate(plan):
         world.add_request(rid, history)
     items = [(rid, n) for rid, (_, n) in enumerate(plan)]
     rng.shuffle(items)
     batch = world.make_batch(items)
-    assert batch.positions.shape[0] * 8 * 128 >= 2**20 and batch.block_table.shape[0] == 145
+    assert batch.positions.shape[0] == 154 and batch.block_table.shape[0] == 25
     world.run(batch, 0, "triton_map")
     assert grids == []
 

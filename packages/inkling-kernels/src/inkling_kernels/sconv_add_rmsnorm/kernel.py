@@ -67,6 +67,7 @@ __all__ = [
     "NormConfig",
     "choose_add_config",
     "choose_norm_config",
+    "interpreter_norm_config",
     "main_norm_config",
     "launch_sconv_add",
     "launch_sconv_add_rmsnorm",
@@ -434,6 +435,20 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
     return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=4)
 
 
+def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
+    """The default tiles for CPU tensors (Triton's interpreter, which runs a launch's
+    programs one after another in Python: its time grows with their number, not with
+    the GPU's occupancy). Up to 16 rows, :func:`choose_norm_config`'s split rows (a
+    few programs a row); above, its tiles for T >= 8192 (the whole row in registers)
+    with 16 rows a program instead of one. The e2e engines on the interpreter took
+    87 % of their time in this kernel with one program a row (main's path)."""
+    if num_tokens <= 16:
+        return choose_norm_config(num_tokens, num_heads, stream_width)
+    block_j = _block_j(stream_width)
+    block_h = max(1, min(pow2_ceil(num_heads), 2048 // block_j))
+    return NormConfig(block_t=16, block_h=block_h, block_j=block_j, num_warps=4)
+
+
 # (device, stream) -> (counters int32 [rows], partials fp32 [rows * max_split]); zero
 # between launches (the last program of each row resets its counter).
 _SCRATCH: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
@@ -531,7 +546,8 @@ def launch_sconv_add_rmsnorm(
     """Allocate the outputs and launch (CUDA, or CPU tensors under TRITON_INTERPRET=1).
 
     Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``);
-    ``config`` overrides the heuristic tile choice (benchmarks, tests); ``outputs`` are
+    ``config`` overrides the heuristic tile choice (:func:`choose_norm_config` on CUDA,
+    :func:`interpreter_norm_config` on CPU tensors; benchmarks, tests); ``outputs`` are
     preallocated ``(new_hidden, normed)`` tensors (tests poison them).
     """
     if outputs is None:
@@ -543,7 +559,8 @@ def launch_sconv_add_rmsnorm(
                 raise ValueError("outputs must be two contiguous tensors shaped and typed like d")
     if prob.num_tokens == 0:
         return new_hidden, normed
-    cfg = config or choose_norm_config(prob.num_tokens, prob.num_heads, stream_width)
+    choose = choose_norm_config if d.is_cuda else interpreter_norm_config
+    cfg = config or choose(prob.num_tokens, prob.num_heads, stream_width)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
     if cfg.row_loop and cfg.split != 1:
         raise ValueError(f"config split must be 1 with row_loop, got {cfg}")
