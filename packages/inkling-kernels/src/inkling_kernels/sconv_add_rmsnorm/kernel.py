@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes, last_writers, pow2_ceil, resolve_taps
+from .._triton_common import INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import SconvProblem
 
@@ -436,17 +436,16 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
 
 
 def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
-    """The default tiles for CPU tensors (Triton's interpreter, which runs a launch's
-    programs one after another in Python: its time grows with their number, not with
-    the GPU's occupancy). Up to 16 rows, :func:`choose_norm_config`'s split rows (a
-    few programs a row); above, its tiles for T >= 8192 (the whole row in registers)
-    with 16 rows a program instead of one. The e2e engines on the interpreter took
-    87 % of their time in this kernel with one program a row (main's path)."""
+    """The default tiles under Triton's interpreter (``TRITON_INTERPRET=1``; see
+    :data:`inkling_kernels._triton_common.INTERPRETER_ROWS`). Up to 16 rows,
+    :func:`choose_norm_config`'s split rows (a few programs a row); above, its tiles for
+    T >= 8192 (the whole row in registers) with ``INTERPRETER_ROWS`` rows a program
+    instead of one."""
     if num_tokens <= 16:
         return choose_norm_config(num_tokens, num_heads, stream_width)
     block_j = _block_j(stream_width)
     block_h = max(1, min(pow2_ceil(num_heads), 2048 // block_j))
-    return NormConfig(block_t=16, block_h=block_h, block_j=block_j, num_warps=4)
+    return NormConfig(block_t=INTERPRETER_ROWS, block_h=block_h, block_j=block_j, num_warps=4)
 
 
 # (device, stream) -> (counters int32 [rows], partials fp32 [rows * max_split]); zero
@@ -546,8 +545,8 @@ def launch_sconv_add_rmsnorm(
     """Allocate the outputs and launch (CUDA, or CPU tensors under TRITON_INTERPRET=1).
 
     Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``);
-    ``config`` overrides the heuristic tile choice (:func:`choose_norm_config` on CUDA,
-    :func:`interpreter_norm_config` on CPU tensors; benchmarks, tests); ``outputs`` are
+    ``config`` overrides the heuristic tile choice (:func:`choose_norm_config`, or
+    :func:`interpreter_norm_config` under the interpreter; benchmarks, tests); ``outputs`` are
     preallocated ``(new_hidden, normed)`` tensors (tests poison them).
     """
     if outputs is None:
@@ -559,7 +558,7 @@ def launch_sconv_add_rmsnorm(
                 raise ValueError("outputs must be two contiguous tensors shaped and typed like d")
     if prob.num_tokens == 0:
         return new_hidden, normed
-    choose = choose_norm_config if d.is_cuda else interpreter_norm_config
+    choose = interpreter_norm_config if is_interpreter() else choose_norm_config
     cfg = config or choose(prob.num_tokens, prob.num_heads, stream_width)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
     if cfg.row_loop and cfg.split != 1:
@@ -622,7 +621,8 @@ def launch_sconv_add(
     map-less; tests of the map-less path).
 
     Arguments must have passed ``check_sconv_add_args`` (which made ``prob``);
-    ``config`` overrides :func:`choose_add_config` (benchmarks, tests): any
+    ``config`` overrides :func:`choose_add_config` (under the interpreter: the whole
+    row, ``INTERPRETER_ROWS`` rows a program; benchmarks, tests): any
     ``block_t``, ``split`` 1.. the row's chunks (program ``(p, s)`` does chunks ``s,
     s + split, ...``), no ``row_loop`` (the norm's path); ``out`` is a preallocated
     ``new_hidden`` (tests poison it).
@@ -641,6 +641,11 @@ def launch_sconv_add(
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
     if tap_map is not None and batch.tap_map is None:
         batch = batch.with_tap_map(tap_map)
+    if config is None and is_interpreter():
+        # (INTERPRETER_ROWS rows a program and the whole row: the fewest programs)
+        block_j = _block_j(stream_width)
+        config = NormConfig(block_t=INTERPRETER_ROWS, block_h=max(1, min(pow2_ceil(prob.num_heads), 2048 // block_j)),
+                            block_j=block_j, num_warps=4, scan=64)
     cfg = config or choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
                                       prob.kernel_size)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
