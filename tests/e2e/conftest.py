@@ -31,16 +31,19 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "run_scenarios.py"
 #: per engine running alone; side by side each gets ``jobs`` times as long (the
-#: interpreted-Triton engine took up to 1180 s beside another on two cores)
+#: longest, the interpreted-Triton engine, took 160 s beside another on two cores;
+#: 1180 s before the norm kernels took many rows a program under the interpreter)
 ENGINE_TIMEOUT_S = 900
 #: tiny checkpoints the engines run on: "default" (transformers' format, every
 #: feature on), "padded" (the same with unpadded conv pages), "release" (the same
 #: weights in the original release layout)
 VARIANTS = ("default", "padded", "release")
-#: engines started first when several run side by side, longest first (two cores:
-#: interp_map ~570 s alone, interp_attn 320-390 s beside another, the rest 35-140 s),
-#: so that no long one is left running alone at the end
-LONG_ENGINES = ("interp_map", "interp_attn", "preempt_tail", "bf16", "tp2_interp", "tp2", "release")
+#: engines started first when several run side by side, longest first (two cores,
+#: beside another: interp_map ~160 s, interp_attn ~110 s, the TP 2 engines and
+#: "release" (their own processes) 75-85 s, the rest 40-100 s), so that no long one is
+#: left running alone at the end
+LONG_ENGINES = ("interp_map", "interp_attn", "tp2", "tp2_interp", "release", "small_padded", "eager_chunked_window",
+                "eager_chunked")
 _WANTED = pytest.StashKey[list[tuple[str, str]]]()
 _TIMES = pytest.StashKey[dict[str, float]]()
 

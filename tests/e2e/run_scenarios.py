@@ -233,17 +233,24 @@ INTERPRETED = {"INKLING_KERNELS_CPU_BACKEND": "triton", "TRITON_INTERPRET": "1"}
 # about a second per layer and step)
 INTERPRETED_CONV = {**INTERPRETED, "INKLING_KERNELS_CPU_ATTENTION": "reference"}
 
+# The engine core in this process rather than in one of its own: one Python process
+# fewer to start (about 20 s of an engine's 50 on two cores). Every single-rank engine
+# but "release" runs so; "release" keeps vLLM's default (the core in its own process,
+# which loads the plugin through its entry point), as do the TP engines' workers.
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
 ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # vLLM defaults: torch.compile, prefix caching and chunked prefill on; the
     # engine core runs in this process so the same-step scenario controls steps
     "compiled": (
-        dict(_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+        dict(_env=IN_PROCESS),
         ["inspect", "concurrent", "logprobs", "prefix", "same_step"],
     ),
     # eager, no prefix caching, a token budget that ends chunks inside a block
     # and inside the conv window (37 is not a multiple of W = 4)
     "eager_chunked": (
-        dict(enforce_eager=True, enable_prefix_caching=False, max_num_batched_tokens=37, max_num_seqs=4),
+        dict(_env=IN_PROCESS, enforce_eager=True, enable_prefix_caching=False, max_num_batched_tokens=37,
+             max_num_seqs=4),
         ["inspect", "chunked", "prefix_uncached", "concurrent"],
     ),
     # the same with the plain sliding-window conv-state spec (INKLING_CONV_STATE=window):
@@ -251,7 +258,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # plain sublayer tails (conv, add, norm as separate ops: inkling_fused_conv_norm off)
     "eager_chunked_window": (
         dict(
-            _env={"INKLING_CONV_STATE": "window"},
+            _env={**IN_PROCESS, "INKLING_CONV_STATE": "window"},
             enforce_eager=True, enable_prefix_caching=False, max_num_batched_tokens=37, max_num_seqs=4,
             hf_overrides={"inkling_fused_conv_norm": False},
         ),
@@ -262,7 +269,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # manager (the tail manager sizes its blocks so that no page is padded)
     "small_padded": (
         dict(
-            _env={"INKLING_CONV_STATE": "window"},
+            _env={**IN_PROCESS, "INKLING_CONV_STATE": "window"},
             enforce_eager=True,
             block_size=32,
             max_model_len=256,
@@ -277,6 +284,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # and prefix caching: a KV cache too small for the batch, admission by chunk
     "preempt_tail": (
         dict(
+            _env=IN_PROCESS,
             enforce_eager=True,
             block_size=32,
             max_model_len=256,
@@ -291,7 +299,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # the unpadded-D checkpoint under the tail manager: conv blocks sized so that
     # vLLM's page unification pads nothing (the attention blocks grow instead)
     "unpadded_tail": (
-        dict(enforce_eager=True, max_num_seqs=8),
+        dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=8),
         ["inspect", "concurrent"],
     ),
     # two tensor-parallel ranks: sharded K/V heads, reduce-scatter -> conv on the
@@ -311,6 +319,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # n-gram speculative decoding: verification batches of 1 + k tokens per request
     "spec_ngram": (
         dict(
+            _env=IN_PROCESS,
             enforce_eager=True,
             max_num_seqs=8,
             speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
@@ -326,7 +335,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "interp_map": (
         dict(
             # (the attention interpreted runs in "interp_attn" below, on fewer steps)
-            _env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **INTERPRETED_CONV},
+            _env={**IN_PROCESS, **INTERPRETED_CONV},
             enforce_eager=True,
             max_num_seqs=8,
             speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
@@ -340,7 +349,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # prefix-cache hit in a few steps.
     "interp_attn": (
         dict(
-            _env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **INTERPRETED},
+            _env={**IN_PROCESS, **INTERPRETED},
             enforce_eager=True,
             max_num_seqs=4,
             max_num_batched_tokens=48,
@@ -352,7 +361,7 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # sharing a prefix longer than the sliding window and the relative extent
     "release": (dict(), ["inspect", "concurrent", "logprobs", "prefix"]),
     # bfloat16 activations and cache (fp32 conv weights and math)
-    "bf16": (dict(enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
+    "bf16": (dict(_env=IN_PROCESS, enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }
 
 SCENARIOS = {

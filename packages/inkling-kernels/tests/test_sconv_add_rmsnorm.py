@@ -524,6 +524,34 @@ def test_split_config_checks() -> None:
             run_kernel(tr, clone_cache(tr.cache), bad)
 
 
+def test_interpreter_config_takes_many_rows_a_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the interpreter the default tiles hold INTERPRETER_ROWS rows above 16 rows
+    (the GPU's one row a program made the interpreted e2e engines 2-4x slower), and the
+    GPU's split rows up to 16; the launcher picks them only under the interpreter."""
+    from inkling_kernels._triton_common import INTERPRETER_ROWS, is_interpreter
+    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, interpreter_norm_config
+
+    for t in (17, 333, 8192):
+        cfg = interpreter_norm_config(t, 2, 64)
+        assert cfg.block_t == INTERPRETER_ROWS > 1 and cfg.split == 1 and not cfg.row_loop
+    for t in (1, 16):
+        assert interpreter_norm_config(t, 8, 768) == choose_norm_config(t, 8, 768)
+    if is_interpreter():  # a launch of 40 rows runs cdiv(40, INTERPRETER_ROWS) programs
+        from inkling_kernels.sconv_add_rmsnorm import kernel as kmod
+
+        grids = []
+        real = kmod._sconv_add_rmsnorm_kernel
+
+        class Counting:
+            def __getitem__(self, grid: tuple) -> object:
+                grids.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(kmod, "_sconv_add_rmsnorm_kernel", Counting())
+        check_kernel_both_ways(make_trace(random.Random(5), torch.float32, [(0, 40)]), None, torch.float32)
+        assert grids == [(-(-40 // INTERPRETER_ROWS), 1)] * 2
+
+
 def test_default_config_splits_small_batches() -> None:
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config
 
