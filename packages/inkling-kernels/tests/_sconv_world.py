@@ -37,6 +37,21 @@ needs_interpreter = pytest.mark.skipif(
 IMPLS = ("reference", pytest.param("triton", marks=needs_interpreter), pytest.param("triton_map", marks=needs_interpreter))
 
 
+def count_launches(monkeypatch: pytest.MonkeyPatch, module: object, kernel: str) -> list[tuple]:
+    """Record the grid of every launch of ``module.kernel`` (a ``@triton.jit`` function,
+    launched as ``kernel[grid](...)``) while the test runs; the launches still run."""
+    grids: list[tuple] = []
+    real = getattr(module, kernel)
+
+    class Counting:
+        def __getitem__(self, grid: tuple) -> object:
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(module, kernel, Counting())
+    return grids
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Same-size integer view: compares NaNs and signed zeros exactly."""
     return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])

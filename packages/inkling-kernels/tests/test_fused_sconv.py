@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from _sconv_world import DTYPES, IMPLS, Batch, PagedWorld, needs_interpreter
+from _sconv_world import DTYPES, IMPLS, Batch, PagedWorld, count_launches, needs_interpreter
 
 
 
@@ -366,16 +366,7 @@ def _count_row_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     import inkling_kernels.sconv.kernel as K
 
     monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
-    grids: list[tuple] = []
-
-    class Counting:
-        def __getitem__(self, grid: tuple) -> object:
-            grids.append(grid)
-            return real[grid]
-
-    real = K._rows_sconv_kernel
-    monkeypatch.setattr(K, "_rows_sconv_kernel", Counting())
-    return grids
+    return count_launches(monkeypatch, K, "_rows_sconv_kernel")
 
 
 def _rows_rule_batch(world: PagedWorld, rng: random.Random) -> Batch:

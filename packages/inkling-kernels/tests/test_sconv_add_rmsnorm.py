@@ -537,17 +537,10 @@ def test_interpreter_config_takes_many_rows_a_program(monkeypatch: pytest.Monkey
     for t in (1, 16):
         assert interpreter_norm_config(t, 8, 768) == choose_norm_config(t, 8, 768)
     if is_interpreter():  # a launch of 40 rows runs cdiv(40, INTERPRETER_ROWS) programs
+        from _sconv_world import count_launches
         from inkling_kernels.sconv_add_rmsnorm import kernel as kmod
 
-        grids = []
-        real = kmod._sconv_add_rmsnorm_kernel
-
-        class Counting:
-            def __getitem__(self, grid: tuple) -> object:
-                grids.append(grid)
-                return real[grid]
-
-        monkeypatch.setattr(kmod, "_sconv_add_rmsnorm_kernel", Counting())
+        grids = count_launches(monkeypatch, kmod, "_sconv_add_rmsnorm_kernel")
         check_kernel_both_ways(make_trace(random.Random(5), torch.float32, [(0, 40)]), None, torch.float32)
         assert grids == [(-(-40 // INTERPRETER_ROWS), 1)] * 2
 

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 __all__ = [
-    "INTERPRETER_ROWS", "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows", "pdl_default",
-    "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps", "rows_default", "tap_select_default",
+    "INTERPRETER_ROWS", "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows",
+    "pdl_default", "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps", "rows_default", "tap_select_default",
 ]
 
 

@@ -414,7 +414,8 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     batches of 2048 + 255 and 1024 + 255 decodes (9 and 5 rows a request; the latter,
     1.07x, stays on the tiles: speculative batches of 4 drafts also have 5); slower on
     1024 decodes, 256 x 4 speculative rows and 512 + 512 decodes (1, 4 and 2 rows a
-    request), which the rule keeps on the tiles. ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
+    request), which the rule keeps on the tiles. ``rows=False`` or
+    ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
 
     Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):

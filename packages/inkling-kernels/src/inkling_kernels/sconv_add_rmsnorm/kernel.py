@@ -59,7 +59,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps
+from .._triton_common import (
+    INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps,
+)
 from ..batch import SconvBatch
 from ..checks import SconvProblem
 
@@ -431,8 +433,15 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
         block_h = max(1, min(pow2_ceil(num_heads), 256 // block_j))
         split = max(1, min(-(-num_heads // block_h) * nj, _MAX_SPLIT))
         return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=2, split=split)
+    return _whole_row_config(num_heads, stream_width, 1)
+
+
+def _whole_row_config(num_heads: int, stream_width: int, block_t: int, scan: int = 256) -> NormConfig:
+    """``block_t`` rows a program, each whole row in registers as chunks of up to 2048
+    elements (:func:`_block_j` channels of up to ``2048 // block_j`` heads), four warps."""
+    block_j = _block_j(stream_width)
     block_h = max(1, min(pow2_ceil(num_heads), 2048 // block_j))
-    return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=4)
+    return NormConfig(block_t=block_t, block_h=block_h, block_j=block_j, num_warps=4, scan=scan)
 
 
 def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
@@ -443,9 +452,7 @@ def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int) 
     instead of one."""
     if num_tokens <= 16:
         return choose_norm_config(num_tokens, num_heads, stream_width)
-    block_j = _block_j(stream_width)
-    block_h = max(1, min(pow2_ceil(num_heads), 2048 // block_j))
-    return NormConfig(block_t=INTERPRETER_ROWS, block_h=block_h, block_j=block_j, num_warps=4)
+    return _whole_row_config(num_heads, stream_width, INTERPRETER_ROWS)
 
 
 # (device, stream) -> (counters int32 [rows], partials fp32 [rows * max_split]); zero
@@ -641,11 +648,8 @@ def launch_sconv_add(
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
     if tap_map is not None and batch.tap_map is None:
         batch = batch.with_tap_map(tap_map)
-    if config is None and is_interpreter():
-        # (INTERPRETER_ROWS rows a program and the whole row: the fewest programs)
-        block_j = _block_j(stream_width)
-        config = NormConfig(block_t=INTERPRETER_ROWS, block_h=max(1, min(pow2_ceil(prob.num_heads), 2048 // block_j)),
-                            block_j=block_j, num_warps=4, scan=64)
+    if config is None and is_interpreter():  # (the fewest programs)
+        config = _whole_row_config(prob.num_heads, stream_width, INTERPRETER_ROWS, scan=64)
     cfg = config or choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
                                       prob.kernel_size)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
