@@ -811,6 +811,7 @@ class Variant:
     all_slow: bool = False  # _rows_sconv_kernel: every tile on the load path (a check of that path)
     strided_w: bool = False  # libcfg "rows": the weights read as W strided vectors, not as one tile
     rot: bool = False  # _rows_sconv_kernel: row tiles rotated to start after the last register-path tile
+    plain: bool = False  # libcfg: the batch without its tile-order hint (schedule_start 0: plain order)
     bug: int = 0
 
 
@@ -997,6 +998,14 @@ VARIANTS += [Variant("rows2d-rot 8x256/2w/s64", "rows2d 8x256/2w/s64 with its ro
                      **{**_ROWS, "wt": False})]
 
 
+# Session 17: rows2d-rot gained 5-9 % on the prompt-first mixed batches (call 1); the
+# library's row kernel now takes the rotation from the batch (SconvBatch.schedule_start,
+# set from the host's query_start_loc: no device work, no map change). Its variants
+# above use the hint; this one is the library without it.
+VARIANTS += [Variant("lib-rows-plain 8x256/2w", "the library's row kernel, 8x256/2w, without the batch's tile-order "
+                     "hint (plain order)", libcfg=(8, 256, 2, "rows"), plain=True)]
+
+
 def rotation_shift(tap_map: torch.Tensor, rows: int) -> int:
     """The first row tile after the last tile whose taps are all register rows or none
     (0 when no tile is): the decode tiles run first whether they follow the prompt or
@@ -1148,9 +1157,11 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
         bt, bc, nw, kind = v.libcfg
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
 
+        batch = dataclasses.replace(inp.mapped, schedule_start=0) if v.plain else inp.mapped
+
         def launch() -> Any:
             with _strided_weights(v.strided_w):
-                return fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out, config=cfg)
+                return fused_sconv_triton(inp.x, weight, cache, batch, off, width, out=out, config=cfg)
         return launch
     assert tile is not None
     shift = rotation_shift(inp.tap_map[: inp.x.shape[0]], tile[0]) if v.rot else 0  # (before any timing)
