@@ -625,11 +625,24 @@ def _rows_sconv_kernel(
     C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, G: tl.constexpr, CS: tl.constexpr, BUG: tl.constexpr,
     QP: tl.constexpr, WTILE: tl.constexpr = False, SUB: tl.constexpr = 0, ALL_SLOW: tl.constexpr = False,
-    tile_shift=0,
+    tile_shift=0, ilv_d0=0, ilv_d1=0,
 ):
     pid_c = tl.program_id(0)
     # (session 16) the row tiles rotated by ``tile_shift``: the tiles from there run first
     pid_t = (tl.program_id(1) + tile_shift) % tl.num_programs(1)
+    # (session 17) with a range [ilv_d0, ilv_d1) of load-path tiles: those spread evenly
+    # over the grid, one every k + 1 programs (k = prompt tiles per load-path tile), the
+    # other tiles in order from ilv_d1 (wrapping)
+    n_dec = ilv_d1 - ilv_d0
+    if n_dec > 0:
+        j = tl.program_id(1)
+        n_all = tl.num_programs(1)
+        k = (n_all - n_dec) // n_dec
+        grp = j // (k + 1)
+        r = j % (k + 1)
+        front = j < n_dec * (k + 1)
+        p = tl.where(front, grp * k + r - 1, j - n_dec)
+        pid_t = tl.where(front & (r == 0), ilv_d0 + grp, (ilv_d1 + p) % n_all)
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS
     t0 = pid_t * ROWS
@@ -811,6 +824,7 @@ class Variant:
     all_slow: bool = False  # _rows_sconv_kernel: every tile on the load path (a check of that path)
     strided_w: bool = False  # libcfg "rows": the weights read as W strided vectors, not as one tile
     rot: bool = False  # _rows_sconv_kernel: row tiles rotated to start after the last register-path tile
+    ilv: bool = False  # _rows_sconv_kernel: the load-path tiles spread evenly over the grid (load_path_range)
     plain: bool = False  # libcfg: the batch without its tile-order hint (schedule_start 0: plain order)
     bug: int = 0
 
@@ -1021,6 +1035,33 @@ def rotation_shift(tap_map: torch.Tensor, rows: int) -> int:
     return 0 if reg_tiles.numel() == 0 else (int(reg_tiles.max()) + 1) % tiles
 
 
+def _register_tiles(tap_map: torch.Tensor, rows: int) -> torch.Tensor:
+    """Per row tile: whether every tap of its rows is a register row or none."""
+    t, taps = tap_map.shape
+    rowi = torch.arange(t, device=tap_map.device)[:, None]
+    dist = torch.arange(1, taps + 1, device=tap_map.device)[None, :]
+    ok = ((tap_map == -(rowi - dist + 2)) | (tap_map == -1)).all(dim=1)
+    tiles = triton.cdiv(t, rows)
+    padded = torch.ones(tiles * rows, dtype=torch.bool, device=tap_map.device)
+    padded[:t] = ok
+    return padded.view(tiles, rows).all(dim=1)
+
+
+def load_path_range(tap_map: torch.Tensor, rows: int) -> tuple[int, int]:
+    """(session 17) The load-path tiles as one range [d0, d1) when they are contiguous
+    (decodes before or after the prompts), else (0, 0): plain order."""
+    slow = (~_register_tiles(tap_map, rows)).nonzero().flatten()
+    if slow.numel() == 0:
+        return 0, 0
+    d0, d1 = int(slow.min()), int(slow.max()) + 1
+    return (d0, d1) if d1 - d0 == slow.numel() else (0, 0)
+
+
+VARIANTS += [Variant("rows2d-ilv 8x256/2w/s64", "rows2d 8x256/2w/s64 with its load-path tiles spread evenly over "
+                     "the grid (one every k + 1 programs)", tile=(8, 256, 2), rows=1, wtile=True, sub=64, ilv=True,
+                     **{**_ROWS, "wt": False})]
+
+
 # Canaries (dry run only): deliberately wrong kernels that the check must reject.
 CANARIES = [
     Variant("canary: rows2d weight bug", "rows2d 8x256/2w/s64, the load path's dist-1 tap on the dist-2 weight",
@@ -1091,7 +1132,8 @@ def applicable(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, cache: t
 
 
 def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor,
-               inp: bs.Inputs, off: int, width: int, out: torch.Tensor, tile_shift: int = 0) -> None:
+               inp: bs.Inputs, off: int, width: int, out: torch.Tensor, tile_shift: int = 0,
+               ilv: tuple[int, int] = (0, 0)) -> None:
     t, c = x.shape
     bt, bc, nw = tile
     grid = (c // bc, triton.cdiv(t, bt - shift_overlap(v)))
@@ -1112,7 +1154,7 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
             weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
             C=c, WS=width, N=bs.N, W=bs.W, ROWS=bt, BLOCK_C=bc, G=v.rows, CS=v.cs, BUG=v.bug,
             QP=triton.next_power_of_2(bt * (bs.W - 1)), WTILE=v.wtile, SUB=v.sub, ALL_SLOW=v.all_slow,
-            tile_shift=tile_shift,
+            tile_shift=tile_shift, ilv_d0=ilv[0], ilv_d1=ilv[1],
             num_warps=nw,
         )
         return
@@ -1167,7 +1209,10 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
     shift = rotation_shift(inp.tap_map[: inp.x.shape[0]], tile[0]) if v.rot else 0  # (before any timing)
     if v.rot:
         log(f"{v.name}: row tiles rotated by {shift} of {triton.cdiv(inp.x.shape[0], tile[0])}")
-    return lambda: launch_exp(v, tile, inp.x, weight, cache, inp, off, width, out, shift)
+    ilv = load_path_range(inp.tap_map[: inp.x.shape[0]], tile[0]) if v.ilv else (0, 0)
+    if v.ilv:
+        log(f"{v.name}: load-path tiles {ilv} of {triton.cdiv(inp.x.shape[0], tile[0])} spread over the grid")
+    return lambda: launch_exp(v, tile, inp.x, weight, cache, inp, off, width, out, shift, ilv)
 
 
 # --------------------------------------------------------------------------------------
@@ -1220,6 +1265,9 @@ def dry_cases() -> list[bs.Case]:
         # 72 prompt rows: a 32-row shift tile (rows 28..55, or 32..63) lies wholly in-forward (on-chip taps,
         # their canaries fail here too) and the next one mixes prompt and decode rows
         bs.Case("tiny mixed 72 + 5 decodes, ATTN-like", attn, [(0, 72)] + [(bs._hist(i), 1) for i in range(5)], 0.0),
+        # (session 17) several load-path tiles before / after the prompt: the tile orders
+        bs.Case("tiny 20 decodes + 60, K-like", k, [(bs._hist(i), 1) for i in range(20)] + [(0, 60)], 0.0),
+        bs.Case("tiny mixed 60 + 20 decodes, K-like", k, [(0, 60)] + [(bs._hist(i), 1) for i in range(20)], 0.0),
     ]
 
 

@@ -46,6 +46,8 @@
 #   s17      (.peer carried) the row kernel's GPU tests with the batch's tile-order hint
 #            (SconvBatch.schedule_start; graph replay with a hint frozen at capture, the
 #            hazard), the --threshold cases with and without the hint, then the sweep
+#   s17b     the --threshold cases: the experimental row kernel in plain order, rotated, and
+#            with its load-path tiles spread evenly over the grid (rows2d-ilv), next to the library
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -193,6 +195,10 @@ case "${1:-}" in
     threshold 150 "lib-rows 8x256/2w,lib-rows-plain 8x256/2w" 32
     sweep 200
     ;;
+  s17b)
+    threshold 200 "lib-rows 8x256/2w,rows2d 8x256/2w/s64,rows2d-rot 8x256/2w/s64,rows2d-ilv 8x256/2w/s64" 50
+    grep "spread" "$OUT/threshold.log" | sort -u | head -12
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     gputests 230 "rows or kv_ or (hazard and map)" 8
@@ -202,7 +208,7 @@ case "${1:-}" in
     layer 300 40
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17|s17b|layer" >&2
     exit 2
     ;;
 esac
