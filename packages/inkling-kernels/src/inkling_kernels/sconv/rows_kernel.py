@@ -190,6 +190,7 @@ def _rows_sconv_kernel(
     out2_ptr,
     stream_offset2,
     STREAMS: tl.constexpr,
+    ROTATE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
@@ -202,9 +203,12 @@ def _rows_sconv_kernel(
             out_ptr = out2_ptr
             stream_offset = stream_offset2
     pid_c = tl.program_id(0)
-    # The row tiles rotated by the batch's schedule hint (rows_tile_shift): a bijection,
-    # so it moves only when a tile runs.
-    pid_t = (tl.program_id(1) + tile_shift) % tl.num_programs(1)
+    pid_t = tl.program_id(1)
+    if ROTATE:  # the row tiles rotated by the batch's hint (rows_tile_shift, 0 < tile_shift < tiles):
+        # a bijection, so it changes only when a tile runs
+        pid_t += tile_shift
+        if pid_t >= tl.num_programs(1):
+            pid_t -= tl.num_programs(1)
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS
