@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import datetime
 import importlib.util
-import itertools
 import json
 import math
 import pathlib
@@ -37,8 +36,7 @@ from typing import Any, Callable
 import torch
 import triton
 
-from inkling_kernels import (SconvBatch, fused_sconv, fused_sconv_vllm, schedule_start, sconv_seq_metadata,
-                             sconv_tap_map)
+from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_vllm, sconv_seq_metadata, sconv_tap_map
 from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton
 
 W = 4
@@ -91,9 +89,6 @@ class Inputs:
     slots: torch.Tensor
     qs: torch.Tensor
     tap_map: torch.Tensor  # the step's tap map (built once per step and group)
-    # the batch's tile-order hint (SconvBatch.schedule_start), as an engine with the
-    # host query_start_loc sets it (inkling_model's SconvMetadataBuilder)
-    schedule_start: int = 0
 
     @property
     def meta(self) -> tuple[torch.Tensor, ...]:
@@ -102,7 +97,7 @@ class Inputs:
     @functools.cached_property
     def batch(self) -> SconvBatch:
         """The step's batch without a map."""
-        return SconvBatch(*self.meta, block_size=N, kernel_size=W, schedule_start=self.schedule_start)
+        return SconvBatch(*self.meta, block_size=N, kernel_size=W)
 
     @functools.cached_property
     def mapped(self) -> SconvBatch:
@@ -148,7 +143,6 @@ def build(case: Case, num_sets: int, gen: torch.Generator, device: str = "cuda")
             slots=torch.cat(slots).to(device),
             qs=torch.cat(qs).to(device),
             tap_map=tap_map,
-            schedule_start=schedule_start([0] + list(itertools.accumulate(n for _, n in case.requests)), W),
         ))
         sconv_tap_map(sets[-1].batch, tap_map)
     weight = (torch.randn(c, W, device=device, generator=None) * 0.5).float()

@@ -625,16 +625,20 @@ def _rows_sconv_kernel(
     C: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, G: tl.constexpr, CS: tl.constexpr, BUG: tl.constexpr,
     QP: tl.constexpr, WTILE: tl.constexpr = False, SUB: tl.constexpr = 0, ALL_SLOW: tl.constexpr = False,
-    tile_shift=0, ilv_d0=0, ilv_d1=0,
+    tile_shift=0, ilv_d0=0, ilv_d1=0, ROT: tl.constexpr = False, ILV: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
-    # (session 16) the row tiles rotated by ``tile_shift``: the tiles from there run first
-    pid_t = (tl.program_id(1) + tile_shift) % tl.num_programs(1)
+    pid_t = tl.program_id(1)
+    if ROT:  # (session 16) the row tiles rotated by ``tile_shift`` (< tiles): the tiles from there run first
+        # (session 17: as an add and a wrap; a modulo here cost 5-10 % in every launch)
+        pid_t += tile_shift
+        if pid_t >= tl.num_programs(1):
+            pid_t -= tl.num_programs(1)
     # (session 17) with a range [ilv_d0, ilv_d1) of load-path tiles: those spread evenly
     # over the grid, one every k + 1 programs (k = prompt tiles per load-path tile), the
     # other tiles in order from ilv_d1 (wrapping)
     n_dec = ilv_d1 - ilv_d0
-    if n_dec > 0:
+    if ILV and n_dec > 0:
         j = tl.program_id(1)
         n_all = tl.num_programs(1)
         k = (n_all - n_dec) // n_dec
@@ -825,7 +829,6 @@ class Variant:
     strided_w: bool = False  # libcfg "rows": the weights read as W strided vectors, not as one tile
     rot: bool = False  # _rows_sconv_kernel: row tiles rotated to start after the last register-path tile
     ilv: bool = False  # _rows_sconv_kernel: the load-path tiles spread evenly over the grid (load_path_range)
-    plain: bool = False  # libcfg: the batch without its tile-order hint (schedule_start 0: plain order)
     bug: int = 0
 
 
@@ -1012,12 +1015,11 @@ VARIANTS += [Variant("rows2d-rot 8x256/2w/s64", "rows2d 8x256/2w/s64 with its ro
                      **{**_ROWS, "wt": False})]
 
 
-# Session 17: rows2d-rot gained 5-9 % on the prompt-first mixed batches (call 1); the
-# library's row kernel now takes the rotation from the batch (SconvBatch.schedule_start,
-# set from the host's query_start_loc: no device work, no map change). Its variants
-# above use the hint; this one is the library without it.
-VARIANTS += [Variant("lib-rows-plain 8x256/2w", "the library's row kernel, 8x256/2w, without the batch's tile-order "
-                     "hint (plain order)", libcfg=(8, 256, 2, "rows"), plain=True)]
+# Session 17 (RESULTS_prefill_exp.md): the rotation's gain above came from this kernel's
+# modulo (pid + shift) % tiles, which cost 5-10 % in every launch, shift 0 included.
+# Without the modulo (the library's row kernel given a host-computed shift, calls 2-4)
+# the prompt-first mixed batch gained nothing (30.44 -> 30.52 µs) and 1024 + 255 2 %;
+# the library does not rotate. The rotation here is now a compile of its own (ROT).
 
 
 def rotation_shift(tap_map: torch.Tensor, rows: int) -> int:
@@ -1154,7 +1156,7 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
             weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
             C=c, WS=width, N=bs.N, W=bs.W, ROWS=bt, BLOCK_C=bc, G=v.rows, CS=v.cs, BUG=v.bug,
             QP=triton.next_power_of_2(bt * (bs.W - 1)), WTILE=v.wtile, SUB=v.sub, ALL_SLOW=v.all_slow,
-            tile_shift=tile_shift, ilv_d0=ilv[0], ilv_d1=ilv[1],
+            tile_shift=tile_shift, ilv_d0=ilv[0], ilv_d1=ilv[1], ROT=v.rot, ILV=v.ilv,
             num_warps=nw,
         )
         return
@@ -1199,11 +1201,9 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
         bt, bc, nw, kind = v.libcfg
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
 
-        batch = dataclasses.replace(inp.mapped, schedule_start=0) if v.plain else inp.mapped
-
         def launch() -> Any:
             with _strided_weights(v.strided_w):
-                return fused_sconv_triton(inp.x, weight, cache, batch, off, width, out=out, config=cfg)
+                return fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out, config=cfg)
         return launch
     assert tile is not None
     shift = rotation_shift(inp.tap_map[: inp.x.shape[0]], tile[0]) if v.rot else 0  # (before any timing)
@@ -1265,9 +1265,8 @@ def dry_cases() -> list[bs.Case]:
         # 72 prompt rows: a 32-row shift tile (rows 28..55, or 32..63) lies wholly in-forward (on-chip taps,
         # their canaries fail here too) and the next one mixes prompt and decode rows
         bs.Case("tiny mixed 72 + 5 decodes, ATTN-like", attn, [(0, 72)] + [(bs._hist(i), 1) for i in range(5)], 0.0),
-        # (session 17) several load-path tiles before / after the prompt: the tile orders
+        # (session 17) several load-path tiles before the prompt (rows2d-ilv's range at the start)
         bs.Case("tiny 20 decodes + 60, K-like", k, [(bs._hist(i), 1) for i in range(20)] + [(0, 60)], 0.0),
-        bs.Case("tiny mixed 60 + 20 decodes, K-like", k, [(0, 60)] + [(bs._hist(i), 1) for i in range(20)], 0.0),
     ]
 
 

@@ -43,9 +43,8 @@
 #   s16      (written in session 16, not yet run: that session had 213 s of device time) GPU tests of the K+V launch on the row kernel (CUDA-graph replay,
 #            the many-launch same-step hazard); the --threshold cases with the experimental
 #            row kernel's tiles rotated (rows2d-rot: the decode tiles first in either order)
-#   s17      (.peer carried) the row kernel's GPU tests with the batch's tile-order hint
-#            (SconvBatch.schedule_start; graph replay with a hint frozen at capture, the
-#            hazard), the --threshold cases with and without the hint, then the sweep
+#   s17      (session 17, calls 2 and 4; mode removed with the feature) the library's row
+#            kernel with a host-computed tile rotation: no gain without the modulo
 #   s17b     the --threshold cases: the experimental row kernel in plain order, rotated, and
 #            with its load-path tiles spread evenly over the grid (rows2d-ilv), next to the library
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
@@ -186,15 +185,6 @@ case "${1:-}" in
     threshold 230 "lib-rows 8x256/2w,rows2d 8x256/2w/s64,rows2d-rot 8x256/2w/s64" 40
     grep "rotated" "$OUT/threshold.log" | head -12
     ;;
-  s17)
-    stage "GPU tests: the row kernel with its tile-order hint (graph replay, hazard, K+V)"
-    timeout 210 python3 -m pytest -v -n 8 -p no:cacheprovider $T/test_gpu.py -k "rows" > "$OUT/tests.log" 2>&1
-    echo "passed $(grep -c ' PASSED' "$OUT/tests.log") failed $(grep -c ' FAILED' "$OUT/tests.log") skipped $(grep -c ' SKIPPED' "$OUT/tests.log")"
-    grep -E "FAILED|Error" "$OUT/tests.log" | head -8
-    tail -n 2 "$OUT/tests.log"
-    threshold 150 "lib-rows 8x256/2w,lib-rows-plain 8x256/2w" 32
-    sweep 200
-    ;;
   s17b)
     threshold 200 "lib-rows 8x256/2w,rows2d 8x256/2w/s64,rows2d-rot 8x256/2w/s64,rows2d-ilv 8x256/2w/s64" 50
     grep "spread" "$OUT/threshold.log" | sort -u | head -12
@@ -208,7 +198,7 @@ case "${1:-}" in
     layer 300 40
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17|s17b|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|layer" >&2
     exit 2
     ;;
 esac

@@ -79,7 +79,6 @@ class Batch:
     query_start: torch.Tensor
     block_size: int = 4
     kernel_size: int = 4
-    schedule_start: int = 0  # the batch's tile-order hint (any value: the same results)
 
     def sconv(self, *, tap_map: torch.Tensor | None = None) -> SconvBatch:
         """The step's :class:`SconvBatch` (validated), optionally with a tap map."""
@@ -87,15 +86,7 @@ class Batch:
             positions=self.positions, block_table=self.block_table, seq_idx=self.seq_idx,
             slot_mapping=self.slot_mapping, query_start=self.query_start,
             block_size=self.block_size, kernel_size=self.kernel_size, tap_map=tap_map,
-            schedule_start=self.schedule_start,
         )
-
-    def query_start_loc(self) -> list[int]:
-        """The requests' row offsets (``[num_reqs + 1]``, the engine's host copy)."""
-        starts = [0]
-        for _, _, n in self.rows:
-            starts.append(starts[-1] + n)
-        return starts
 
 
 class PagedWorld:

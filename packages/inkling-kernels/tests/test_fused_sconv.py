@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from _sconv_world import DTYPES, IMPLS, Batch, PagedWorld, count_launches, needs_interpreter
-from inkling_kernels import SconvBatch, schedule_start, sconv_tap_map_ref
 
 
 
@@ -191,9 +190,6 @@ def test_rows_kernel(kind: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPa
         world = PagedWorld(dtype=dtype, seed=seed, num_blocks=96)
         items = _long_prompts(world, rng, kind) if kind in ("prefill", "chunked", "mixed") else _trace(world, kind, rng)
         batch = world.make_batch(items, num_pad=rng.randint(0, 3))
-        # the tile-order hint: the useful one, or any row (a rotation: the same results)
-        hint = schedule_start(batch.query_start_loc(), world.W)
-        batch.schedule_start = hint if i < 2 else rng.randint(1, 2 * batch.positions.shape[0])
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=True)
         for s, (_, width) in enumerate(world.streams):
             if world.H * width % bc == 0:
@@ -226,93 +222,6 @@ def test_rows_kernel_same_step_prefix_hit(hit: int, hit_first: bool) -> None:
     batch = world.prefix_hit_batch(hit, hit_first)
     for s in range(len(world.streams)):
         world.run(batch, s, "triton_map", config=SconvConfig(block_t=4, block_c=4, num_warps=1, rows=True))
-
-
-@needs_interpreter
-def test_rows_kernel_starts_at_schedule_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``SconvBatch.schedule_start``: the row kernel's grid starts at the tile holding
-    that row (modulo T) and takes every tile once; with a prompt followed by decodes
-    the hint from ``query_start_loc`` is the decodes' first row. Results as the reference
-    whatever the hint (every check of the suite)."""
-    import inkling_kernels.sconv.kernel as K
-    from inkling_kernels.sconv.kernel import SconvConfig
-
-    seen: list[int] = []
-    real = K._rows_sconv_kernel
-
-    class Recording:
-        def __getitem__(self, grid: tuple) -> object:
-            def launch(*args: object, **kwargs: object) -> object:
-                seen.append(int(args[8]))  # tile_shift, after num_tokens and num_slots
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(K, "_rows_sconv_kernel", Recording())
-    rng = random.Random(17)
-    world = PagedWorld(dtype=torch.bfloat16, seed=17, num_blocks=96)
-    world.add_request(0, 0)
-    items = [(0, 37)] + [(r, 1) for r in range(1, 6)]
-    for r in range(1, 6):
-        world.add_request(r, rng.randint(5, 60))
-    batch = world.make_batch(items, num_pad=2)  # T = 37 + 5 + 2 = 44
-    assert schedule_start(batch.query_start_loc(), world.W) == 37
-    cfg = SconvConfig(block_t=4, block_c=4, num_warps=1, rows=True)
-    for hint, shift in ((37, 9), (0, 0), (44, 0), (44 + 13, 3)):
-        batch.schedule_start = hint
-        world.run(batch, 0, "triton_map", config=cfg)
-        assert seen[-1] == shift, (hint, seen)
-
-
-def test_schedule_start_matches_the_tap_map() -> None:
-    """``schedule_start`` (host data only) against its meaning, read off the reference
-    tap map: the row after the last row whose taps are all rows of this forward or
-    absent. Equal when no fresh prompt is shorter than W (decodes, drafts and chunks
-    continue a sequence); never past it otherwise."""
-    rng = random.Random(5)
-    equal = 0
-    for trial in range(40):
-        world = PagedWorld(seed=trial, num_blocks=200)
-        kinds = rng.sample(["prefill", "decode", "chunked", "spec"], rng.randint(1, 4))
-        items = [it for kind in kinds for it in _trace(world, kind, rng)]
-        rng.shuffle(items)
-        batch = world.make_batch(items, num_pad=rng.randint(0, 2))
-        codes = torch.empty(batch.positions.shape[0], world.W - 1, dtype=torch.int64)
-        sconv_tap_map_ref(batch.sconv(), codes)
-        t = torch.arange(codes.shape[0])[:, None]
-        dist = torch.arange(1, world.W)[None, :]
-        register = ((codes == -(t - dist + 2)) | (codes == -1)).all(dim=1)
-        register[len(batch.positions) - batch.num_pad:] = False  # pad rows count for nothing
-        exact = int(register.nonzero().max()) + 1 if register.any() else 0
-        got = schedule_start(batch.query_start_loc(), world.W)
-        fresh_short = any(start == 0 and n < world.W for _, start, n in batch.rows)
-        if fresh_short:
-            assert got <= exact, (batch.rows, got, exact)
-        else:
-            assert got == exact, (batch.rows, got, exact)
-            equal += 1
-    assert equal >= 10  # the exact case is exercised
-
-
-def test_schedule_start_checks() -> None:
-    """Bad hints and host data say what to change; the hint reaches the custom ops."""
-    world = PagedWorld(seed=3)
-    batch = world.make_batch(_trace(world, "mixed", random.Random(3)))
-    with pytest.raises(ValueError, match="schedule_start must be >= 0"):
-        batch.schedule_start = -1
-        batch.sconv()
-    with pytest.raises(TypeError, match="schedule_start must be an int"):
-        batch.schedule_start = 2.0  # type: ignore[assignment]
-        batch.sconv()
-    with pytest.raises(ValueError, match="1-D int tensor"):
-        schedule_start(torch.tensor([0.0, 4.0]), 4)
-    with pytest.raises(ValueError, match="kernel_size must be >= 2"):
-        schedule_start([0, 4], 1)
-    assert schedule_start(torch.tensor([0, 1, 2, 9, 10], dtype=torch.int32), 4) == 9
-    assert schedule_start([0, 1, 2, 3], 4) == 0
-    batch.schedule_start = 5
-    sb = batch.sconv()
-    again, rest = SconvBatch.split_op_args((*sb.op_args(), "tail"))
-    assert again.schedule_start == 5 and rest == ("tail",)
 
 
 def test_rows_kernel_unfit() -> None:

@@ -5,7 +5,6 @@ Run on a GPU machine:  python -m pytest -q packages/inkling-kernels/tests/test_g
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,6 @@ from inkling_kernels import (
     sconv_seq_metadata_ref,
     sconv_tap_map,
     sconv_tap_map_ref,
-    schedule_start,
 )
 
 from inkling_kernels.sconv.kernel import SconvConfig
@@ -98,10 +96,8 @@ def _conv(path: str, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor,
 
     if path == "no-map":
         return fused_sconv_triton(x, weight, cache, _batch(meta, n), off, width, auto_map=False)
-    if path == "rows":  # the row-register kernel, forced (the default only above 1024 rows), its tiles
-        # started a third of the way in (SconvBatch.schedule_start: a rotation, the same results)
-        batch = dataclasses.replace(_gpu_map(meta, n), schedule_start=x.shape[0] // 3)
-        return fused_sconv_triton(x, weight, cache, batch, off, width, config=ROWS_CONFIG)
+    if path == "rows":  # the row-register kernel, forced (the default only above 1024 rows)
+        return fused_sconv_triton(x, weight, cache, _gpu_map(meta, n), off, width, config=ROWS_CONFIG)
     batch = _gpu_map(meta, n) if path == "map" else _batch(meta, n)
     return fused_sconv(x, weight, cache, batch, off, width)
 
@@ -143,10 +139,8 @@ def _config_vs_reference(shape: tuple, cfg: SconvConfig, seed: int) -> None:
     batch = world.make_batch(_mixed(world, rng, scale=2), num_pad=5)
     storage, cache = _gpu_copy(world)
     meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
-    # the batch's tile-order hint as an engine sets it (some row when the batch has none)
-    hint = schedule_start(batch.query_start_loc(), world.W) or rng.randint(1, len(batch.positions))
-    mapped = dataclasses.replace(_gpu_map(meta, 16), schedule_start=hint)
-    out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, mapped, off, width, config=cfg)
+    out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, _gpu_map(meta, 16), off, width,
+                             config=cfg)
     torch.cuda.synchronize()
     ref = world.run(batch, 0, "reference")
     torch.testing.assert_close(out.cpu(), ref, **TOL[torch.bfloat16])
@@ -238,9 +232,7 @@ class _GraphSetup:
         st = self.st
 
         def launch() -> torch.Tensor:
-            # (a tile-order hint frozen at capture: right for any batch replayed)
-            batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4,
-                               schedule_start=self.T // 2 + 3)
+            batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
             if mapped:
                 batch = sconv_tap_map(batch, self.tap_map)
             return op(batch)
@@ -445,8 +437,7 @@ def test_kv_cuda_graph_replay_with_changing_metadata(mapped: bool | str) -> None
     tap_map = torch.zeros(T, 3, dtype=torch.int64, device="cuda")
 
     def launch() -> tuple[torch.Tensor, torch.Tensor]:
-        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4,
-                           schedule_start=T // 2 + 3)  # (a hint frozen at capture: right for any batch)
+        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
         if mapped:
             batch = sconv_tap_map(batch, tap_map)
         _, k, v = st["qkv"].split([q_cols, c, c], dim=-1)

@@ -66,25 +66,6 @@ def test_builder_fills_per_token_metadata_in_persistent_buffers(seed):
         assert meta.positions.data_ptr() == positions.data_ptr() and meta.block_size == 4
         assert meta.seq_idx.data_ptr() == seq_ptr and meta.query_start.data_ptr() == start_ptr
         assert meta.seq_idx.dtype == torch.int32 and meta.query_start.dtype == torch.int32
-        assert meta.schedule_start == 0  # no kernel size, no host query_start_loc: plain order
-
-
-def test_builder_sets_the_tile_order_hint_from_host_query_start_loc():
-    """With the host ``query_start_loc`` and a kernel size the batch carries
-    ``schedule_start``: the row after the last request of at least W rows (a prompt
-    with decodes behind it: the decodes' first row)."""
-    builder = SconvMetadataBuilder(32, kernel_size=4, tap_map=False)
-    qsl = [0, 9, 10, 11, 14, 15]  # a prompt, decodes, a 3-token draft verify, a decode
-    args = (torch.tensor(qsl, dtype=torch.int32), torch.arange(17, dtype=torch.int64),
-            torch.zeros(5, 3, dtype=torch.int32), 5, 15, 17)
-    pos = dict(block_size=4, positions=torch.zeros(17, dtype=torch.int64))
-    assert builder.build(*args, **pos, query_start_loc_cpu=qsl + [15, 15]).schedule_start == 9
-    assert builder.build(*args, **pos, query_start_loc_cpu=torch.tensor(qsl)).schedule_start == 9
-    assert builder.build(*args, **pos).schedule_start == 0
-    with pytest.raises(ValueError, match="fewer than num_reqs"):
-        builder.build(*args, **pos, query_start_loc_cpu=qsl[:3])
-    with pytest.raises(ValueError, match="pass the host copy"):
-        builder.build(*args, **pos, query_start_loc_cpu=torch.tensor(qsl, device="meta"))
 
 
 def test_builder_pads_a_short_slot_mapping_with_minus_one():

@@ -5,8 +5,7 @@ Public API:
 
 - :data:`SUPPORTED_DTYPES` — the activation / cache dtypes of every sconv op;
 - :class:`SconvBatch` — the step's per-token metadata, built and validated once per
-  step and KV-cache group, handed to every conv launch; :func:`schedule_start` — its
-  tile-order hint, from the host's ``query_start_loc``;
+  step and KV-cache group, handed to every conv launch;
 - :func:`fused_sconv`, :func:`fused_sconv_add_rmsnorm` — the conv ops, on a batch;
   :func:`fused_sconv_add` — the conv + residual add without the norm (a tp > 1 shard);
   :func:`fused_sconv_kv` — the K and V convs of a layer in one launch;
@@ -26,7 +25,7 @@ PyTorch twins in ``_reference_common.py``.
 """
 
 from ._dispatch import uses_triton
-from .batch import SconvBatch, schedule_start
+from .batch import SconvBatch
 from .checks import ACTIVATION_DTYPES as SUPPORTED_DTYPES
 from .gathered_rmsnorm import gathered_rms_norm, gathered_rms_norm_ref
 from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
@@ -64,7 +63,6 @@ __all__ = [
     "sconv_seq_metadata_ref",
     "sconv_tap_map",
     "sconv_tap_map_ref",
-    "schedule_start",
     "uses_triton",
     "write_kv",
 ]

@@ -142,7 +142,6 @@ def check_batch(batch: SconvBatch) -> None:
         if batch.kernel_size is None:
             raise ValueError("a batch with a tap_map needs its kernel_size (the map has W - 1 columns)")
         check_tap_map_buffer("tap_map", batch.tap_map, num_tokens, batch.kernel_size, device)
-    need_int("schedule_start", batch.schedule_start, 0)
     if batch.num_actual_tokens is not None:
         need_int("num_actual_tokens", batch.num_actual_tokens, 0)
         if batch.num_actual_tokens > num_tokens:

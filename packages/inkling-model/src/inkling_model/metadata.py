@@ -20,12 +20,11 @@ the block-table lookups and the same-step hazard search).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from inkling_kernels import SconvBatch, schedule_start, sconv_seq_metadata, sconv_tap_map, uses_triton
+from inkling_kernels import SconvBatch, sconv_seq_metadata, sconv_tap_map, uses_triton
 
 __all__ = ["RelAttentionMetadata", "SconvMetadata", "SconvMetadataBuilder"]
 
@@ -149,7 +148,6 @@ class SconvMetadataBuilder:
         *,
         block_size: int,
         positions: torch.Tensor,
-        query_start_loc_cpu: torch.Tensor | Sequence[int] | None = None,
     ) -> SconvBatch:
         """Build the batch of one forward (validated once, here).
 
@@ -169,11 +167,6 @@ class SconvMetadataBuilder:
                 mapping's; every launch checks it against its cache).
             positions: ``[>= num_padded_tokens]`` int64 absolute position of each row
                 (pad rows: any value), on the builder's device.
-            query_start_loc_cpu: the host copy of ``query_start_loc`` (its first
-                ``num_reqs + 1`` entries are read), when the engine has one: it sets
-                the batch's tile-order hint (``inkling_kernels.schedule_start``), which
-                lets prefill-sized launches start at the decode rows behind a prompt.
-                Without it the hint is 0 (plain order, the same results).
 
         Returns:
             A batch whose ``seq_idx``/``query_start`` (and ``tap_map``) are views of
@@ -229,7 +222,6 @@ class SconvMetadataBuilder:
             block_size=block_size,
             kernel_size=self.kernel_size,
             num_actual_tokens=num_actual_tokens,
-            schedule_start=self._schedule_start(query_start_loc_cpu, num_reqs),
         )
         sconv_seq_metadata(  # checks query_start_loc and the counts
             query_start_loc,
@@ -242,13 +234,3 @@ class SconvMetadataBuilder:
         if self.tap_map_buffer is not None:
             batch = sconv_tap_map(batch, self.tap_map_buffer)
         return batch
-
-    def _schedule_start(self, query_start_loc_cpu: torch.Tensor | Sequence[int] | None, num_reqs: int) -> int:
-        if query_start_loc_cpu is None or self.kernel_size is None:
-            return 0
-        if len(query_start_loc_cpu) < num_reqs + 1:
-            raise ValueError(
-                f"query_start_loc_cpu has {len(query_start_loc_cpu)} entries, fewer than num_reqs + 1 "
-                f"({num_reqs + 1})"
-            )
-        return schedule_start(query_start_loc_cpu[: num_reqs + 1], self.kernel_size)

@@ -252,5 +252,4 @@ class PagedConvRuntime:
             num_padded,
             block_size=self.block_size,
             positions=self.positions_buffer[:num_padded],
-            query_start_loc_cpu=layout.query_start_loc,
         )

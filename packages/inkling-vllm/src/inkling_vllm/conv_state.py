@@ -142,7 +142,6 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             num_padded,
             block_size=self._block_size,
             positions=_positions(cm, num_reqs, num_actual, num_padded),
-            query_start_loc_cpu=cm.query_start_loc_cpu,
         )
 
     def _slots_without_null_block(self, slot_mapping: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@ from .._triton_common import (
 )
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
-from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_tile_shift, rows_unfit, rows_weight_tile
+from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_unfit, rows_weight_tile
 
 __all__ = [
     "MAP_MIN_WORK", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig", "choose_config",
@@ -619,10 +619,9 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
         return
     first, second = streams[0], streams[-1]
     grid = (prob.channels // cfg.block_c, triton.cdiv(prob.num_tokens, cfg.block_t), len(streams))
-    shift = rows_tile_shift(batch.schedule_start, prob.num_tokens, cfg.block_t)
     _rows_sconv_kernel[grid](
         first.x, first.weight2d, cache, first.out, batch.slot_mapping, tap_map,
-        prob.num_tokens, prob.num_slots, shift,
+        prob.num_tokens, prob.num_slots,
         first.weight2d.stride(0), first.weight2d.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), first.offset,
         C=prob.channels, SX=first.x.stride(0), WS=stream_width, N=batch.block_size, W=prob.kernel_size,
@@ -632,7 +631,6 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
         OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
         x2_ptr=second.x, w2_ptr=second.weight2d, out2_ptr=second.out, stream_offset2=second.offset,
         STREAMS=len(streams),
-        ROTATE=shift != 0,  # (a compile of its own: no extra instruction when there is no shift)
         num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )

@@ -155,7 +155,7 @@ def _conv_row(
     tl.store(out_ptr + (t * C + chan), acc.to(out_ptr.dtype.element_ty), mask=live)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "tile_shift"])
+@triton.jit(do_not_specialize=["num_tokens"])
 def _rows_sconv_kernel(
     x_ptr,
     w_ptr,
@@ -165,7 +165,6 @@ def _rows_sconv_kernel(
     map_ptr,
     num_tokens,
     num_slots,
-    tile_shift,
     stride_wc,
     stride_wk,
     stride_cb,
@@ -190,7 +189,6 @@ def _rows_sconv_kernel(
     out2_ptr,
     stream_offset2,
     STREAMS: tl.constexpr,
-    ROTATE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
@@ -204,11 +202,6 @@ def _rows_sconv_kernel(
             stream_offset = stream_offset2
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
-    if ROTATE:  # the row tiles rotated by the batch's hint (rows_tile_shift, 0 < tile_shift < tiles):
-        # a bijection, so it changes only when a tile runs
-        pid_t += tile_shift
-        if pid_t >= tl.num_programs(1):
-            pid_t -= tl.num_programs(1)
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS
@@ -277,22 +270,3 @@ def rows_unfit(num_tokens: int, channels: int, row_stride: int, kernel_size: int
 def cache_max_offset(cache: torch.Tensor) -> int:
     """The largest element offset inside ``cache`` (its strides may leave gaps)."""
     return sum((size - 1) * stride for size, stride in zip(cache.shape, cache.stride()))
-
-
-def rows_tile_shift(schedule_start: int, num_tokens: int, block_t: int) -> int:
-    """The row tile the kernel's grid starts at: the tile holding row ``schedule_start``
-    (``SconvBatch.schedule_start``, taken modulo T; a hint at or past the batch end
-    means the plain order). Its tiles then run in order and wrap around.
-
-    Why. A tile with a decode row (or a chunk's first rows) takes the load path and
-    waits a round trip per 64-channel chunk; a tile inside a prompt does not. Launched
-    behind a prompt, those tiles are the grid's last and run as a tail on a few SMs.
-    On the H200 (benchmarks/RESULTS_prefill_exp.md, session 17) starting the grid at the
-    decodes took the experimental row kernel from 32.85 to 31.00 µs on a 2048-token
-    prompt followed by 255 decodes, and changed nothing with the decodes first. Other
-    orders that need no hint (both ends alternately, last tile first) lost 6-8 % on
-    prefill (session 14): neighbouring prompt tiles no longer ran together; a rotation
-    keeps them together."""
-    if num_tokens <= 0:
-        return 0
-    return (schedule_start % num_tokens) // block_t
