@@ -47,6 +47,8 @@
 #            kernel with a host-computed tile rotation: no gain without the modulo
 #   s17b     the --threshold cases: the experimental row kernel in plain order, rotated, and
 #            with its load-path tiles spread evenly over the grid (rows2d-ilv), next to the library
+#   s17c     (.peer carried) s17b's cases (the experimental kernel now without a modulo
+#            in its plain launches), then the sweep
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -189,6 +191,10 @@ case "${1:-}" in
     threshold 200 "lib-rows 8x256/2w,rows2d 8x256/2w/s64,rows2d-rot 8x256/2w/s64,rows2d-ilv 8x256/2w/s64" 50
     grep "spread" "$OUT/threshold.log" | sort -u | head -12
     ;;
+  s17c)
+    threshold 120 "lib-rows 8x256/2w,rows2d 8x256/2w/s64,rows2d-rot 8x256/2w/s64,rows2d-ilv 8x256/2w/s64" 50
+    sweep 200
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     gputests 230 "rows or kv_ or (hazard and map)" 8
@@ -198,7 +204,7 @@ case "${1:-}" in
     layer 300 40
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|s17c|layer" >&2
     exit 2
     ;;
 esac
