@@ -43,6 +43,12 @@ to 61.4 (benchmarks/RESULTS_prefill_exp.md, session 14). The kernel is sensitive
 registers: a cap of 80 on the row-by-row version (Triton's ``maxnreg``; spills) made it
 1.44x slower, loading the next row's map codes early (+16 registers) 1.11x slower.
 
+The grid takes the row tiles in order (``pid_t = program_id(1)``). Other orders were
+measured and dropped (session 17): starting at the decode tiles behind a prompt gains
+0-2 % once written without a modulo, and any arithmetic on the program id before the
+first loads (a modulo 5-10 %, an add and a wrap 4-8 %) costs more than that on every
+launch; spreading the decode tiles over the grid is 12-15 % slower.
+
 x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
 cache offsets are int32 when every element of the cache lies below offset 2^31
 (``OFF64`` off: 72 registers for sm_90, against 80 with int64 offsets), else int64.
