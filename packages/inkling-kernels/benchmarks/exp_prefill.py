@@ -1022,21 +1022,6 @@ VARIANTS += [Variant("rows2d-rot 8x256/2w/s64", "rows2d 8x256/2w/s64 with its ro
 # the library does not rotate. The rotation here is now a compile of its own (ROT).
 
 
-def rotation_shift(tap_map: torch.Tensor, rows: int) -> int:
-    """The first row tile after the last tile whose taps are all register rows or none
-    (0 when no tile is): the decode tiles run first whether they follow the prompt or
-    precede it. Computed once per map (the launch in a CUDA graph keeps the int)."""
-    t, taps = tap_map.shape
-    rowi = torch.arange(t, device=tap_map.device)[:, None]
-    dist = torch.arange(1, taps + 1, device=tap_map.device)[None, :]
-    ok = ((tap_map == -(rowi - dist + 2)) | (tap_map == -1)).all(dim=1)
-    tiles = triton.cdiv(t, rows)
-    padded = torch.ones(tiles * rows, dtype=torch.bool, device=tap_map.device)
-    padded[:t] = ok
-    reg_tiles = padded.view(tiles, rows).all(dim=1).nonzero()
-    return 0 if reg_tiles.numel() == 0 else (int(reg_tiles.max()) + 1) % tiles
-
-
 def _register_tiles(tap_map: torch.Tensor, rows: int) -> torch.Tensor:
     """Per row tile: whether every tap of its rows is a register row or none."""
     t, taps = tap_map.shape
@@ -1047,6 +1032,15 @@ def _register_tiles(tap_map: torch.Tensor, rows: int) -> torch.Tensor:
     padded = torch.ones(tiles * rows, dtype=torch.bool, device=tap_map.device)
     padded[:t] = ok
     return padded.view(tiles, rows).all(dim=1)
+
+
+def rotation_shift(tap_map: torch.Tensor, rows: int) -> int:
+    """The first row tile after the last tile whose taps are all register rows or none
+    (0 when no tile is): the decode tiles run first whether they follow the prompt or
+    precede it. Computed once per map (the launch in a CUDA graph keeps the int)."""
+    reg = _register_tiles(tap_map, rows)
+    reg_tiles = reg.nonzero()
+    return 0 if reg_tiles.numel() == 0 else (int(reg_tiles.max()) + 1) % reg.numel()
 
 
 def load_path_range(tap_map: torch.Tensor, rows: int) -> tuple[int, int]:
