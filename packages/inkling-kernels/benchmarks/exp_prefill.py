@@ -1245,6 +1245,9 @@ def threshold_cases() -> list[bs.Case]:
                 0.0),
         bs.Case("mixed 2048 + 255 decodes, ATTN", bs.ATTN_GLOBAL, [(0, 2048)] + [(h(i), 1) for i in range(255)],
                 0.0),
+        # (session 17) the two parts of the mixed batch alone: where does the order cost?
+        bs.Case("part of the mix: prompt 2048, ATTN", bs.ATTN_GLOBAL, [(0, 2048)], 0.0),
+        bs.Case("part of the mix: 255 decodes, ATTN", bs.ATTN_GLOBAL, [(h(i), 1) for i in range(255)], 0.0),
     ]
 
 
@@ -1413,7 +1416,7 @@ def main() -> int:
                     help="start no new measurement after this many seconds (default 200; none in --dry-run, where a "
                          "skipped check would go unnoticed)")
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--only", default=None, help="substring filter on case names ('a|b': either)")
     ap.add_argument("--threshold", action="store_true", help="the cases between decode and prefill size "
                     "(threshold_cases) instead of the prefill ones")
     ap.add_argument("--variants", default=None, help="comma-separated variant names, run in this order (lib is "
@@ -1438,7 +1441,7 @@ def main() -> int:
             raise SystemExit("no CUDA device: use --dry-run on a CPU machine")
         device, cases = "cuda", threshold_cases() if args.threshold else gpu_cases()
     if args.only:
-        cases = [c for c in cases if args.only in c.name]
+        cases = [c for c in cases if any(part in c.name for part in args.only.split("|"))]
     results: dict[str, Any] = dict(
         device=torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)",
         torch=torch.__version__, triton=triton.__version__, dry_run=args.dry_run,

@@ -49,6 +49,8 @@
 #            with its load-path tiles spread evenly over the grid (rows2d-ilv), next to the library
 #   s17c     (.peer carried) s17b's cases (the experimental kernel now without a modulo
 #            in its plain launches), then the sweep
+#   s17d     the mixed batch in both orders next to its two parts alone (the 2048-token
+#            prompt, the 255 decodes), the library's default and its row kernel forced
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -195,6 +197,12 @@ case "${1:-}" in
     threshold 120 "lib-rows 8x256/2w,rows2d 8x256/2w/s64,rows2d-rot 8x256/2w/s64,rows2d-ilv 8x256/2w/s64" 50
     sweep 200
     ;;
+  s17d)
+    stage "the mixed batch and its parts"
+    timeout 150 python3 $B/exp_prefill.py --threshold --only "2048|255 decodes" --budget-s 130 \
+      --json "$OUT/parts.json" --variants "lib-rows 8x256/2w,rows2d-rot 8x256/2w/s64" > "$OUT/parts.log" 2>&1
+    grep -E "^\| " "$OUT/parts.log" | cut -c1-150 | tail -30
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     gputests 230 "rows or kv_ or (hazard and map)" 8
@@ -204,7 +212,7 @@ case "${1:-}" in
     layer 300 40
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|s17c|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|s17c|s17d|layer" >&2
     exit 2
     ;;
 esac
