@@ -49,7 +49,8 @@
 #            with its load-path tiles spread evenly over the grid (rows2d-ilv), next to the library
 #   s17c     (.peer carried) s17b's cases (the experimental kernel now without a modulo
 #            in its plain launches), then the sweep
-#   s17d     the mixed batch in both orders next to its two parts alone (the 2048-token
+#   s17d     (written in session 17, not yet run: no device time left) the mixed batch in
+#            both orders next to its two parts alone (the 2048-token
 #            prompt, the 255 decodes), the library's default and its row kernel forced
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
