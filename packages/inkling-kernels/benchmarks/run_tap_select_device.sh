@@ -51,7 +51,7 @@
 #            in its plain launches), then the sweep
 #   s17d     (written in session 17, not yet run: no device time left) the mixed batch in
 #            both orders next to its two parts alone (the 2048-token
-#            prompt, the 255 decodes), the library's default and its row kernel forced
+#            prompt, the 255 decodes): the library (default, row kernel forced), rows2d-rot
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
