@@ -1008,8 +1008,7 @@ VARIANTS += [Variant(f"rows2d 8x256/2w/s{sub}", f"rows-wtile 8x256/2w/g1 with it
 # tail on few SMs: 0.68-0.73 of copy against 0.76 with the decodes first (session 15).
 # Rotating the row tiles so that the grid starts after the last tile of the register
 # path puts them first in either order. Here the shift is computed on the host from the
-# map (outside the timing); in the library the map builder would write it. Not yet timed
-# (checked in the dry run; run_tap_select_device.sh s16).
+# map (outside the timing). Timed in session 17 (below).
 VARIANTS += [Variant("rows2d-rot 8x256/2w/s64", "rows2d 8x256/2w/s64 with its row tiles rotated to start after "
                      "the last register-path tile", tile=(8, 256, 2), rows=1, wtile=True, sub=64, rot=True,
                      **{**_ROWS, "wt": False})]

@@ -50,8 +50,8 @@
 #   s17c     (.peer carried) s17b's cases (the experimental kernel now without a modulo
 #            in its plain launches), then the sweep
 #   s17d     (written in session 17, not yet run: no device time left) the mixed batch in
-#            both orders next to its two parts alone (the 2048-token
-#            prompt, the 255 decodes): the library (default, row kernel forced), rows2d-rot
+#            both orders next to its two parts alone (the 2048-token prompt, the 255
+#            decodes): the library (default, row kernel forced), rows2d-rot
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -77,10 +77,10 @@ layer() {
     --json "$OUT/layer.json" --md "$OUT/layer.md" > "$OUT/layer.log" 2>&1
   tail -"$2" "$OUT/layer.log"
 }
-threshold() {  # limit (s), variants, lines of the table to print
+threshold() {  # limit (s), variants, lines of the table to print[, more exp_prefill.py arguments]
   stage "threshold cases"
   timeout "$1" python3 $B/exp_prefill.py --threshold --budget-s $(( $1 - 20 )) --json "$OUT/threshold.json" \
-    --variants "$2" > "$OUT/threshold.log" 2>&1
+    --variants "$2" "${@:4}" > "$OUT/threshold.log" 2>&1
   grep -E "^\| " "$OUT/threshold.log" | cut -c1-150 | tail -"$3"
 }
 gputests() {  # limit (s), pytest -k expression, lines of the log to print
@@ -199,10 +199,7 @@ case "${1:-}" in
     sweep 200
     ;;
   s17d)
-    stage "the mixed batch and its parts"
-    timeout 150 python3 $B/exp_prefill.py --threshold --only "2048|255 decodes" --budget-s 130 \
-      --json "$OUT/parts.json" --variants "lib-rows 8x256/2w,rows2d-rot 8x256/2w/s64" > "$OUT/parts.log" 2>&1
-    grep -E "^\| " "$OUT/parts.log" | cut -c1-150 | tail -30
+    threshold 150 "lib-rows 8x256/2w,rows2d-rot 8x256/2w/s64" 30 --only "2048|255 decodes"
     ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
