@@ -163,16 +163,18 @@ def test_plan_defaults_follow_config() -> None:
 # --- the two conv-state managers side by side ---------------------------------------------
 
 
-@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 5), (2, 3, 7)])
+@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 6), (2, 3, 8)])
 def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int) -> None:
     from inkling_cache import tail_conv_admission_blocks
 
     # W = N = 4, + one prompt-end checkpoint block. A lone 3-row chunk tail touches 2 blocks.
     # k = 0: B + 1 lone tails, 2 blocks each: 4 / 6 (+1).
-    # B = 1, k = 3: decode tails reach 3 + 3 = 6 rows; two chunk tails: 4; a chunk tail
-    #   and a decode step (one run of 6 + 4 = 10 rows): 4; two decode steps: 10 rows, 4.
-    # B = 2, k = 3: decode tails reach 3 + 6 = 9 rows; three chunk tails: 6; two and a
-    #   decode step: 2 + (9 + 4 = 13 rows: 4) = 6; one and two decode steps: 17 rows, 5.
+    # B = 1, k = 3: decode tails reach 3 + 3 = 6 rows (3 blocks); a decode tail, then a
+    #   chunk tail elsewhere (a streaming session's next turn): 3 + 2 = 5; a tail and
+    #   a decode tail after it: one run of 6 + 4 = 10 rows, 4.
+    # B = 2, k = 3: decode tails reach 3 + 6 = 9 rows (3 blocks); a decode tail, then two
+    #   chunk tails: 3 + 2 + 2 = 7; a decode tail, then a chunk and a decode tail (13
+    #   rows, 4): 7; three tails in one run: 17 rows, 5.
     for budget in (2048, 8192):
         got = tail_conv_admission_blocks(4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k)
         assert got == expected
@@ -183,16 +185,19 @@ def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int)
 
 
 def _live_tail_blocks_of_a_schedule(
-    w: int, n: int, k: int, b: int, look: int, prompt: int, chunks: list[int], decode: list[tuple[int, int]]
+    w: int, n: int, k: int, b: int, look: int, prompt: int, chunks: list[int],
+    decode: list[tuple[int, int]], resume: list[int],
 ) -> int:
     """Brute force, independent of the bound's derivation: play one request's schedule
     the way vLLM's scheduler counts (chunks of the prompt, then decode steps of 1 + d
-    tokens, ``b`` steps in flight, a settled step's rejected drafts taken back from
-    the computed count) and return the most blocks the ``b + 1`` newest tails touch
-    together (a tail: ``W - 1`` rows before a step without drafts ends, ``W - 1 + k b``
-    before a decode step's end, plus the lookahead slots)."""
+    tokens, then the chunks of a streaming session's next turn; ``b`` steps in flight,
+    a settled step's rejected drafts taken back from the computed count) and return the
+    most blocks the ``b + 1`` newest tails touch together (a tail: ``W - 1`` rows before
+    a step without drafts ends, ``W - 1 + k b`` before a decode step's end, plus the
+    lookahead slots; a step after the prompt of at most ``1 + k`` tokens counts as a
+    decode step, the larger tail)."""
     computed, steps, in_flight, worst = 0, [], [], 0
-    plan = [(size, 0) for size in chunks] + [(1 + d, r) for d, r in decode]
+    plan = [(size, 0) for size in chunks] + [(1 + d, r) for d, r in decode] + [(size, 0) for size in resume]
     for size, rejected in plan:
         if computed < prompt:
             size = min(size, prompt - computed)
@@ -218,29 +223,43 @@ def _live_tail_blocks_of_a_schedule(
     look=st.integers(0, 3), prompt=st.integers(1, 300),
     chunks=st.lists(st.integers(1, 120), min_size=1, max_size=8),
     decode=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=10),
+    resume=st.lists(st.integers(1, 120), max_size=4),
 )
 def test_live_tail_bound_holds_for_any_schedule(
-    w: int, n: int, k: int, b: int, look: int, prompt: int, chunks: list[int], decode: list[tuple[int, int]]
+    w: int, n: int, k: int, b: int, look: int, prompt: int, chunks: list[int],
+    decode: list[tuple[int, int]], resume: list[int],
 ) -> None:
     from inkling_cache import tail_conv_live_blocks
 
     decode = [(min(d, k), min(r, d, k)) for d, r in decode]
-    worst = _live_tail_blocks_of_a_schedule(w, n, k, b, look, prompt, chunks, decode)
-    assert worst <= tail_conv_live_blocks(
-        w, n, max_concurrent_batches=b, spec_tokens=k, lookahead_tokens=look
-    )
+    worst = _live_tail_blocks_of_a_schedule(w, n, k, b, look, prompt, chunks, decode, resume)
+    bound = tail_conv_live_blocks(w, n, max_concurrent_batches=b, spec_tokens=k, lookahead_tokens=look)
+    assert worst <= bound <= (b + 1) * (-(-(w - 2 + k * b + look) // n) + 1)  # the README's cap
+
+
+def test_live_tail_bound_covers_a_chunk_after_decode_tails() -> None:
+    # Found by the property test above (the bound used to assume no chunk tail follows a
+    # decode tail): a 1-token prompt, a 1-token step after it (a decode step: its tail
+    # reaches W - 1 + k = 2 rows back), then a 3-token step (no drafts). With 2 lookahead
+    # slots and 1-row blocks the two live tails are rows 0-3 and 4-6: 7 blocks.
+    from inkling_cache import tail_conv_live_blocks
+
+    seen = _live_tail_blocks_of_a_schedule(2, 1, 1, 1, 2, 1, [1, 1, 3], [], [])
+    bound = tail_conv_live_blocks(2, 1, max_concurrent_batches=1, spec_tokens=1, lookahead_tokens=2)
+    assert (seen, bound) == (7, 7)
 
 
 def test_live_tail_bound_is_reached() -> None:
-    # the bound is not loose at W = N = 4, B = 2, k = 3: some schedule touches all 6
+    # the bound is not loose at W = N = 4, B = 2, k = 3: some schedule touches all 7
+    # (a decode step, then a streaming session's next turn in two chunks)
     from inkling_cache import tail_conv_live_blocks
 
     bound = tail_conv_live_blocks(4, 4, max_concurrent_batches=2, spec_tokens=3)
     seen = max(
-        _live_tail_blocks_of_a_schedule(4, 4, 3, 2, 0, prompt, [c1, c2, 64], [(3, r), (3, 0), (3, 0)])
-        for prompt in range(60, 80) for c1 in range(1, 9) for c2 in range(1, 9) for r in range(4)
+        _live_tail_blocks_of_a_schedule(4, 4, 3, 2, 0, prompt, [prompt], [(3, r)], [c1, c2, 64])
+        for prompt in range(60, 68) for c1 in range(5, 13) for c2 in range(5, 13) for r in range(4)
     )
-    assert (seen, bound) == (6, 6)
+    assert (seen, bound) == (7, 7)
 
 
 def test_in_flight_tokens_scale_the_window_reserve_not_the_tail() -> None:

@@ -169,20 +169,22 @@ def tail_conv_live_blocks(
     With ``B`` batches in flight ``B + 1`` tails are live: the one the first unrun
     step reads and each unrun step's own. A tail ends at its step's end plus the
     lookahead slots ``L``. It reaches back ``W - 1`` rows for a step without drafts (a
-    chunk ending inside the prefill, or scheduling more than ``1 + k`` tokens: the
-    next step starts at its end) and ``R = W - 1 + k * B`` rows otherwise (a decode
-    step with up to ``k`` drafts: rejections move the next start back by up to ``k``
-    per step in flight). Once a request decodes, every later step is a decode step,
-    so the live tails are some chunk tails followed by some decode tails.
+    *chunk* tail: a chunk ending inside the prefill, or a step scheduling more than
+    ``1 + k`` tokens, whose successor starts at its end) and ``R = W - 1 + k * B`` rows
+    otherwise (a *decode* tail: up to ``k`` drafts, and a rejection moves the next start
+    back by up to ``k`` per step in flight).
 
-    A run of ``r`` consecutive rows touches at most ``cdiv(r - 1, N) + 1`` blocks. Chunk
-    tails are runs of ``W - 1 + L`` rows. A decode step schedules at most ``1 + k``
-    tokens past the scheduler's count, which is at most the previous step's end, and
-    its tail reaches back over that end (``R >= 1 + k`` rows with drafts; without, one
-    token and ``W - 1 >= 1`` rows): the ``l`` decode tails and the
-    tail before them form one run of at most ``R + l * (1 + k) + L`` rows (their ends
-    lie within ``l * (1 + k)`` of each other). The bound is the most blocks over the
-    ``B + 2`` ways to split the ``B + 1`` tails into chunk and decode tails.
+    A run of ``r`` consecutive rows touches at most ``cdiv(r - 1, N) + 1`` blocks. A
+    decode step schedules at most ``1 + k`` tokens from a start at or below the
+    previous step's end, and ``R >= 1 + k``, so its tail reaches back over that end: a
+    tail and the ``l`` decode tails after it form one run of at most
+    ``R + l * (1 + k) + L`` rows (a lone decode tail: ``R + L``; a lone chunk tail:
+    ``W - 1 + L``). A chunk tail may start a new run anywhere, also after decode tails:
+    a streaming-input session (vLLM's resumable requests) decodes, stops, and
+    continues with a chunk of new prompt tokens while it keeps its blocks. So the live
+    tails are a sequence of runs, each a tail followed by decode tails, and every run
+    after the first starts with a chunk tail; the bound is the worst such sequence of
+    ``B + 1`` tails (the sum of its runs' blocks).
     """
     _int("kernel_size", kernel_size, 2)
     _int("block_size", block_size, 1)
@@ -196,15 +198,18 @@ def tail_conv_live_blocks(
     chunk_tail = run(kernel_size - 1 + lookahead_tokens)
     reach = kernel_size - 1 + spec_tokens * batches + lookahead_tokens
 
-    def decode_run(decode_tails: int) -> int:  # with the tail before them (if live)
+    def decode_run(decode_tails: int) -> int:  # a decode tail (or any tail) and l decode tails after it
         return run(reach + decode_tails * (1 + spec_tokens))
 
-    best = decode_run(batches)  # every live tail a decode step's
-    for decode_tails in range(batches + 1):  # the oldest live tail a chunk's
-        chunk_tails = batches + 1 - decode_tails
-        last = decode_run(decode_tails) if decode_tails else chunk_tail
-        best = max(best, (chunk_tails - 1) * chunk_tail + last)
-    return best
+    # after[m]: the most blocks m tails take as runs that each start with a chunk tail
+    after = [0]
+    for m in range(1, batches + 2):
+        after.append(max(
+            (decode_run(size - 1) if size > 1 else chunk_tail) + after[m - size]
+            for size in range(1, m + 1)
+        ))
+    # the first run may start with either kind; a decode tail's run is never smaller
+    return max(after[batches + 1], *(decode_run(size - 1) + after[batches + 1 - size] for size in range(1, batches + 2)))
 
 
 def tail_conv_admission_blocks(

@@ -138,6 +138,11 @@ class SimConfig:
     # preempt the request after this many decode steps (vLLM frees its blocks and
     # recomputes prompt + output as a new prefill, drafts cleared); None: never
     preempt_after: int | None = None
+    # a streaming-input session (vLLM's resumable requests): after this many decode
+    # steps the turn stops and the session continues with ``continue_tokens`` new
+    # prompt tokens, keeping its blocks (a prefill after decode steps); None: never
+    continue_after: int | None = None
+    continue_tokens: int = 0
 
 
 @dataclass
@@ -223,6 +228,29 @@ def _rows_still_read(inflight: deque[tuple[int, int, bool]], reach: int, spec_k:
     return rows
 
 
+def _continue_session(
+    req: Request, new_tokens: list[int], hash_block: int, settle: Any, inflight: deque[Any]
+) -> None:
+    """What vLLM's scheduler does when a streaming-input session's turn stops and its
+    next input arrives (``_handle_stopped_request``, ``_update_request_as_session``):
+    the steps in flight settle, the last sampled token (never computed) is dropped,
+    the computed outputs and the new tokens join the prompt, and the request waits
+    again holding its blocks, to resume at its computed tokens."""
+    while inflight:
+        settle()
+    computed = req.num_computed_tokens
+    del req._all_token_ids[computed:]
+    kept = list(req._all_token_ids[req.num_prompt_tokens:computed])
+    req._output_token_ids.clear()
+    req.spec_token_ids = []
+    assert req.prompt_token_ids is not None
+    req.prompt_token_ids.extend(kept + new_tokens)
+    req._all_token_ids.extend(new_tokens)
+    del req.block_hashes[computed // hash_block:]
+    req.update_block_hashes()
+    req.num_prompt_tokens = len(req.prompt_token_ids)
+
+
 def run_sim(
     cfg: SimConfig,
     manager: KVCacheManager | None = None,
@@ -250,9 +278,10 @@ def run_sim(
         worker = Worker(manager, cfg.block_size, cfg.kernel)
     if prompt is None:
         prompt = [rng.randrange(1, 30000) for _ in range(cfg.prompt_len)]
+    hash_block = min(cfg.block_size, cfg.attention_block or cfg.block_size)
     req = Request(
         request_id, prompt, SamplingParams(max_tokens=cfg.decode_steps * (cfg.spec_k + 1) + 8), None,
-        block_hasher=_block_hasher(min(cfg.block_size, cfg.attention_block or cfg.block_size)),
+        block_hasher=_block_hasher(hash_block),
     )
     res = SimResult(cap=int(getattr(spec, "max_admission_blocks_per_request")(in_flight_max, cfg.max_model_len)))
     rid = req.request_id
@@ -268,7 +297,8 @@ def run_sim(
     decode_done = 0
     first = True
     prefill_target = req.num_prompt_tokens  # the prompt; after a preemption, every token
-    preempted = False
+    preempted = continued = False
+    gate = True  # the admission gate: a waiting request's first chunk
 
     def settle() -> None:
         nonlocal decode_done
@@ -300,6 +330,12 @@ def run_sim(
             computed_blocks, num_hit, _ = manager.get_computed_blocks(req)
             first, preempted = True, True
             continue
+        if cfg.continue_after is not None and not continued and decode_done >= cfg.continue_after:
+            new_tokens = [rng.randrange(1, 30000) for _ in range(cfg.continue_tokens)]
+            _continue_session(req, new_tokens, hash_block, settle, inflight)
+            prefill_target = req.num_tokens
+            continued = gate = True
+            continue
         done = req.num_computed_tokens + (num_hit if first else 0)
         prefill = done < prefill_target
         if prefill:
@@ -316,8 +352,9 @@ def run_sim(
             req, n,
             num_new_computed_tokens=num_hit if first else 0,
             new_computed_blocks=computed_blocks if first else None,
-            full_sequence_must_fit=first,
+            full_sequence_must_fit=gate,
         )
+        gate = False
         if blocks is None:
             raise RuntimeError(f"allocation failed at computed={start} (pool too small?)")
         if first:
