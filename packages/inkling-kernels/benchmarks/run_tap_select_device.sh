@@ -52,6 +52,10 @@
 #   s17d     (written in session 17, not yet run: no device time left) the mixed batch in
 #            both orders next to its two parts alone (the 2048-token prompt, the 255
 #            decodes): the library (default, row kernel forced), rows2d-rot
+#   s18      (session 18) exp_split.py: the prompt-first mixed batch as one launch or as
+#            two on row slices (decodes, then prompt), cold and hot; the same variants
+#            once each under ncu (duration, DRAM throughput and bytes, L2 hit rate,
+#            occupancy); then s17d
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -201,6 +205,31 @@ case "${1:-}" in
   s17d)
     threshold 150 "lib-rows 8x256/2w,rows2d-rot 8x256/2w/s64" 30 --only "2048|255 decodes"
     ;;
+  s18)
+    stage "split: the prompt-first mixed batch as one launch or two"
+    timeout 150 python3 $B/exp_split.py --json "$OUT/split.json" > "$OUT/split.log" 2>&1
+    tail -22 "$OUT/split.log"
+    stage "ncu: each variant once (caches flushed per kernel)"
+    M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum
+    M+=,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
+    M+=,launch__grid_size,sm__throughput.avg.pct_of_peak_sustained_elapsed
+    timeout 200 ncu --clock-control none --profile-from-start off --nvtx --print-summary none --metrics "$M" \
+      --csv python3 $B/exp_split.py --ncu > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+    echo "ncu rc $?"; grep -c '"' "$OUT/ncu.csv"; tail -3 "$OUT/ncu.err"
+    python3 - "$OUT/ncu.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+head, body = rows[0], rows[1:]
+ix = {h: i for i, h in enumerate(head)}
+per = collections.OrderedDict()
+for r in body:
+    key = (r[ix["ID"]], r[ix.get("Kernel Name", 0)][:28])
+    per.setdefault(key, {})[r[ix["Metric Name"]]] = r[ix["Metric Value"]]
+for (kid, kname), m in per.items():
+    print(kid, kname, " ".join(f"{k.split('__')[1][:22]}={v}" for k, v in m.items()))
+PY
+    threshold 150 "lib-rows 8x256/2w,rows2d-rot 8x256/2w/s64" 30 --only "2048|255 decodes"
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     gputests 230 "rows or kv_ or (hazard and map)" 8
@@ -210,7 +239,7 @@ case "${1:-}" in
     layer 300 40
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|s17c|s17d|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|s17c|s17d|s18|layer" >&2
     exit 2
     ;;
 esac
