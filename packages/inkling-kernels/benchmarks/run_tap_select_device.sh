@@ -56,6 +56,8 @@
 #            two on row slices (decodes, then prompt), cold and hot; the same variants
 #            once each under ncu (duration, DRAM throughput and bytes, L2 hit rate,
 #            occupancy); then s17d
+#   s18b     the row kernel's L2 prefetch of its load-path taps (INKLING_KERNELS_ROWS_PREFETCH
+#            0 and 1): exp_split.py, the --threshold cases, the row kernel's GPU tests with it on
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -230,6 +232,20 @@ for (kid, kname), m in per.items():
 PY
     threshold 150 "lib-rows 8x256/2w,rows2d-rot 8x256/2w/s64" 30 --only "2048|255 decodes"
     ;;
+  s18b)
+    for pf in 0 1; do
+      stage "split, INKLING_KERNELS_ROWS_PREFETCH=$pf"
+      INKLING_KERNELS_ROWS_PREFETCH=$pf timeout 100 python3 $B/exp_split.py --json "$OUT/split_pf$pf.json" \
+        > "$OUT/split_pf$pf.log" 2>&1
+      grep -E "single|copy" "$OUT/split_pf$pf.log"
+    done
+    for pf in 0 1; do
+      INKLING_KERNELS_ROWS_PREFETCH=$pf threshold 110 "lib-rows 8x256/2w" 30
+      mv "$OUT/threshold.log" "$OUT/threshold_pf$pf.log"; mv "$OUT/threshold.json" "$OUT/threshold_pf$pf.json"
+    done
+    stage "GPU tests of the row kernel, prefetch on"
+    INKLING_KERNELS_ROWS_PREFETCH=1 gputests 200 "rows" 6
+    ;;
   s14c)
     stage "GPU tests: the row kernel, the K+V launch, the hazard on the mapped paths"
     gputests 230 "rows or kv_ or (hazard and map)" 8
@@ -239,7 +255,7 @@ PY
     layer 300 40
     ;;
   *)
-    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|s17c|s17d|s18|layer" >&2
+    echo "usage: $0 tests|check|bench|prefill|feat|rows|rowslib|weights|kvrows|s14|s14c|s15|s15b|s15c|s15d|s16|s17b|s17c|s17d|s18|s18b|layer" >&2
     exit 2
     ;;
 esac
