@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from readme_check import check_opening_example  # (tools/, put on the path by conftest.py)
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -21,22 +20,10 @@ def _section(text: str, heading: str) -> str:
 
 def test_readme_opening_example_prints_its_comments(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    text = README.read_text(encoding="utf-8")
-    match = re.search(r"```python\n(.*?)```", text, flags=re.S)
-    assert match is not None, "the README has no python example"
-    code = match.group(1)
-    assert len(code.splitlines()) <= 25, "the opening example should stay short"
-    claimed = [m.group(1).strip() for m in re.finditer(r"^[ \t]*print\(.*\)[ \t]+# (.+)$", code, flags=re.M)]
-    assert claimed, "the example's print lines carry their output as a comment"
-    script = tmp_path / "example.py"
-    script.write_text(code, encoding="utf-8")
     env = dict(os.environ)
     env["VLLM_CACHE_ROOT"] = str(tmp_path / "vllm-cache")
     env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"  # vLLM logs to stdout by default
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-5000:]
-    assert run.stdout.split("\n")[:-1] == claimed, run.stdout
+    check_opening_example(README, tmp_path, timeout=900, env=env)
 
 
 def test_serving_section_uses_the_main_jobs_checkpoint_and_loopback() -> None:
