@@ -189,33 +189,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class InklingDims:
-    """The model dimensions the conv-state cache needs, normalized from any config form.
+class _LayerShapes:
+    """Per-layer attention shapes, shared by :class:`InklingDims` and
+    :class:`InklingTextSpec` (both frozen dataclasses with these fields)."""
 
-    ``layer_types[i]`` is ``"hybrid"`` (global attention: ``num_key_value_heads``,
-    ``head_dim``) or ``"hybrid_sliding"`` (``swa_num_key_value_heads``,
-    ``swa_head_dim``, window ``sliding_window``).
-    """
-
-    hidden_size: int
-    num_hidden_layers: int
+    layer_types: tuple[str, ...]
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
     swa_num_attention_heads: int
     swa_num_key_value_heads: int
     swa_head_dim: int
-    sliding_window: int
-    conv_kernel_size: int
-    max_position_embeddings: int
-    layer_types: tuple[str, ...]
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        for field in _DEFAULTS:
-            _check_int(field, getattr(self, field), minimum=1)
-        _check_layer_types(self.layer_types, self.num_hidden_layers)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` uses sliding-window attention."""
@@ -243,6 +227,35 @@ class InklingDims:
         """Indices of the sliding-window layers."""
         return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
 
+
+@dataclass(frozen=True)
+class InklingDims(_LayerShapes):
+    """The model dimensions the conv-state cache needs, normalized from any config form.
+
+    ``layer_types[i]`` is ``"hybrid"`` (global attention: ``num_key_value_heads``,
+    ``head_dim``) or ``"hybrid_sliding"`` (``swa_num_key_value_heads``,
+    ``swa_head_dim``, window ``sliding_window``).
+    """
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    swa_num_attention_heads: int
+    swa_num_key_value_heads: int
+    swa_head_dim: int
+    sliding_window: int
+    conv_kernel_size: int
+    max_position_embeddings: int
+    layer_types: tuple[str, ...]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field in _DEFAULTS:
+            _check_int(field, getattr(self, field), minimum=1)
+        _check_layer_types(self.layer_types, self.num_hidden_layers)
+
     def valid_tp_sizes(self) -> tuple[int, ...]:
         """TP degrees for which every layer's conv layout is valid."""
         kinds = set(self.layer_types)
@@ -260,7 +273,7 @@ class InklingDims:
 
 
 @dataclass(frozen=True)
-class InklingTextSpec:
+class InklingTextSpec(_LayerShapes):
     """Every hyperparameter of the served Inkling text model, in transformers' meaning.
 
     ``vocab_size`` is the row count of the embedding and the unembedding;
@@ -369,25 +382,9 @@ class InklingTextSpec:
         """Whether the embedding/unembedding has rows past ``unpadded_vocab_size``."""
         return self.vocab_size > self.unpadded_vocab_size
 
-    def is_sliding(self, layer: int) -> bool:
-        """Whether decoder layer ``layer`` uses sliding-window attention."""
-        return self.layer_types[layer] == SLIDING
-
     def is_moe(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` has a MoE (``"sparse"``) MLP."""
         return self.mlp_layer_types[layer] == SPARSE
-
-    def heads_of(self, layer: int) -> int:
-        """Query heads of ``layer`` (``swa_num_attention_heads`` on sliding layers)."""
-        return self.swa_num_attention_heads if self.is_sliding(layer) else self.num_attention_heads
-
-    def kv_heads_of(self, layer: int) -> int:
-        """KV heads of ``layer`` (``swa_num_key_value_heads`` on sliding layers)."""
-        return self.swa_num_key_value_heads if self.is_sliding(layer) else self.num_key_value_heads
-
-    def head_dim_of(self, layer: int) -> int:
-        """Head dimension of ``layer`` (``swa_head_dim`` on sliding layers)."""
-        return self.swa_head_dim if self.is_sliding(layer) else self.head_dim
 
     def window_of(self, layer: int) -> int | None:
         """Attention window of ``layer``: ``sliding_window`` on sliding layers, else None."""
@@ -401,16 +398,6 @@ class InklingTextSpec:
     def log_scaling_of(self, layer: int) -> bool:
         """Whether ``layer`` scales its logits with log scaling (global layers only)."""
         return self.log_scaling_n_floor is not None and not self.is_sliding(layer)
-
-    @property
-    def global_layers(self) -> tuple[int, ...]:
-        """Indices of the global-attention layers."""
-        return tuple(i for i, t in enumerate(self.layer_types) if t == GLOBAL)
-
-    @property
-    def sliding_layers(self) -> tuple[int, ...]:
-        """Indices of the sliding-window layers."""
-        return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
