@@ -219,6 +219,58 @@ def sc_small_mix(llm: Any) -> dict[str, Any]:
     }
 
 
+def _turns() -> list[list[list[int]]]:
+    # two sessions, three turns each: past the window, a prefill longer than the
+    # 37-token budget after decode steps (two chunks), then a few tokens
+    a = prompts(13, [60, 45, 3])
+    b = prompts(14, [30, 90, 1])
+    return [a, b]
+
+
+async def _session(engine: Any, sid: str, turns: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """One streaming-input session (vLLM's resumable requests): each turn's prompt is
+    sent once the previous turn has produced its ``max_tokens`` tokens; returns each
+    turn's tokens."""
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.engine.protocol import StreamingInput
+    from vllm.sampling_params import RequestOutputKind
+
+    got: list[list[int]] = [[] for _ in turns]
+    turn = 0
+    done = asyncio.Event()
+
+    async def inputs() -> Any:
+        nonlocal turn
+        for i, prompt in enumerate(turns):
+            done.clear()
+            turn = i
+            # a copy: vLLM extends the first turn's prompt list in place with later turns
+            yield StreamingInput(prompt={"prompt_token_ids": list(prompt)})
+            await done.wait()
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
+    async for out in engine.generate(inputs(), params, request_id=sid):
+        got[turn].extend(out.outputs[0].token_ids)
+        if len(got[turn]) >= max_tokens:
+            done.set()
+    return got
+
+
+async def sc_streaming_sessions(engine: Any) -> dict[str, Any]:
+    # Each turn continues the session's sequence (its computed tokens: the last sampled
+    # token of a turn is dropped) with new prompt tokens, on the blocks it kept: a
+    # prefill after decode steps, which the conv-state manager must serve from the
+    # tails it kept. Two sessions side by side.
+    import asyncio
+
+    sessions = _turns()
+    tokens = await asyncio.gather(*(_session(engine, f"s{i}", t, 6) for i, t in enumerate(sessions)))
+    return {"sessions": sessions, "tokens": list(tokens), "max_tokens": 6}
+
+
 def sc_inspect(llm: Any) -> dict[str, Any]:
     from inkling_vllm.demo.diagnostics import describe_conv_state
 
@@ -360,6 +412,12 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # towers and MTP heads skipped), torch.compile, prefix caching over prompts
     # sharing a prefix longer than the sliding window and the relative extent
     "release": (dict(), ["inspect", "concurrent", "logprobs", "prefix"]),
+    # streaming-input sessions (an AsyncLLM: ``_async``), eager, chunked prefill under a
+    # 37-token budget, prefix caching on, the tail conv-state manager (the default)
+    "streaming": (
+        dict(_async=True, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4),
+        ["streaming_sessions"],
+    ),
     # bfloat16 activations and cache (fp32 conv weights and math)
     "bf16": (dict(_env=IN_PROCESS, enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }
@@ -379,6 +437,33 @@ SCENARIOS = {
     "preempt_spec": sc_preempt_spec,
     "small_mix": sc_small_mix,
 }
+# scenarios that drive an AsyncLLM (engines with ``_async``)
+ASYNC_SCENARIOS = {
+    "streaming_sessions": sc_streaming_sessions,
+}
+
+
+def run_async(checkpoint: str, settings: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The ``_async`` engines: an AsyncLLM, its scenarios run in one event loop."""
+    import asyncio
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def go() -> dict[str, Any]:
+        started = time.time()
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=checkpoint, **{**COMMON, **settings}))
+        results: dict[str, Any] = {"engine_start_s": time.time() - started}
+        try:
+            for name in names:
+                t = time.time()
+                results[name] = await ASYNC_SCENARIOS[name](engine)
+                results[name]["seconds"] = time.time() - t
+        finally:
+            engine.shutdown()
+        return results
+
+    return asyncio.run(go())
 
 
 def main(argv: list[str]) -> int:
@@ -406,6 +491,10 @@ def main(argv: list[str]) -> int:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cpus[(start + i) % len(cpus)]) for i in range(ranks))
     if os.environ.get("INKLING_E2E_SETTINGS"):  # experiments: extra settings as JSON
         settings = {**settings, **json.loads(os.environ["INKLING_E2E_SETTINGS"])}
+    if settings.pop("_async", False):
+        with open(out_path, "w") as f:
+            json.dump(run_async(checkpoint, settings, names), f)
+        return 0
     started = time.time()
     llm = LLM(model=checkpoint, **{**COMMON, **settings})
     results: dict[str, Any] = {"engine_start_s": time.time() - started}

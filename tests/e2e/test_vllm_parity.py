@@ -341,3 +341,24 @@ def test_triton_attention_under_real_scheduling(engines: Any, hf: dict[str, Any]
     mix = result["small_mix"]
     assert mix["num_cached_tokens"][2] > 0 and mix["prefix_cache_hits"] > 0, mix["num_cached_tokens"]
     assert_greedy_parity(hf["default"], mix)
+
+
+# --- streaming-input sessions (AsyncLLM) ----------------------------------------------
+def test_streaming_sessions_continue_on_their_kept_blocks(engines: Any, hf: dict[str, Any]) -> None:
+    """vLLM's resumable requests: a session's turn stops after its tokens, the session
+    keeps its blocks, and its next turn's prompt tokens are prefilled after those decode
+    steps (a chunk tail after decode tails, in chunks of the 37-token budget). Each
+    turn's greedy tokens equal transformers' on the whole sequence so far: every earlier
+    turn's prompt and its tokens but the last (sampled, never computed: vLLM drops it),
+    then this turn's prompt."""
+    result = engines("streaming", "default")["streaming_sessions"]
+    n = result["max_tokens"]
+    assert len(result["sessions"]) == len(result["tokens"]) == 2
+    for s, (turns, got) in enumerate(zip(result["sessions"], result["tokens"])):
+        assert any(len(p) > 37 for p in turns[1:])  # a later turn's prefill spans chunks
+        context: list[int] = []
+        for i, (prompt, tokens) in enumerate(zip(turns, got)):
+            context += prompt
+            want = hf["default"].greedy(context, n)
+            assert tokens == want, f"session {s} turn {i} (context {len(context)} tokens): vLLM {tokens} != transformers {want}"
+            context += tokens[:-1]

@@ -216,6 +216,24 @@ def test_a_streaming_session_continues_on_its_tails(batches: int, k: int, new_to
     assert res.reads_checked == ref.reads_checked >= 3 * 30
 
 
+def test_a_manager_that_forgets_its_tails_at_a_new_turn_loses_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the check above can fail: a manager that drops a session's windows when its prompt
+    # grows (a new turn) frees the rows the turn's first chunk reads
+    exact = cm.ConvStateManager.remove_skipped_blocks
+
+    def forgetful(self: cm.ConvStateManager, request_id: str, processed: int,
+                  num_prompt_tokens: int | None = None) -> None:
+        if num_prompt_tokens is not None and self._prompt_len.get(request_id, num_prompt_tokens) != num_prompt_tokens:
+            self._windows[request_id] = []
+        exact(self, request_id, processed, num_prompt_tokens)
+
+    monkeypatch.setattr(cm.ConvStateManager, "remove_skipped_blocks", forgetful)
+    cfg = SimConfig(prompt_len=101, budget=3, block_size=1, decode_steps=30, continue_after=12,
+                    continue_tokens=20, num_blocks=4000, max_model_len=1024)
+    with pytest.raises(RowLost):
+        run_sim(cfg)
+
+
 @dataclass(frozen=True, kw_only=True)
 class _NoSpecRollback(cm.ConvStateSpec):
     """Broken: tails ignore that a rejected draft moves the next start back."""
