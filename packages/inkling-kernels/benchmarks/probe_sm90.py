@@ -9,8 +9,7 @@ lent to see what a kernel change does to the code (RESULTS_prefill_exp.md, sessi
 
 ``--lib BT,BC,NW[,ts|rows][,wt]``: the library's ``fused_sconv`` kernel on the case's
 mapped batch with that tile (``ts``: one load a tap; ``rows``: the row-register kernel;
-``wt``: the weights as a ``[C, W]`` view of a ``[W, C]``-contiguous tensor; ``pf``: the row
-kernel's L2 prefetch on). ``--exp NAME``: an ``exp_prefill.py`` variant.
+``wt``: the weights as a ``[C, W]`` view of a ``[W, C]``-contiguous tensor). ``--exp NAME``: an ``exp_prefill.py`` variant.
 The case is one of bench_sconv.py's; the values do not change the code.
 """
 
@@ -76,9 +75,8 @@ def _resources(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], order
     ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)]
     body = [op for op in ops if op != "NOP"]
     spills = sum(1 for op in body if op.startswith(("LDL", "STL")))
-    prefetches = sum(1 for op in body if op.startswith("CCTL"))
     out = (f"registers {regs.group(1) if regs else '?'}; instructions {len(body)}; loads {dict(loads)}; "
-           f"stores {dict(stores)}; local (spill) ops {spills}; prefetches {prefetches}")
+           f"stores {dict(stores)}; local (spill) ops {spills}")
     if order:
         # global memory ops in program order: L/S + bits, and how many other
         # instructions sit between them (e.g. "L64 +3 L128")
@@ -123,8 +121,6 @@ def main() -> int:
         w = weight.t().contiguous().t() if "wt" in flags else weight
         kernel, a, kw = _capture(K, "_rows_sconv_kernel" if cfg.rows else "_fused_sconv_kernel",
                                  lambda: K.fused_sconv_triton(s.x, w, cache, s.mapped, off, width, config=cfg))
-        if "pf" in flags:  # the row kernel's L2 prefetch (a CUDA-only switch: off on CPU tensors)
-            kw = dict(kw, PREFETCH=True)
         print(f"  library {spec}: {_resources(kernel, a, kw, args.order)}", flush=True)
     if args.exp:
         import exp_prefill as E

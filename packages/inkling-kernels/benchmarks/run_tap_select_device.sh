@@ -58,6 +58,8 @@
 #            occupancy); then s17d
 #   s18b     the row kernel's L2 prefetch of its load-path taps (INKLING_KERNELS_ROWS_PREFETCH
 #            0 and 1): exp_split.py, the --threshold cases, the row kernel's GPU tests with it on
+#            (run at tree 95f284e; the prefetch gained nothing and was removed after it, so on
+#            later trees both settings run the same kernel)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run

@@ -50,8 +50,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -496,10 +494,6 @@ ROWS_LOAD_PATH_CHANNELS = 64
 #: The row-register kernel computes cache offsets in int32 when every element of the
 #: cache lies below this offset (8 registers fewer for sm_90), else in int64.
 ROWS_OFFSET32_LIMIT = 2**31
-#: Experiment switch (session 18; read at each launch): the row kernel's load path
-#: prefetches every cache tap line of its tile into L2 before its first chunk
-#: (``INKLING_KERNELS_ROWS_PREFETCH=1``); CUDA only (inline PTX).
-ROWS_PREFETCH_ENV = "INKLING_KERNELS_ROWS_PREFETCH"
 
 
 def auto_tap_map(batch: SconvBatch, prob: SconvProblem, device: torch.device, auto_map: bool = True) -> torch.Tensor | None:
@@ -635,8 +629,6 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
         SILU=activation == "silu", RESIDUAL=residual,
         WTILE=rows_weight_tile(first.weight2d), SUB=min(ROWS_LOAD_PATH_CHANNELS, cfg.block_c),
         OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
-        PREFETCH=cache.is_cuda and os.environ.get(ROWS_PREFETCH_ENV, "0") == "1",
-        LINE=max(1, min(cfg.block_c, 128 // cache.element_size())),
         x2_ptr=second.x, w2_ptr=second.weight2d, out2_ptr=second.out, stream_offset2=second.offset,
         STREAMS=len(streams),
         num_warps=cfg.num_warps,

@@ -47,7 +47,11 @@ The grid takes the row tiles in order (``pid_t = program_id(1)``). Other orders 
 measured and dropped (session 17): starting at the decode tiles behind a prompt gains
 0-2 % once written without a modulo, and any arithmetic on the program id before the
 first loads (a modulo 5-10 %, an add and a wrap 4-8 %) costs more than that on every
-launch; spreading the decode tiles over the grid is 12-15 % slower.
+launch; spreading the decode tiles over the grid is 12-15 % slower. Two launches (the
+decode rows, then the prompt rows) cost their sum plus a boundary, and an L2 prefetch of
+every cache tap line of a load-path tile before its first chunk (inline PTX) changed the
+prompt-first mixed batch by 0.3 % (session 18): its decode tiles at the grid's end are
+not waiting on a chain of DRAM round trips.
 
 x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
 cache offsets are int32 when every element of the cache lies below offset 2^31
@@ -88,7 +92,6 @@ def _load_path(
     stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
     C: tl.constexpr, SX: tl.constexpr, WS: tl.constexpr, N: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_C: tl.constexpr, SUB: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, OFF64: tl.constexpr,
-    PREFETCH: tl.constexpr, LINE: tl.constexpr,
 ):
     """A tile with taps outside its register rows (decode rows, a chunk's first rows,
     same-step writers), as ``[ROWS, SUB]`` channel chunks: each row's taps resolved once
@@ -118,14 +121,6 @@ def _load_path(
         from_xs = from_xs + (xrow >= 0,)
         cdsts = cdsts + ((cs // N) * stride_cb + (cs % N) * stride_cn,)
         takes = takes + ((xrow >= 0) | (cslot >= 0),)
-    if PREFETCH:  # every cache tap line of the tile into L2 now, not a chunk at a time
-        pch = pid_c * BLOCK_C + tl.arange(0, BLOCK_C // LINE) * LINE
-        pcol = (pch // WS) * stride_ch + stream_offset + pch % WS
-        for k in tl.static_range(W - 1):
-            use = takes[k] & ~from_xs[k]
-            addr = tl.where(use[:, None], cache_ptr + (cdsts[k][:, None] + pcol[None, :]), cache_ptr)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
-                                      dtype=tl.int32, is_pure=False, pack=1)
     for cc in tl.static_range(BLOCK_C // SUB):
         ch = pid_c * BLOCK_C + cc * SUB + tl.arange(0, SUB)
         ccol = (ch // WS) * stride_ch + stream_offset + ch % WS
@@ -205,8 +200,6 @@ def _rows_sconv_kernel(
     stream_offset2,
     STREAMS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
-    LINE: tl.constexpr = 64,
 ):
     if USE_PDL:  # (as in the tile kernel)
         tl.extra.cuda.gdc_wait()
@@ -259,7 +252,7 @@ def _rows_sconv_kernel(
     else:
         _load_path(x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, t0, num_tokens, num_slots, pid_c,
                    stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
-                   C, SX, WS, N, W, ROWS, BLOCK_C, SUB, SILU, RESIDUAL, OFF64, PREFETCH, LINE)
+                   C, SX, WS, N, W, ROWS, BLOCK_C, SUB, SILU, RESIDUAL, OFF64)
 
 
 def rows_weight_tile(weight2d: torch.Tensor) -> bool:
