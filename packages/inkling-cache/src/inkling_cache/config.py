@@ -189,9 +189,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
 class _LayerShapes:
-    """Per-layer attention shapes, shared by :class:`InklingDims` and
-    :class:`InklingTextSpec` (both frozen dataclasses with these fields)."""
+    """The attention shape fields of :class:`InklingDims` and :class:`InklingTextSpec`
+    and their per-layer accessors (keyword-only: each subclass keeps its own
+    positional order)."""
 
     layer_types: tuple[str, ...]
     num_attention_heads: int
@@ -239,16 +241,9 @@ class InklingDims(_LayerShapes):
 
     hidden_size: int
     num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    swa_num_attention_heads: int
-    swa_num_key_value_heads: int
-    swa_head_dim: int
     sliding_window: int
     conv_kernel_size: int
     max_position_embeddings: int
-    layer_types: tuple[str, ...]
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -290,14 +285,7 @@ class InklingTextSpec(_LayerShapes):
     unpadded_vocab_size: int
     hidden_size: int
     num_hidden_layers: int
-    layer_types: tuple[str, ...]
     mlp_layer_types: tuple[str, ...]
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    swa_num_attention_heads: int
-    swa_num_key_value_heads: int
-    swa_head_dim: int
     sliding_window: int
     d_rel: int
     rel_extent: int
