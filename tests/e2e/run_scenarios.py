@@ -221,8 +221,10 @@ def sc_small_mix(llm: Any) -> dict[str, Any]:
 
 def _turns() -> list[list[list[int]]]:
     # two sessions, three turns each: past the window, a prefill longer than the
-    # 37-token budget after decode steps (two chunks), then a few tokens
-    a = prompts(13, [60, 45, 3])
+    # 37-token budget after decode steps (two chunks), then a few tokens; the first
+    # session repeats short patterns (n-gram drafts: its decode steps carry drafts,
+    # mostly rejected by the random model, before the next turn's prefill)
+    a = [(p * 20)[:n] for p, n in zip(prompts(13, [7, 5, 3]), [60, 45, 3])]
     b = prompts(14, [30, 90, 1])
     return [a, b]
 
@@ -266,9 +268,20 @@ async def sc_streaming_sessions(engine: Any) -> dict[str, Any]:
     # tails it kept. Two sessions side by side.
     import asyncio
 
+    from types import SimpleNamespace
+
+    from vllm.v1.metrics.reader import get_metrics_snapshot
+
+    stats = SimpleNamespace(get_metrics=get_metrics_snapshot)  # this process's Prometheus counters
+    drafts0 = _metric(stats, "vllm:spec_decode_num_draft_tokens")
+    accepted0 = _metric(stats, "vllm:spec_decode_num_accepted_tokens")
     sessions = _turns()
-    tokens = await asyncio.gather(*(_session(engine, f"s{i}", t, 6) for i, t in enumerate(sessions)))
-    return {"sessions": sessions, "tokens": list(tokens), "max_tokens": 6}
+    tokens = await asyncio.gather(*(_session(engine, f"s{i}", t, 16) for i, t in enumerate(sessions)))
+    return {
+        "sessions": sessions, "tokens": list(tokens), "max_tokens": 16,
+        "draft_tokens": _metric(stats, "vllm:spec_decode_num_draft_tokens") - drafts0,
+        "accepted_tokens": _metric(stats, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+    }
 
 
 def sc_inspect(llm: Any) -> dict[str, Any]:
@@ -413,9 +426,13 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # sharing a prefix longer than the sliding window and the relative extent
     "release": (dict(), ["inspect", "concurrent", "logprobs", "prefix"]),
     # streaming-input sessions (an AsyncLLM: ``_async``), eager, chunked prefill under a
-    # 37-token budget, prefix caching on, the tail conv-state manager (the default)
+    # 37-token budget, prefix caching on, n-gram speculative decoding (k = 3), the tail
+    # conv-state manager (the default)
     "streaming": (
-        dict(_async=True, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4),
+        dict(
+            _async=True, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+        ),
         ["streaming_sessions"],
     ),
     # bfloat16 activations and cache (fp32 conv weights and math)

@@ -347,11 +347,13 @@ def test_triton_attention_under_real_scheduling(engines: Any, hf: dict[str, Any]
 def test_streaming_sessions_continue_on_their_kept_blocks(engines: Any, hf: dict[str, Any]) -> None:
     """vLLM's resumable requests: a session's turn stops after its tokens, the session
     keeps its blocks, and its next turn's prompt tokens are prefilled after those decode
-    steps (a chunk tail after decode tails, in chunks of the 37-token budget). Each
+    steps (a chunk tail after decode tails, with n-gram drafts, in chunks of the 37-token budget). Each
     turn's greedy tokens equal transformers' on the whole sequence so far: every earlier
     turn's prompt and its tokens but the last (sampled, never computed: vLLM drops it),
     then this turn's prompt."""
     result = engines("streaming", "default")["streaming_sessions"]
+    # n-gram drafts were verified (and some rejected) in the decode steps between turns
+    assert result["draft_tokens"] > 0 and result["accepted_tokens"] < result["draft_tokens"], result
     n = result["max_tokens"]
     assert len(result["sessions"]) == len(result["tokens"]) == 2
     for s, (turns, got) in enumerate(zip(result["sessions"], result["tokens"])):
