@@ -199,14 +199,17 @@ def test_preempted_request_recomputes_with_short_tails(
 
 @pytest.mark.parametrize("batches,k", [(1, 0), (2, 0), (1, 3), (2, 3)])
 @pytest.mark.parametrize("new_tokens", [2, 150])
-def test_a_streaming_session_continues_on_its_tails(batches: int, k: int, new_tokens: int) -> None:
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_streaming_session_continues_on_its_tails(batches: int, k: int, new_tokens: int, drop: bool) -> None:
     # vLLM's resumable (streaming-input) requests: a turn stops after decode steps, the
     # session waits holding its blocks and continues with new prompt tokens, so a
     # prefill follows decode steps: every read row is held and was stored by the same
     # tokens, and held stays under the cap (the bound counts a chunk tail after decode
-    # tails); the plain window passes the same checks on the same schedule.
+    # tails); the plain window passes the same checks on the same schedule. With
+    # ``drop`` the step in flight when the turn stops (async scheduling) runs, but its
+    # output is dropped and the next turn starts before it.
     cfg = SimConfig(prompt_len=101, budget=1 + k if k else 3, block_size=4, batches=batches, spec_k=k,
-                    decode_steps=30, continue_after=12, continue_tokens=new_tokens,
+                    decode_steps=30, continue_after=12, continue_tokens=new_tokens, continue_drops_in_flight=drop,
                     num_blocks=4000, max_model_len=1024, seed=7 * batches + k)
     res = run_sim(cfg)
     assert len(res.tokens) > 101 + new_tokens + 12

@@ -143,6 +143,10 @@ class SimConfig:
     # prompt tokens, keeping its blocks (a prefill after decode steps); None: never
     continue_after: int | None = None
     continue_tokens: int = 0
+    # with steps in flight when the turn stops (async scheduling), vLLM runs the newest
+    # one but drops its output and resumes at the frontier before it (the computed
+    # tokens less the in-flight ones); False: every step settles first
+    continue_drops_in_flight: bool = False
 
 
 @dataclass
@@ -229,15 +233,23 @@ def _rows_still_read(inflight: deque[tuple[int, int, bool]], reach: int, spec_k:
 
 
 def _continue_session(
-    req: Request, new_tokens: list[int], hash_block: int, settle: Any, inflight: deque[Any]
+    req: Request, new_tokens: list[int], hash_block: int, settle: Any, inflight: deque[Any],
+    worker: Worker, drop_newest: bool,
 ) -> None:
     """What vLLM's scheduler does when a streaming-input session's turn stops and its
     next input arrives (``_handle_stopped_request``, ``_update_request_as_session``):
-    the steps in flight settle, the last sampled token (never computed) is dropped,
-    the computed outputs and the new tokens join the prompt, and the request waits
-    again holding its blocks, to resume at its computed tokens."""
-    while inflight:
+    the steps in flight settle (with ``drop_newest``, the newest runs, its rows stored,
+    but its output is dropped and the computed tokens fall back before it), the last
+    sampled token (never computed) is dropped, the computed outputs and the new tokens
+    join the prompt, and the request waits again holding its blocks, to resume at its
+    computed tokens."""
+    while len(inflight) > (1 if drop_newest else 0):
         settle()
+    if inflight:
+        start, n, _ = inflight.popleft()
+        req.num_in_flight_tokens -= n
+        worker.run(req, start, list(req.all_token_ids[start:start + n]))
+        req.num_computed_tokens -= n
     computed = req.num_computed_tokens
     del req._all_token_ids[computed:]
     kept = list(req._all_token_ids[req.num_prompt_tokens:computed])
@@ -332,7 +344,7 @@ def run_sim(
             continue
         if cfg.continue_after is not None and not continued and decode_done >= cfg.continue_after:
             new_tokens = [rng.randrange(1, 30000) for _ in range(cfg.continue_tokens)]
-            _continue_session(req, new_tokens, hash_block, settle, inflight)
+            _continue_session(req, new_tokens, hash_block, settle, inflight, worker, cfg.continue_drops_in_flight)
             prefill_target = req.num_tokens
             continued = gate = True
             continue
