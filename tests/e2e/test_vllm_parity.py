@@ -347,10 +347,10 @@ def test_triton_attention_under_real_scheduling(engines: Any, hf: dict[str, Any]
 def test_streaming_sessions_continue_on_their_kept_blocks(engines: Any, hf: dict[str, Any]) -> None:
     """vLLM's resumable requests: a session's turn stops after its tokens, the session
     keeps its blocks, and its next turn's prompt tokens are prefilled after those decode
-    steps (a chunk tail after decode tails, with n-gram drafts, in chunks of the 37-token budget). Each
-    turn's greedy tokens equal transformers' on the whole sequence so far: every earlier
-    turn's prompt and its tokens but the last (sampled, never computed: vLLM drops it),
-    then this turn's prompt."""
+    steps (with n-gram drafts) in chunks of the 37-token budget: a chunk tail after
+    decode tails. Each turn's greedy tokens equal transformers' on the whole sequence so
+    far: every earlier turn's prompt and its tokens but the last (sampled, never
+    computed: vLLM drops it), then this turn's prompt."""
     result = engines("streaming", "default")["streaming_sessions"]
     # n-gram drafts were verified (and some rejected) in the decode steps between turns
     assert result["draft_tokens"] > 0 and result["accepted_tokens"] < result["draft_tokens"], result
@@ -362,5 +362,7 @@ def test_streaming_sessions_continue_on_their_kept_blocks(engines: Any, hf: dict
         for i, (prompt, tokens) in enumerate(zip(turns, got)):
             context += prompt
             want = hf["default"].greedy(context, n)
-            assert tokens == want, f"session {s} turn {i} (context {len(context)} tokens): vLLM {tokens} != transformers {want}"
+            assert tokens == want, (
+                f"session {s} turn {i} (context {len(context)} tokens): vLLM {tokens} != transformers {want}"
+            )
             context += tokens[:-1]

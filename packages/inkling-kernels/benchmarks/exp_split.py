@@ -45,6 +45,16 @@ CASES = [
 ]
 
 
+def _per_set(label: str) -> int:
+    """Launches per input set: two for the split variants, else one."""
+    return 2 if label.startswith("split") else 1
+
+
+def _whole_batch(label: str) -> bool:
+    """Whether the variant moves the whole batch (its share of copy is meaningful)."""
+    return label == "single" or label.startswith("split")
+
+
 def run_case(name: str, requests: list[tuple[int, int]], split: int | None, reps: int,
              gen: torch.Generator, ncu: bool) -> dict[str, Any]:
     case = bs.Case(name, bs.ATTN_GLOBAL, requests, 0.0)
@@ -56,6 +66,7 @@ def run_case(name: str, requests: list[tuple[int, int]], split: int | None, reps
     def single(s: bs.Inputs) -> Callable[[], Any]:
         return lambda: fused_sconv(s.x, weight, cache, s.mapped, off, width)
 
+    # label -> the launches over every input set
     variants: dict[str, list[Callable[[], Any]]] = {"single": [single(s) for s in sets]}
     if split is not None:
         t = sets[0].x.shape[0]
@@ -88,15 +99,14 @@ def run_case(name: str, requests: list[tuple[int, int]], split: int | None, reps
         torch.cuda.cudart().cudaProfilerStart()
         for label, fs in variants.items():
             torch.cuda.nvtx.range_push(label)
-            per_set = 2 if label.startswith("split") else 1
-            for f in fs[:per_set]:
+            for f in fs[:_per_set(label)]:
                 f()
             torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         return res
     for label, fs in variants.items():
-        per_set = 2 if label.startswith("split") else 1
+        per_set = _per_set(label)
         cold = bs.time_graph(fs, reps) * per_set  # µs per set
         hot = bs.time_graph(fs[:per_set] * 16, reps) * per_set
         res[label] = dict(cold_us=cold, hot_us=hot)
@@ -124,11 +134,11 @@ def main() -> int:
     out["cases"] = [run_case(n, r, s, args.reps, gen, args.ncu) for n, r, s in CASES]
     if not args.ncu:
         for r in out["cases"]:
-            for label, v in r.items():
-                if isinstance(v, dict) and "cold_us" in v:
-                    v["of_copy_cold"] = r["bytes"] / (v["cold_us"] * 1e-6) / 1e9 / copy
-                    v["of_copy_hot"] = r["bytes"] / (v["hot_us"] * 1e-6) / 1e9 / copy
-            print(r["case"], {k: round(v["of_copy_cold"], 3) for k, v in r.items() if isinstance(v, dict)})
+            whole = {label: v for label, v in r.items() if isinstance(v, dict) and _whole_batch(label)}
+            for v in whole.values():
+                v["of_copy_cold"] = r["bytes"] / (v["cold_us"] * 1e-6) / 1e9 / copy
+                v["of_copy_hot"] = r["bytes"] / (v["hot_us"] * 1e-6) / 1e9 / copy
+            print(r["case"], {label: round(v["of_copy_cold"], 3) for label, v in whole.items()})
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

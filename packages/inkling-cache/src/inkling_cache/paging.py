@@ -203,13 +203,14 @@ def tail_conv_live_blocks(
 
     # after[m]: the most blocks m tails take as runs that each start with a chunk tail
     after = [0]
-    for m in range(1, batches + 2):
+    for m in range(1, batches + 1):
         after.append(max(
             (decode_run(size - 1) if size > 1 else chunk_tail) + after[m - size]
             for size in range(1, m + 1)
         ))
-    # the first run may start with either kind; a decode tail's run is never smaller
-    return max(after[batches + 1], *(decode_run(size - 1) + after[batches + 1 - size] for size in range(1, batches + 2)))
+    # the first run may start with either kind; starting with a decode tail is never
+    # smaller (R >= W - 1), so take that
+    return max(decode_run(size - 1) + after[batches + 1 - size] for size in range(1, batches + 2))
 
 
 def tail_conv_admission_blocks(

@@ -37,9 +37,9 @@ cap and ``max_memory_usage_bytes`` are ``inkling_cache.tail_conv_admission_block
 (the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 5
 blocks with one batch in flight and 7 with two (6 and 8 with ``k = 3`` drafts), whatever
 the prompt length. A streaming-input session (vLLM's resumable requests) keeps its
-blocks between turns, so a chunk tail can follow decode tails; the bound counts that. The conv block (before vLLM's page unification scales
-it) is :func:`tail_block_size`, the smallest power of two holding ``W - 1`` rows,
-so pages unify without padding.
+blocks between turns, so a chunk tail can follow decode tails; the bound counts that.
+The conv block (before vLLM's page unification scales it) is :func:`tail_block_size`,
+the smallest power of two holding ``W - 1`` rows, so pages unify without padding.
 
 Not supported: KV-connector (external) tokens; select the plain spec for those.
 
