@@ -60,6 +60,9 @@
 #            0 and 1): exp_split.py, the --threshold cases, the row kernel's GPU tests with it on
 #            (run at tree 95f284e; the prefetch gained nothing and was removed after it, so on
 #            later trees both settings run the same kernel)
+#   s19      (session 19) exp_norm_rows.py: fused_sconv_add_rmsnorm / fused_sconv_add on the
+#            row-register kernel (NormConfig.rows, several tiles, each checked against the
+#            tile kernel first) next to the tile kernel; then the add/norm kernels' GPU tests
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -233,6 +236,15 @@ for (kid, kname), m in per.items():
     print(kid, kname, " ".join(f"{k.split('__')[1][:22]}={v}" for k, v in m.items()))
 PY
     threshold 150 "lib-rows 8x256/2w,rows2d-rot 8x256/2w/s64" 30 --only "2048|255 decodes"
+    ;;
+  s19)
+    stage "norm rows: the row-register fused conv + add (+ RMSNorm) against the tile kernel"
+    timeout 330 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" > "$OUT/norm_rows.log" 2>&1
+    echo "rc $?"; grep -vE "^\s*$" "$OUT/norm_rows.log" | cut -c1-150 | tail -190
+    stage "GPU tests of the add/norm kernels (rows configs among them)"
+    timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_sconv_add_rmsnorm.py $T/test_sconv_add.py \
+      > "$OUT/tests.log" 2>&1
+    tail -8 "$OUT/tests.log"
     ;;
   s18b)
     for pf in 0 1; do

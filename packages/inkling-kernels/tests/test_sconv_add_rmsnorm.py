@@ -232,6 +232,8 @@ CONFIGS = (
     NormConfig(block_t=2, block_h=2, block_j=32, num_warps=1, scan=8),  # the whole row, masked j
     NormConfig(block_t=1, block_h=4, block_j=8, num_warps=1, scan=256),  # masked heads
     NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, scan=4, row_loop=True),  # main's path, 2 j-tiles
+    NormConfig(block_t=4, block_h=1, block_j=16, num_warps=2, rows=True),  # row-register kernel, 3 chunks a row
+    NormConfig(block_t=8, block_h=1, block_j=8, num_warps=1, rows=True, norm_unroll=2),  # 6 chunks, 8 rows
 )
 
 

@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import (
-    INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps,
+    INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps, rows_default,
 )
 from ..batch import SconvBatch
 from ..checks import SconvProblem
@@ -383,6 +383,14 @@ class NormConfig:
     # instead of two masked loads; opt-in: slower in this kernel's default tilings on
     # the H200 at decode (choose_norm_config)
     tap_select: bool = False
+    # the row-register kernel (rows_kernel.py): ``block_t`` rows (block_t * (W - 1) <= 64)
+    # as register vectors of ``block_j`` channels (flat across heads; C % block_j == 0),
+    # block_h 1; needs the step's tap map (built for the launch when the batch has none);
+    # with the norm a program walks every chunk of its rows (split 1), without it
+    # a chunk a program (split: the row's chunks)
+    rows: bool = False
+    # (rows, with the norm) tiles of the norm pass loaded before their stores
+    norm_unroll: int = 4
 
 
 def _block_j(stream_width: int) -> int:
@@ -404,7 +412,8 @@ def main_norm_config(num_heads: int, stream_width: int) -> NormConfig:
     return NormConfig(block_t=1, block_h=block_h, block_j=block_j, num_warps=num_warps, row_loop=True)
 
 
-def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
+def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
+                       num_requests: int | None = None) -> NormConfig:
     """Tile choice (no autotuning: the grid must depend on T alone): per size class the
     configuration that measured fastest on the H200 (main's kernel timed in the same
     runs; benchmarks/RESULTS_sconv_add_rmsnorm.md, 2026-12-01 03:28 and 03:51 UTC).
@@ -425,6 +434,9 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
     kernel 0.79x / 0.84x as fast at decode 64 / 256 and 0.93x at mixed 2048+255, 1.016x
     at prefill 8192 (ATTN, 975B shapes; benchmarks/RESULTS_prefill_exp.md, session 12).
     """
+    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests)
+    if rows is not None:
+        return rows
     if 16 < num_tokens < 8192:
         return main_norm_config(num_heads, stream_width)
     block_j = _block_j(stream_width)
@@ -436,6 +448,26 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> No
     return _whole_row_config(num_heads, stream_width, 1)
 
 
+#: Mapped launches of at least this many rows, and ``ROWS_TOKENS_PER_REQUEST`` rows a
+#: request, take the row-register kernel (choose_norm_config, choose_add_config).
+NORM_ROWS_MIN_TOKENS = 1024
+
+
+def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool,
+                     num_requests: int | None, block_t: int = 8) -> NormConfig | None:
+    """The row-register kernel's tile (``block_t`` rows of 256 channels, two warps) when
+    the launch has the step's tap map, at least ``NORM_ROWS_MIN_TOKENS`` rows and at
+    least ``ROWS_TOKENS_PER_REQUEST`` rows a request (prompts, not decodes), and a row
+    of whole 256-channel chunks; else None. ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off."""
+    from ..sconv.kernel import ROWS_TOKENS_PER_REQUEST
+
+    if (mapped and num_requests is not None and num_tokens >= NORM_ROWS_MIN_TOKENS
+            and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests
+            and num_heads * stream_width % 256 == 0 and rows_default()):
+        return NormConfig(block_t=block_t, block_h=1, block_j=256, num_warps=2, rows=True)
+    return None
+
+
 def _whole_row_config(num_heads: int, stream_width: int, block_t: int, scan: int = 256) -> NormConfig:
     """``block_t`` rows a program, each whole row in registers as chunks of up to 2048
     elements (:func:`_block_j` channels of up to ``2048 // block_j`` heads), four warps."""
@@ -444,7 +476,8 @@ def _whole_row_config(num_heads: int, stream_width: int, block_t: int, scan: int
     return NormConfig(block_t=block_t, block_h=block_h, block_j=block_j, num_warps=4, scan=scan)
 
 
-def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int) -> NormConfig:
+def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
+                            num_requests: int | None = None) -> NormConfig:
     """The default tiles under Triton's interpreter (``TRITON_INTERPRET=1``; see
     :data:`inkling_kernels._triton_common.INTERPRETER_ROWS`). Up to 16 rows,
     :func:`choose_norm_config`'s split rows (a few programs a row); above, its tiles for
@@ -502,9 +535,13 @@ def _launch(
 ) -> None:
     """The kernel launch of both ops: ``norm`` is ``(norm_weight, eps)``, or None for
     ``fused_sconv_add`` (HAS_NORM off: ``outputs[1]``, the norm's arguments and the
-    scratch are not read or written)."""
+    scratch are not read or written). ``cfg.rows``: the row-register kernel, on a
+    launch :func:`rows_launch_map` gave a map."""
     new_hidden, normed = outputs
     norm_weight, eps = norm if norm is not None else (d, 0.0)
+    if cfg.rows:
+        _launch_rows(hidden, d, prob, cache, batch, stream_offset, stream_width, outputs, norm, cfg)
+        return
     cnt, part = scratch if scratch is not None else (batch.slot_mapping, d)  # (unused at split 1)
     w2 = prob.weight2d
     table = batch.block_table
@@ -532,6 +569,74 @@ def _launch(
         ROW_LOOP=cfg.row_loop,
         HAS_NORM=norm is not None,
         TAP_SELECT=cfg.tap_select,
+        num_warps=cfg.num_warps,
+    )
+
+
+def rows_launch_map(batch: SconvBatch, prob: SconvProblem, cfg: NormConfig, device: torch.device,
+                    ) -> tuple[SconvBatch | None, str | None]:
+    """For a ``cfg.rows`` launch: the batch carrying a tap map (the batch's own, else one
+    built now) and None, or None and why the row-register kernel cannot take the launch."""
+    from ..checks import TAP_MAP_MAX_SLOTS
+    from ..sconv.rows_kernel import rows_unfit
+
+    if cfg.block_h != 1 or cfg.split != 1 or cfg.row_loop or cfg.tap_select:
+        return None, "a rows config has block_h 1, split 1, no row_loop and no tap_select"
+    why = rows_unfit(prob.num_tokens, prob.channels, prob.channels, prob.kernel_size, cfg.block_t, cfg.block_j)
+    if why is None and cfg.block_t & (cfg.block_t - 1):
+        why = f"block_t={cfg.block_t} is not a power of two"
+    if why is None and batch.tap_map is None and prob.num_slots > TAP_MAP_MAX_SLOTS:
+        why = f"the cache's {prob.num_slots} slots are more than a tap map can name"
+    if why is not None:
+        return None, why
+    if batch.tap_map is None:
+        from ..tap_map.kernel import launch_sconv_tap_map
+
+        tap_map = torch.empty(prob.num_tokens, prob.kernel_size - 1, dtype=torch.int64, device=device)
+        launch_sconv_tap_map(batch, prob.kernel_size, tap_map)
+        batch = batch.with_tap_map(tap_map)
+    return batch, None
+
+
+def _launch_rows(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    prob: SconvProblem,
+    cache: torch.Tensor,
+    batch: SconvBatch,
+    stream_offset: int,
+    stream_width: int,
+    outputs: tuple[torch.Tensor, torch.Tensor],
+    norm: tuple[torch.Tensor, float] | None,
+    cfg: NormConfig,
+) -> None:
+    """The row-register kernel (:mod:`.rows_kernel`): with the norm one program a row
+    tile, without it one a (chunk, row tile)."""
+    from ..sconv.kernel import ROWS_LOAD_PATH_CHANNELS, ROWS_OFFSET32_LIMIT
+    from ..sconv.rows_kernel import cache_max_offset, rows_weight_tile
+    from .rows_kernel import _rows_add_norm_kernel
+
+    new_hidden, normed = outputs
+    norm_weight, eps = norm if norm is not None else (d, 0.0)
+    w2 = prob.weight2d
+    chunks = prob.channels // cfg.block_j
+    grid = (1 if norm is not None else chunks, triton.cdiv(prob.num_tokens, cfg.block_t))
+    # the norm pass's tiles: [block_t, nsub] (about 1024 elements), p2 of them loaded at once
+    nsub = min(cfg.block_j, max(32, 1024 // cfg.block_t))
+    p2 = max(1, min(cfg.norm_unroll, prob.channels // nsub))
+    while (prob.channels // nsub) % p2:
+        p2 //= 2
+    _rows_add_norm_kernel[grid](
+        hidden, d, w2, cache, batch.slot_mapping, batch.tap_map, norm_weight, new_hidden, normed,
+        prob.num_tokens, prob.num_slots,
+        w2.stride(0), w2.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
+        stream_offset, eps,
+        C=prob.channels, WS=stream_width, N=batch.block_size, W=prob.kernel_size,
+        ROWS=cfg.block_t, BLOCK_C=cfg.block_j, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
+        WTILE=rows_weight_tile(w2), OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
+        HAS_NORM=norm is not None, SUB=min(ROWS_LOAD_PATH_CHANNELS, cfg.block_j),
+        NSUB=nsub, P2=p2,
         num_warps=cfg.num_warps,
     )
 
@@ -566,7 +671,18 @@ def launch_sconv_add_rmsnorm(
     if prob.num_tokens == 0:
         return new_hidden, normed
     choose = interpreter_norm_config if is_interpreter() else choose_norm_config
-    cfg = config or choose(prob.num_tokens, prob.num_heads, stream_width)
+    cfg = config or choose(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
+                           batch.block_table.shape[0])
+    if cfg.rows:
+        _chunks(cfg, prob.num_heads, stream_width)  # (tile sizes checked)
+        mapped, why = rows_launch_map(batch, prob, cfg, d.device)
+        if mapped is not None:
+            _launch(hidden, d, prob, cache, mapped, stream_offset, stream_width, (new_hidden, normed),
+                    (norm_weight, eps), cfg, cfg.block_t, 1, None)
+            return new_hidden, normed
+        if config is not None:
+            raise ValueError(f"NormConfig(rows=True) cannot take this launch: {why}; use rows=False")
+        cfg = choose(prob.num_tokens, prob.num_heads, stream_width)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
     if cfg.row_loop and cfg.split != 1:
         raise ValueError(f"config split must be 1 with row_loop, got {cfg}")
@@ -586,7 +702,7 @@ _MAX_GRID_1 = 65535  # CUDA's limit on the grid's second axis (programs along a 
 
 
 def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
-                      kernel_size: int = 4) -> NormConfig:
+                      kernel_size: int = 4, num_requests: int | None = None) -> NormConfig:
     """Tiles of ``fused_sconv_add`` (not swept on a GPU yet): without the norm no
     program needs a whole row, so every chunk of a row gets its own program (``split``
     = the row's chunks, no scratch, no ticket), as in ``fused_sconv``'s grid. The tile
@@ -598,6 +714,9 @@ def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped
     at about 32 elements a thread (16..256)."""
     from ..sconv.kernel import choose_config
 
+    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests)
+    if rows is not None:
+        return rows
     conv = choose_config(num_tokens, num_heads, stream_width, mapped, one_load=False)
     if conv.block_c > stream_width and conv.block_c % stream_width == 0:
         block_h, block_j = conv.block_c // stream_width, stream_width
@@ -651,7 +770,18 @@ def launch_sconv_add(
     if config is None and is_interpreter():  # (the fewest programs)
         config = _whole_row_config(prob.num_heads, stream_width, INTERPRETER_ROWS, scan=64)
     cfg = config or choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
-                                      prob.kernel_size)
+                                      prob.kernel_size, batch.block_table.shape[0])
+    if cfg.rows:
+        _chunks(cfg, prob.num_heads, stream_width)  # (tile sizes checked)
+        mapped, why = rows_launch_map(batch, prob, cfg, d.device)
+        if mapped is not None:
+            _launch(hidden, d, prob, cache, mapped, stream_offset, stream_width, (out, out), None, cfg, cfg.block_t,
+                    1, None)
+            return out
+        if config is not None:
+            raise ValueError(f"NormConfig(rows=True) cannot take this launch: {why}; use rows=False")
+        cfg = choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
+                                prob.kernel_size)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
     if cfg.row_loop:
         raise ValueError(f"config row_loop is the norm's path; fused_sconv_add has no norm: got {cfg}")
