@@ -1,9 +1,9 @@
 # Experiment (session 19): the row-register kernel of fused_sconv_add_rmsnorm and
 # fused_sconv_add (NormConfig.rows) against the tile kernel, on bench_sconv_add_rmsnorm's
 # 975B ATTN shapes (TP 1, hidden 6144) and, for fused_sconv_add, the TP 8 shard (768
-# channels). Every rows variant is checked against the tile kernel on the same inputs
-# before it is timed: new_hidden and the cache bit for bit, normed within one rounding
-# step (the sum of squares is added in another order). CUDA-graph replay, medians,
+# channels). Every rows variant and the tile kernel are checked against the fp32
+# reference before they are timed: the cache bit for bit, new_hidden and normed at least 99.9 % bit-exact and within two
+# rounding steps (bench_sconv_add_rmsnorm.ulp_stats). CUDA-graph replay, medians,
 # the copy baseline (CUDA events, read + write) in the same run.
 # GPU, from the repo root:
 #   PYTHONPATH=packages/inkling-kernels/src:packages/inkling-cache/src \
@@ -26,6 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_sconv_add_rmsnorm as B  # noqa: E402  (build, Case, graph_time_us, copy baseline)
 
 from inkling_cache import ConvStateLayout  # noqa: E402
+from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_ref, fused_sconv_add_rmsnorm_ref  # noqa: E402
 from inkling_kernels.sconv_add_rmsnorm.kernel import (  # noqa: E402
     NormConfig, choose_add_config, choose_norm_config, sconv_add_rmsnorm_triton, sconv_add_triton,
 )
@@ -44,21 +45,13 @@ CASES = [
 ]
 
 ROWS = [  # (block_t, block_j, warps, norm_unroll)
-    (8, 256, 2, 4), (8, 256, 2, 1), (4, 256, 2, 4), (2, 256, 2, 4), (16, 256, 4, 4), (8, 512, 4, 4),
-    (4, 512, 4, 4),
+    (2, 256, 2, 4), (2, 256, 2, 1), (1, 256, 2, 4), (4, 256, 2, 4), (2, 512, 4, 4), (4, 512, 4, 4),
 ]
 
 
 def _cfg(spec: tuple[int, int, int, int]) -> NormConfig:
     bt, bj, nw, un = spec
     return NormConfig(block_t=bt, block_h=1, block_j=bj, num_warps=nw, rows=True, norm_unroll=un)
-
-
-def _ulps(got: torch.Tensor, want: torch.Tensor) -> float:
-    """Largest difference in rounding steps of ``want`` (bf16 epsilon x |want|, at least
-    one step of the smallest normal-ish magnitude)."""
-    step = want.float().abs().clamp_min(1e-3) * torch.finfo(want.dtype).eps
-    return float(((got.float() - want.float()).abs() / step).max())
 
 
 def run_case(case: B.Case, layout: ConvStateLayout, norm: bool, seed: int, copy_gbs: float,
@@ -80,8 +73,10 @@ def run_case(case: B.Case, layout: ConvStateLayout, norm: bool, seed: int, copy_
 
     tile = (choose_norm_config(t, layout.num_heads, p.width) if norm
             else choose_add_config(t, layout.num_heads, p.width, True))
-    base_cache = p.cache.clone()
-    base = launch(tile, base_cache)
+    ref_cache = p.cache.clone()
+    args = list(p.args(tap_map))
+    args[3] = ref_cache
+    ref = fused_sconv_add_rmsnorm_ref(*args) if norm else (fused_sconv_add_ref(*args[:7]),)
     variants = [("tile " + str(tile), tile)] + [(f"rows {s}", _cfg(s)) for s in ROWS]
     if norm:
         heur = choose_norm_config(t, layout.num_heads, p.width, True, p.block_table.shape[0])
@@ -91,14 +86,15 @@ def run_case(case: B.Case, layout: ConvStateLayout, norm: bool, seed: int, copy_
     for name, cfg in variants:
         v: dict = {}
         try:
-            if cfg.rows:
-                cache = p.cache.clone()
-                got = launch(cfg, cache)
-                v["new_h_exact"] = bool(torch.equal(got[0], base[0]))
-                v["cache_exact"] = bool(torch.equal(cache, base_cache))
-                if norm:
-                    v["normed_max_ulps"] = _ulps(got[1], base[1])
-                v["ok"] = v["new_h_exact"] and v["cache_exact"] and v.get("normed_max_ulps", 0.0) <= 1.01
+            # against the fp32 reference: the cache bit for bit, each output's fraction of
+            # bit-exact elements and its largest difference in rounding steps
+            cache = p.cache.clone()
+            got = launch(cfg, cache)
+            v["cache_exact"] = bool(torch.equal(cache, ref_cache))
+            for name_o, g, w in zip(("new_h", "normed"), got, ref):
+                v[name_o + "_exact_frac"], v[name_o + "_max_steps"] = B.ulp_stats(g, w)
+            v["ok"] = v["cache_exact"] and all(
+                v[o + "_exact_frac"] >= 0.999 and v[o + "_max_steps"] <= 2.0 for o in ("new_h", "normed")[:len(got)])
             v["us"] = B.graph_time_us(lambda cfg=cfg: launch(cfg, p.cache), iters, replays)
             v["of_copy"] = nbytes / (v["us"] * 1e-6) / 1e9 / copy_gbs
         except Exception as exc:  # e.g. out of resources
@@ -109,10 +105,11 @@ def run_case(case: B.Case, layout: ConvStateLayout, norm: bool, seed: int, copy_
               + (f"  ok={v['ok']}" if "ok" in v else ""), flush=True)
     tile_us = row["variants"][variants[0][0]].get("us")
     timed = {k: x["us"] for k, x in row["variants"].items() if "us" in x and x.get("ok", True)}
-    best = min(timed, key=timed.get)
-    row["best"], row["best_us"] = best, timed[best]
-    if tile_us:
-        row["best_over_tile"] = tile_us / timed[best]
+    if timed:
+        best = min(timed, key=timed.get)
+        row["best"], row["best_us"] = best, timed[best]
+        if tile_us:
+            row["best_over_tile"] = tile_us / timed[best]
     return row
 
 

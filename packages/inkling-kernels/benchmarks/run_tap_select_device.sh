@@ -63,6 +63,9 @@
 #   s19      (session 19) exp_norm_rows.py: fused_sconv_add_rmsnorm / fused_sconv_add on the
 #            row-register kernel (NormConfig.rows, several tiles, each checked against the
 #            tile kernel first) next to the tile kernel; then the add/norm kernels' GPU tests
+#   s19b     (.peer carried) s19's experiment with every variant checked against the fp32
+#            reference, bench_layer (global and sliding, the peer in the same run), the
+#            add/norm GPU tests
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -245,6 +248,16 @@ PY
     timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_sconv_add_rmsnorm.py $T/test_sconv_add.py \
       > "$OUT/tests.log" 2>&1
     tail -8 "$OUT/tests.log"
+    ;;
+  s19b)
+    stage "norm rows, checked against the reference"
+    timeout 240 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" > "$OUT/norm_rows.log" 2>&1
+    echo "rc $?"; tail -2 "$OUT/norm_rows.log"
+    layer 170 8
+    stage "GPU tests of the add/norm kernels"
+    timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_sconv_add_rmsnorm.py $T/test_sconv_add.py \
+      $T/test_gpu.py -k "add or norm" > "$OUT/tests.log" 2>&1
+    tail -6 "$OUT/tests.log"
     ;;
   s18b)
     for pf in 0 1; do

@@ -448,23 +448,28 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
     return _whole_row_config(num_heads, stream_width, 1)
 
 
-#: Mapped launches of at least this many rows, and ``ROWS_TOKENS_PER_REQUEST`` rows a
-#: request, take the row-register kernel (choose_norm_config, choose_add_config).
+#: Mapped launches of at least this many rows take the row-register kernel
+#: (choose_norm_config, choose_add_config) when they also have enough rows a request.
 NORM_ROWS_MIN_TOKENS = 1024
+#: Rows a request for the row-register kernel: fused_sconv_add_rmsnorm (a program walks
+#: whole rows, so each load-path tile is a long chain) and fused_sconv_add.
+NORM_ROWS_TOKENS_PER_REQUEST = 32
+ADD_ROWS_TOKENS_PER_REQUEST = 8
 
 
 def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool,
-                     num_requests: int | None, block_t: int = 8) -> NormConfig | None:
-    """The row-register kernel's tile (``block_t`` rows of 256 channels, two warps) when
-    the launch has the step's tap map, at least ``NORM_ROWS_MIN_TOKENS`` rows and at
-    least ``ROWS_TOKENS_PER_REQUEST`` rows a request (prompts, not decodes), and a row
-    of whole 256-channel chunks; else None. ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off."""
-    from ..sconv.kernel import ROWS_TOKENS_PER_REQUEST
-
+                     num_requests: int | None, norm: bool = True) -> NormConfig | None:
+    """The row-register kernel's tile when the launch has the step's tap map, at least
+    ``NORM_ROWS_MIN_TOKENS`` rows, at least ``NORM_ROWS_TOKENS_PER_REQUEST`` (with the
+    norm) or ``ADD_ROWS_TOKENS_PER_REQUEST`` (without) rows a request (prompts, not
+    decodes: the tiles with decode rows take the slow load path), and whole 256-channel
+    chunks; else None: with the norm 2 rows a program, without it 4, each as 256-channel
+    vectors on two warps. ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off."""
+    per_request = NORM_ROWS_TOKENS_PER_REQUEST if norm else ADD_ROWS_TOKENS_PER_REQUEST
     if (mapped and num_requests is not None and num_tokens >= NORM_ROWS_MIN_TOKENS
-            and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests
+            and num_tokens >= per_request * num_requests
             and num_heads * stream_width % 256 == 0 and rows_default()):
-        return NormConfig(block_t=block_t, block_h=1, block_j=256, num_warps=2, rows=True)
+        return NormConfig(block_t=2 if norm else 4, block_h=1, block_j=256, num_warps=2, rows=True)
     return None
 
 
@@ -635,7 +640,8 @@ def _launch_rows(
         C=prob.channels, WS=stream_width, N=batch.block_size, W=prob.kernel_size,
         ROWS=cfg.block_t, BLOCK_C=cfg.block_j, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
         WTILE=rows_weight_tile(w2), OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
-        HAS_NORM=norm is not None, SUB=min(ROWS_LOAD_PATH_CHANNELS, cfg.block_j),
+        # the load path's [block_t, SUB] tiles: up to 512 elements (two warps: 8 a thread)
+        HAS_NORM=norm is not None, SUB=min(cfg.block_j, max(ROWS_LOAD_PATH_CHANNELS, 512 // cfg.block_t)),
         NSUB=nsub, P2=p2,
         num_warps=cfg.num_warps,
     )
@@ -714,7 +720,7 @@ def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped
     at about 32 elements a thread (16..256)."""
     from ..sconv.kernel import choose_config
 
-    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests)
+    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests, norm=False)
     if rows is not None:
         return rows
     conv = choose_config(num_tokens, num_heads, stream_width, mapped, one_load=False)
