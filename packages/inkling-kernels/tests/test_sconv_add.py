@@ -60,6 +60,33 @@ def test_tile_configs(config: NormConfig, impl: str) -> None:
     world.run_add(batch, 0, impl, config=config, device=KERNEL_DEVICE)
 
 
+@pytest.mark.parametrize("block_t", [1, 4, 16])
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_row_kernel(block_t: int, impl: str) -> None:
+    """The row-register kernel (``NormConfig.rows``: a program a (chunk, row tile)) on a
+    batch with prompt tiles (register path) and decode, chunk-start, speculative and pad
+    rows (load path), on a 2-chunk stream; map-less (the launch builds the map) and
+    mapped; then the interpreter's default tile for the same mapped launch (the row
+    kernel too: prompt-heavy)."""
+    from inkling_kernels.sconv_add_rmsnorm.kernel import interpreter_rows_config
+
+    rng = random.Random(50 + block_t)
+    world = PagedWorld(dtype=torch.bfloat16, num_blocks=96, seed=50 + block_t)
+    items = []
+    for rid, (hist, n) in enumerate([(0, 37), (rng.randint(4, 60), 1), (rng.randint(5, 20), 29),
+                                     (rng.randint(3, 60), 3)]):
+        world.add_request(rid, hist)
+        items.append((rid, n))
+    rng.shuffle(items)
+    batch = world.make_batch(items, num_pad=1)
+    world.run_add(batch, 0, impl, config=NormConfig(block_t=block_t, block_h=1, block_j=8, num_warps=1, rows=True),
+                  device=KERNEL_DEVICE)
+    if impl == "triton_map" and KERNEL_DEVICE.type == "cpu":
+        cfg = interpreter_rows_config(batch.sconv().positions.shape[0], world.H, world.streams[0][1], True, 4)
+        assert cfg is not None and cfg.rows
+        world.run_add(batch, 0, impl, device=KERNEL_DEVICE)
+
+
 @pytest.mark.parametrize("kernel_size", [2, 3, 5])
 def test_other_kernel_sizes(kernel_size: int) -> None:
     rng = random.Random(kernel_size)

@@ -232,7 +232,7 @@ CONFIGS = (
     NormConfig(block_t=2, block_h=2, block_j=32, num_warps=1, scan=8),  # the whole row, masked j
     NormConfig(block_t=1, block_h=4, block_j=8, num_warps=1, scan=256),  # masked heads
     NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, scan=4, row_loop=True),  # main's path, 2 j-tiles
-    NormConfig(block_t=4, block_h=1, block_j=16, num_warps=2, rows=True),  # row-register kernel, 3 chunks a row
+    NormConfig(block_t=1, block_h=1, block_j=16, num_warps=2, rows=True),  # row-register kernel, 3 chunks a row
     NormConfig(block_t=8, block_h=1, block_j=8, num_warps=1, rows=True, norm_unroll=2),  # 6 chunks, 8 rows
 )
 
@@ -541,10 +541,14 @@ def test_interpreter_config_takes_many_rows_a_program(monkeypatch: pytest.Monkey
     if is_interpreter():  # a launch of 40 rows runs cdiv(40, INTERPRETER_ROWS) programs
         from _sconv_world import count_launches
         from inkling_kernels.sconv_add_rmsnorm import kernel as kmod
+        from inkling_kernels.sconv_add_rmsnorm import rows_kernel as rmod
 
         grids = count_launches(monkeypatch, kmod, "_sconv_add_rmsnorm_kernel")
+        row_grids = count_launches(monkeypatch, rmod, "_rows_add_norm_kernel")
         check_kernel_both_ways(make_trace(random.Random(5), torch.float32, [(0, 40)]), None, torch.float32)
-        assert grids == [(-(-40 // INTERPRETER_ROWS), 1)] * 2
+        # map-less: the tile kernel; mapped (one prompt): the row-register kernel
+        assert grids == [(-(-40 // INTERPRETER_ROWS), 1)]
+        assert row_grids == [(1, -(-40 // INTERPRETER_ROWS))]
 
 
 def test_default_config_splits_small_batches() -> None:
@@ -575,3 +579,116 @@ def test_default_config_per_size_class(heads: int, width: int) -> None:
     for t in (8192, 16384):
         cfg = choose_norm_config(t, heads, width)
         assert not cfg.row_loop and cfg.split == 1 and cfg.num_warps == 4
+
+
+def tile_paths(tap_map: torch.Tensor, rows: int) -> tuple[int, int]:
+    """How many ``rows``-row tiles of a launch take the row-register kernel's register
+    path (every tap the x row ``t - dist`` or absent) and how many its load path,
+    decoded from the step's tap map as the kernel decodes it (codes <= -2: x row
+    ``-code - 2``; -1: none; else a cache slot, or a same-step writer in bits 32..)."""
+    t = torch.arange(tap_map.shape[0])[:, None]
+    dist = torch.arange(1, tap_map.shape[1] + 1)[None, :]
+    own = (tap_map <= -2) & (-tap_map - 2 == t - dist)
+    fine = (own | (tap_map == -1)).all(dim=1)
+    register = sum(bool(fine[i:i + rows].all()) for i in range(0, tap_map.shape[0], rows))
+    return register, -(-tap_map.shape[0] // rows) - register
+
+
+@pytest.mark.parametrize("block_t", [1, 2, 8])
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_row_kernel_register_and_load_paths(block_t: int, dtype: torch.dtype) -> None:
+    """The row-register kernel (``NormConfig.rows``) on batches whose tiles take both of
+    its paths: prompt rows whose taps are the rows before them (register vectors), and
+    decodes, a chunk's first rows and pad rows (the load path, taps from the cache);
+    both outputs against the reference and the cache writes exact, with the batch's
+    own map and with the map the launch builds."""
+    rng = random.Random(90 + block_t + 7 * DTYPES.index(dtype))
+    cfg = NormConfig(block_t=block_t, block_h=1, block_j=16, num_warps=2, rows=True)
+    for launch in range(2):
+        reqs = [(0, 37), (rng.randint(4, 30), 1), (rng.randint(5, 20), 29), (0, 3), (rng.randint(3, 9), 1)]
+        rng.shuffle(reqs)
+        tr = make_trace(rng, dtype, reqs, block_size=rng.choice([1, 4]), pad_rows=launch)
+        register, load = tile_paths(trace_tap_map(tr), block_t)
+        assert register > 0 and load > 0, (register, load)
+        check_kernel_both_ways(tr, cfg, dtype)
+
+
+def test_row_kernel_same_step_prefix_hit() -> None:
+    """A same-step prefix hit on the row-register kernel: B reads taps from blocks that
+    A writes in this launch (the map names A's rows), in both batch orders."""
+    for hit_first in (False, True):
+        rng = random.Random(77 + hit_first)
+        tr = make_trace(rng, torch.float32, [(0, 24), (0, 24)], block_size=4)
+        # B (request 1) shares A's first 3 blocks and starts at position 12: its taps
+        # 9..11 are A's rows of this very launch (written by A now, read by B now).
+        share, start = 3, 12
+        tr.block_table[1, :share] = tr.block_table[0, :share]
+        n = tr.block_size
+        pos = list(range(24)) + list(range(start, 24))
+        seq = [0] * 24 + [1] * (24 - start)
+        if hit_first:
+            pos = pos[24:] + pos[:24]
+            seq = seq[24:] + seq[:24]
+        qs, slots, first = [], [], {}
+        for i, (p_, r) in enumerate(zip(pos, seq)):
+            first.setdefault(r, i)
+            qs.append(first[r])
+            slots.append(int(tr.block_table[r, p_ // n]) * n + p_ % n)
+        t = len(pos)
+        tr.positions = torch.tensor(pos, dtype=torch.int64)
+        tr.seq_idx = torch.tensor(seq, dtype=torch.int32)
+        tr.query_start = torch.tensor(qs, dtype=torch.int32)
+        tr.slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        tr.d, tr.hidden = tr.d[:t], tr.hidden[:t]
+        assert (trace_tap_map(tr) >= 1 << 32).any()  # taps from a same-step writer's row
+        ref = run_reference(tr, clone_cache(tr.cache))
+        for block_t in (1, 4):
+            cache = clone_cache(tr.cache)
+            out = run_kernel(tr, cache, NormConfig(block_t=block_t, block_h=1, block_j=16, num_warps=2, rows=True))
+            for got, want in zip(out, ref):
+                assert_close(got, want, torch.float32)
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (NormConfig(block_t=2, block_h=1, block_j=32, num_warps=2, rows=True), "not a multiple"),  # C = 48
+        (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=2, rows=True), "block_h 1"),
+        (NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, rows=True, tap_select=True), "tap_select"),
+        (NormConfig(block_t=32, block_h=1, block_j=16, num_warps=2, rows=True), "64-bit tap mask"),
+        (NormConfig(block_t=3, block_h=1, block_j=16, num_warps=2, rows=True), "powers of two"),
+    ],
+)
+def test_row_kernel_config_errors(config: NormConfig, match: str) -> None:
+    """A rows config that cannot take the launch says why, before any launch."""
+    rng = random.Random(3)
+    tr = make_trace(rng, torch.float32, [(0, 9), (4, 1)])
+    with pytest.raises(ValueError, match=match):
+        run_kernel(tr, clone_cache(tr.cache), config, mapped=True)
+
+
+def test_default_config_takes_the_row_kernel_for_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heuristic's row-register tiles: mapped launches of >= 1024 rows and >= 8 rows
+    a request; prompts only (>= 32 rows a request): 2 rows x 512 channels, 4 warps;
+    mixed: 1 row x 256, 2 warps; decode-heavy, map-less or unknown request counts: the
+    tile kernel; ``INKLING_KERNELS_SCONV_ROWS=0``: never. Without the norm
+    (``fused_sconv_add``): 4 rows x 256 on the same launches."""
+    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
+
+    rows = [(8192, 1), (8192, 256), (2303, 256), (2048, 4), (1024, 1), (1024, 128)]
+    tiles = [(8192, 8192), (256, 256), (256, 64), (2303, 256 + 64), (1000, 1), (4096, 1024)]
+    for t, r in rows:
+        cfg = choose_norm_config(t, 8, 768, True, r)
+        assert cfg.rows and cfg.block_h == 1 and cfg.split == 1
+        assert (cfg.block_t, cfg.block_j, cfg.num_warps) == ((2, 512, 4) if t >= 32 * r else (1, 256, 2))
+        add = choose_add_config(t, 1, 768, True, 4, r)
+        assert add.rows and (add.block_t, add.block_j, add.num_warps) == (4, 256, 2)
+    for t, r in tiles:
+        assert not choose_norm_config(t, 8, 768, True, r).rows
+        assert not choose_add_config(t, 1, 768, True, 4, r).rows
+    assert not choose_norm_config(8192, 8, 768, False, 1).rows  # no map
+    assert not choose_norm_config(8192, 8, 768, True, None).rows  # request count unknown
+    assert not choose_norm_config(8192, 3, 20, True, 1).rows  # 60 channels: no 256-channel chunks
+    monkeypatch.setenv("INKLING_KERNELS_SCONV_ROWS", "0")
+    assert not choose_norm_config(8192, 8, 768, True, 1).rows
+    assert not choose_add_config(8192, 1, 768, True, 4, 1).rows

@@ -448,28 +448,61 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
     return _whole_row_config(num_heads, stream_width, 1)
 
 
-#: Mapped launches of at least this many rows take the row-register kernel
-#: (choose_norm_config, choose_add_config) when they also have enough rows a request.
+#: Mapped launches of at least this many rows, and ``ROWS_TOKENS_PER_REQUEST`` (8) rows
+#: a request, take the row-register kernel (choose_norm_config, choose_add_config).
 NORM_ROWS_MIN_TOKENS = 1024
-#: Rows a request for the row-register kernel: fused_sconv_add_rmsnorm (a program walks
-#: whole rows, so each load-path tile is a long chain) and fused_sconv_add.
-NORM_ROWS_TOKENS_PER_REQUEST = 32
-ADD_ROWS_TOKENS_PER_REQUEST = 8
+#: With the norm, launches of at least this many rows a request (prompts only) take its
+#: two-row, four-warp tile; mixed batches take the one-row tile.
+NORM_ROWS_PROMPT_TOKENS_PER_REQUEST = 32
 
 
 def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool,
                      num_requests: int | None, norm: bool = True) -> NormConfig | None:
-    """The row-register kernel's tile when the launch has the step's tap map, at least
-    ``NORM_ROWS_MIN_TOKENS`` rows, at least ``NORM_ROWS_TOKENS_PER_REQUEST`` (with the
-    norm) or ``ADD_ROWS_TOKENS_PER_REQUEST`` (without) rows a request (prompts, not
-    decodes: the tiles with decode rows take the slow load path), and whole 256-channel
-    chunks; else None: with the norm 2 rows a program, without it 4, each as 256-channel
-    vectors on two warps. ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off."""
-    per_request = NORM_ROWS_TOKENS_PER_REQUEST if norm else ADD_ROWS_TOKENS_PER_REQUEST
-    if (mapped and num_requests is not None and num_tokens >= NORM_ROWS_MIN_TOKENS
-            and num_tokens >= per_request * num_requests
+    """The row-register kernel's tile (:mod:`.rows_kernel`) for a launch with the step's
+    tap map, at least ``NORM_ROWS_MIN_TOKENS`` rows, at least ``ROWS_TOKENS_PER_REQUEST``
+    rows a request and whole 256-channel chunks; else None (the tile kernel).
+    ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off.
+
+    Tiles measured fastest on the H200 (975B ATTN shapes, bf16;
+    benchmarks/RESULTS_sconv_add_rmsnorm.md, session 19), µs against the tile kernel:
+
+    - with the norm, prompts only (``>= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST`` rows a
+      request): 2 rows of 512 channels, four warps (prefill 8192: 151.8 against 200.3;
+      1024: 21.6 against 30.6);
+    - with the norm, otherwise: 1 row of 256 channels, two warps (mixed 2048-token
+      prompt + 255 decodes: 51.4 against 66.8, decodes first 49.8 against 66.7);
+    - without the norm (``fused_sconv_add``, the TP 8 shard of 768 channels): 4 rows of
+      256 channels, two warps (prefill 8192: 14.8 against 18.9; mixed, decodes first:
+      4.14 against 5.58).
+
+    Decode-heavy launches (decode 256, speculative 64 x 4) stay on the tile kernel: there
+    the row kernel's tiles all take its load path (13.6 against 7.2 µs with the norm)."""
+    from ..sconv.kernel import ROWS_TOKENS_PER_REQUEST
+
+    if not (mapped and num_requests is not None and num_tokens >= NORM_ROWS_MIN_TOKENS
+            and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests
             and num_heads * stream_width % 256 == 0 and rows_default()):
-        return NormConfig(block_t=2 if norm else 4, block_h=1, block_j=256, num_warps=2, rows=True)
+        return None
+    if not norm:
+        return NormConfig(block_t=4, block_h=1, block_j=256, num_warps=2, rows=True)
+    if num_tokens >= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST * num_requests and num_heads * stream_width % 512 == 0:
+        return NormConfig(block_t=2, block_h=1, block_j=512, num_warps=4, rows=True)
+    return NormConfig(block_t=1, block_h=1, block_j=256, num_warps=2, rows=True)
+
+
+def interpreter_rows_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool,
+                            num_requests: int | None) -> NormConfig | None:
+    """Under the interpreter, the row-register kernel for the same launches as on a GPU
+    but from ``INTERPRETER_ROWS`` rows (``INTERPRETER_ROWS`` rows a program; chunks of the
+    largest power of two up to 256 dividing the row; at least 8), so that the e2e
+    engines' prompt steps run it; else None."""
+    from ..sconv.kernel import ROWS_TOKENS_PER_REQUEST
+
+    channels = num_heads * stream_width
+    block_j = min(256, channels & -channels)
+    if (mapped and num_requests is not None and num_tokens >= INTERPRETER_ROWS
+            and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests and block_j >= 8 and rows_default()):
+        return NormConfig(block_t=INTERPRETER_ROWS, block_h=1, block_j=block_j, num_warps=2, rows=True)
     return None
 
 
@@ -484,10 +517,14 @@ def _whole_row_config(num_heads: int, stream_width: int, block_t: int, scan: int
 def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
                             num_requests: int | None = None) -> NormConfig:
     """The default tiles under Triton's interpreter (``TRITON_INTERPRET=1``; see
-    :data:`inkling_kernels._triton_common.INTERPRETER_ROWS`). Up to 16 rows,
+    :data:`inkling_kernels._triton_common.INTERPRETER_ROWS`). Mapped prompt-heavy
+    launches: the row-register kernel (:func:`interpreter_rows_config`). Up to 16 rows,
     :func:`choose_norm_config`'s split rows (a few programs a row); above, its tiles for
     T >= 8192 (the whole row in registers) with ``INTERPRETER_ROWS`` rows a program
     instead of one."""
+    rows = interpreter_rows_config(num_tokens, num_heads, stream_width, mapped, num_requests)
+    if rows is not None:
+        return rows
     if num_tokens <= 16:
         return choose_norm_config(num_tokens, num_heads, stream_width)
     return _whole_row_config(num_heads, stream_width, INTERPRETER_ROWS)
@@ -773,10 +810,15 @@ def launch_sconv_add(
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
     if tap_map is not None and batch.tap_map is None:
         batch = batch.with_tap_map(tap_map)
-    if config is None and is_interpreter():  # (the fewest programs)
-        config = _whole_row_config(prob.num_heads, stream_width, INTERPRETER_ROWS, scan=64)
-    cfg = config or choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
-                                      prob.kernel_size, batch.block_table.shape[0])
+    interp_whole_row = _whole_row_config(prob.num_heads, stream_width, INTERPRETER_ROWS, scan=64)
+    if config is not None:
+        cfg = config
+    elif is_interpreter():  # (the fewest programs)
+        cfg = interpreter_rows_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
+                                      batch.block_table.shape[0]) or interp_whole_row
+    else:
+        cfg = choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
+                                prob.kernel_size, batch.block_table.shape[0])
     if cfg.rows:
         _chunks(cfg, prob.num_heads, stream_width)  # (tile sizes checked)
         mapped, why = rows_launch_map(batch, prob, cfg, d.device)
@@ -786,8 +828,8 @@ def launch_sconv_add(
             return out
         if config is not None:
             raise ValueError(f"NormConfig(rows=True) cannot take this launch: {why}; use rows=False")
-        cfg = choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
-                                prob.kernel_size)
+        cfg = interp_whole_row if is_interpreter() else choose_add_config(
+            prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None, prob.kernel_size)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
     if cfg.row_loop:
         raise ValueError(f"config row_loop is the norm's path; fused_sconv_add has no norm: got {cfg}")
