@@ -66,6 +66,8 @@
 #   s19b     (.peer carried) s19's experiment with every variant checked against the fp32
 #            reference, bench_layer (global and sliding, the peer in the same run), the
 #            add/norm GPU tests
+#   s19c     (.peer carried) the final session-19 call: the GPU tests of the row-register
+#            add/norm kernel and of the add/norm files, s19b's experiment, bench_layer
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -258,6 +260,16 @@ PY
     timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_sconv_add_rmsnorm.py $T/test_sconv_add.py \
       $T/test_gpu.py -k "add or norm" > "$OUT/tests.log" 2>&1
     tail -6 "$OUT/tests.log"
+    ;;
+  s19c)
+    stage "GPU tests: the row-register add/norm kernel (graph replay, hazard), the add/norm files"
+    timeout 230 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_gpu.py -k "norm_rows or add_" \
+      $T/test_sconv_add_rmsnorm.py $T/test_sconv_add.py > "$OUT/tests.log" 2>&1
+    tail -6 "$OUT/tests.log"
+    stage "norm rows, checked against the reference"
+    timeout 120 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" > "$OUT/norm_rows.log" 2>&1
+    echo "rc $?"; tail -2 "$OUT/norm_rows.log"
+    layer 170 8
     ;;
   s18b)
     for pf in 0 1; do

@@ -24,6 +24,8 @@ from inkling_kernels import (
 )
 
 from inkling_kernels.sconv.kernel import SconvConfig
+from inkling_kernels.sconv_add_rmsnorm import rms_norm_ref
+from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig
 
 from _sconv_world import TOL, PagedWorld, assert_add_close, bits
 
@@ -591,3 +593,86 @@ def test_add_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit:
         except AssertionError:
             stale += 1
     assert stale == 0, f"{stale} of {launches} launches had a stale tap"
+
+
+# The row-register kernel of fused_sconv_add_rmsnorm / fused_sconv_add (NormConfig.rows):
+# the tiles the heuristic picks (rows_norm_config), forced on launches of any size.
+NORM_ROWS_CONFIGS = {
+    "norm-2x512": NormConfig(block_t=2, block_h=1, block_j=512, num_warps=4, rows=True),
+    "norm-1x256": NormConfig(block_t=1, block_h=1, block_j=256, num_warps=2, rows=True),
+}
+ADD_ROWS_CONFIG = NormConfig(block_t=4, block_h=1, block_j=256, num_warps=2, rows=True)
+
+
+@pytest.mark.parametrize("name", list(NORM_ROWS_CONFIGS) + ["add-4x256"])
+@pytest.mark.parametrize("heads", [8, 1], ids=["tp1", "tp8"])
+def test_norm_rows_cuda_graph_replay_with_changing_metadata(heads: int, name: str) -> None:
+    """The row-register add/norm kernel captured once with the tap-map build before
+    it, replayed over different batches (request mixes, pad rows) written into the
+    static buffers: new_hidden (and normed) against the reference on the CPU world,
+    the cache bit for bit."""
+    from inkling_kernels.sconv_add_rmsnorm.kernel import sconv_add_rmsnorm_triton, sconv_add_triton
+
+    rng = random.Random(23 + heads)
+    g = _GraphSetup(heads=heads, seed=23)
+    st, width = g.st, g.width
+    norm_w = (1 + 0.2 * torch.randn(heads * width)).to(torch.bfloat16)
+    norm_w_gpu, eps = norm_w.cuda(), 1e-5
+    if name == "add-4x256":
+        graph, static_out = g.capture(lambda batch: sconv_add_triton(
+            st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width, config=ADD_ROWS_CONFIG), True)
+    else:
+        graph, static_out = g.capture(lambda batch: sconv_add_rmsnorm_triton(
+            st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width, norm_w_gpu, eps,
+            config=NORM_ROWS_CONFIGS[name]), True)
+    world, storage, T, R = g.world, g.storage, g.T, g.R
+    for step in range(6):
+        batch = _replay_step(world, rng, st, T, R)
+        hidden = (2 * torch.randn(T, heads * width)).to(torch.bfloat16)
+        storage.copy_(world.storage)
+        st["x"].copy_(batch.x[0])
+        st["hidden"].copy_(hidden)
+        graph.replay()
+        torch.cuda.synchronize()
+        _, ref = world.run_add(batch, 0, "reference", hidden=hidden)
+        new_h = static_out if name == "add-4x256" else static_out[0]
+        assert_add_close(new_h.cpu(), ref, hidden)
+        if name != "add-4x256":  # (pad rows too: their new_hidden is hidden + d, normed from it)
+            want = rms_norm_ref(ref, norm_w, eps)
+            torch.testing.assert_close(static_out[1].cpu().float(), want.float(), rtol=2e-2, atol=2e-2)
+        assert torch.equal(bits(storage.cpu()), bits(world.storage)), f"cache differs at step {step}"
+
+
+@pytest.mark.parametrize("name", list(NORM_ROWS_CONFIGS) + ["add-4x256", "default"])
+@pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
+def test_norm_rows_same_step_hazard_many_launches(b_first: bool, name: str) -> None:
+    """The row-register add/norm kernel under a same-step prefix hit (A computes a
+    1024-token prompt, B hit its first 512 tokens), B's pre-forward slots NaN before
+    every launch, with the step's tap map; "default": the public op's own choice
+    (the row kernel: 1536 rows, 2 requests)."""
+    from inkling_kernels.sconv_add_rmsnorm.kernel import sconv_add_rmsnorm_triton, sconv_add_triton
+
+    case = _hazard_case(1024, 512, b_first, seed=3)
+    d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+    hidden = (2 * torch.randn(case["x"].shape)).to(torch.bfloat16)
+    want = (hidden.float() + case["expected"].float()).to(torch.bfloat16)
+    norm_w = (1 + 0.2 * torch.randn(want.shape[1])).to(torch.bfloat16)
+    want_n = rms_norm_ref(want, norm_w, 1e-5).cuda()
+    meta = [d["positions"], d["table"], d["seq"], d["slots"], d["qs"]]
+    batch = _gpu_map(meta, d["n"])
+    hidden_gpu, want_gpu, norm_w_gpu = hidden.cuda(), want.cuda(), norm_w.cuda()
+    stale = 0
+    for _ in range(50):
+        ps = d["pre_slots"]
+        d["cache"][ps // d["n"], :, ps % d["n"], d["off"]: d["off"] + d["width"]] = float("nan")
+        args = (hidden_gpu, d["x"], d["weight"], d["cache"], batch, d["off"], d["width"])
+        try:
+            if name == "add-4x256":
+                assert_add_close(sconv_add_triton(*args, config=ADD_ROWS_CONFIG), want_gpu, hidden_gpu)
+            else:
+                new_h, normed = sconv_add_rmsnorm_triton(*args, norm_w_gpu, 1e-5, config=NORM_ROWS_CONFIGS.get(name))
+                assert_add_close(new_h, want_gpu, hidden_gpu)
+                torch.testing.assert_close(normed.float(), want_n.float(), rtol=2e-2, atol=2e-2)
+        except AssertionError:
+            stale += 1
+    assert stale == 0, f"{stale} of 50 launches had a stale tap"

@@ -14,7 +14,8 @@ without the batch's tap map.
 
 - :func:`fused_sconv_add_rmsnorm` does all of it in one pass over the rows (one
   launch on CUDA; a program owns whole rows, or a row's chunks meet through an atomic
-  ticket, since RMSNorm needs the full row). The norm needs the full hidden row, so
+  ticket, since RMSNorm needs the full row; prompt launches with the step's tap map
+  take the row-register kernel, :mod:`.rows_kernel`). The norm needs the full hidden row, so
   the conv must see it: at ``tp == 1``, or wherever the conv's channels are the whole
   hidden row. The op checks that ``norm_weight`` covers all of ``d``'s channels; the
   model layer checks the layout.

@@ -1,5 +1,10 @@
-"""Triton kernel and launchers for ``fused_sconv_add_rmsnorm`` and ``fused_sconv_add``
-(one kernel: the constexpr ``HAS_NORM`` switches the norm off for the latter).
+"""Triton kernels and launchers for ``fused_sconv_add_rmsnorm`` and ``fused_sconv_add``
+(in each kernel the constexpr ``HAS_NORM`` switches the norm off for the latter).
+
+Two kernels: the tile kernel below, and the row-register kernel of
+:mod:`.rows_kernel` (``NormConfig.rows``), the default for mapped prompt launches
+(:func:`rows_norm_config`: at least 1024 rows and 8 rows a request). This docstring
+describes the tile kernel.
 
 Tiling: a row's ``C = H * stream_width`` channels are cut into ``NCH`` chunks of
 ``[BLOCK_H heads, BLOCK_J channels of each head's stream range]`` (cache addresses

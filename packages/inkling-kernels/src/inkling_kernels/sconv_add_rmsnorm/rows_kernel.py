@@ -53,6 +53,14 @@ def _weights(w_ptr, chan, stride_wc, stride_wk, W: tl.constexpr, BLOCK_C: tl.con
 
 
 @triton.jit
+def _lanes(lane, cond):
+    """A per-row scalar condition as a ``[BLOCK_C]`` mask, formed by a vector compare:
+    Triton 3.9's interpreter turns ``scalar & scalar`` into an int32 mask that its loads
+    refuse; compiled, ``lane * 0`` folds away and this is the scalar predicate."""
+    return (lane * 0 + cond.to(tl.int32)) != 0
+
+
+@triton.jit
 def _register_chunks(
     hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr, dsts, oks, regbits, t0, num_tokens, c_lo,
     stride_wc, stride_wk, stride_ch, stream_offset,
@@ -73,15 +81,16 @@ def _register_chunks(
         xs = ()
         for j in tl.static_range(ROWS + W - 1):
             r = t0 - (W - 1) + j
-            xs = xs + (tl.load(d_ptr + (r * C + chan), mask=(r >= 0) & (r < num_tokens), other=0.0),)
+            xs = xs + (tl.load(d_ptr + (r * C + chan), mask=_lanes(lane, (r >= 0) & (r < num_tokens)), other=0.0),)
         hs = ()
         for i in tl.static_range(ROWS):
-            hs = hs + (tl.load(hidden_ptr + ((t0 + i) * C + chan), mask=t0 + i < num_tokens, other=0.0),)
+            hs = hs + (tl.load(hidden_ptr + ((t0 + i) * C + chan), mask=_lanes(lane, t0 + i < num_tokens),
+                               other=0.0),)
         wts = _weights(w_ptr, chan, stride_wc, stride_wk, W, BLOCK_C, WTILE)
         nsq = ()
         for i in tl.static_range(ROWS):
             xi = xs[i + W - 1]
-            tl.store(cache_ptr + (dsts[i] + ccol), xi, mask=oks[i])
+            tl.store(cache_ptr + (dsts[i] + ccol), xi, mask=_lanes(lane, oks[i]))
             xf = xi.to(tl.float32)
             acc = wts[W - 1] * xf
             for k in tl.static_range(W - 1):  # tap k: distance W - 1 - k, x row t - W + 1 + k = xs[i + k]
@@ -89,7 +98,7 @@ def _register_chunks(
                 acc += wts[k] * tl.where(bit != 0, xs[i + k], 0.0).to(tl.float32)
             s = (xf + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
             nh = (hs[i].to(tl.float32) + s).to(d_ptr.dtype.element_ty)
-            tl.store(new_h_ptr + ((t0 + i) * C + chan), nh, mask=t0 + i < num_tokens)
+            tl.store(new_h_ptr + ((t0 + i) * C + chan), nh, mask=_lanes(lane, t0 + i < num_tokens))
             nf = nh.to(tl.float32)  # (0 on rows past the batch: their loads gave 0)
             nsq = nsq + (sq[i] + nf * nf,)
         sq = nsq
