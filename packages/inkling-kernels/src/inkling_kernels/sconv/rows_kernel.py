@@ -87,6 +87,79 @@ def weight_columns4(w_ptr, chan, stride_wc, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
+def tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N: tl.constexpr, ROWS: tl.constexpr,
+               OFF64: tl.constexpr):
+    """Each of the tile's ``ROWS`` rows' slot as two ``ROWS``-tuples of scalars: its
+    cache offset (block and in-block strides) and whether it is written."""
+    dsts = ()
+    oks = ()
+    for i in tl.static_range(ROWS):
+        slot = tl.load(slot_ptr + t0 + i, mask=t0 + i < num_tokens, other=-1)
+        ok = (t0 + i < num_tokens) & (slot >= 0) & (slot < num_slots)
+        ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
+        dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
+        oks = oks + (ok,)
+    return dsts, oks
+
+
+@triton.jit
+def tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W: tl.constexpr, ROWS: tl.constexpr, QP: tl.constexpr):
+    """The tile's map codes, (row, distance) row-major, read as one vector and reduced
+    to two scalars: a bit per pair whose tap is x row ``t - dist`` (bit ``i * (W - 1) +
+    dist - 1``), and how many pairs have a tap that is neither that nor absent."""
+    q = tl.arange(0, QP)
+    qt = t0 + q // (W - 1)
+    qlive = (q < ROWS * (W - 1)) & (qt < num_tokens)
+    code = tl.load(map_ptr + t0.to(tl.int64) * (W - 1) + q, mask=qlive, other=-1)
+    xrow, cslot = decode_tap_codes(code, num_slots)
+    in_reg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
+    regbits = tl.sum(tl.where(in_reg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
+    other_taps = tl.sum((((xrow >= 0) & ~in_reg) | (cslot >= 0)).to(tl.int32), axis=0)
+    return regbits, other_taps
+
+
+@triton.jit
+def tile_tap_sources(slot_ptr, map_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N: tl.constexpr,
+                     W: tl.constexpr, ROWS: tl.constexpr, OFF64: tl.constexpr):
+    """The load path's per-row view of a tile (``[ROWS]`` vectors): its rows ``t``,
+    which are live, which slots are written and their cache offsets, then per distance
+    ``k + 1`` (``W - 1``-tuples): the x row of the tap, whether it comes from x, its
+    cache offset, and whether there is a tap at all."""
+    t = t0 + tl.arange(0, ROWS)
+    live = t < num_tokens
+    slot = tl.load(slot_ptr + t, mask=live, other=-1)
+    ok = live & (slot >= 0) & (slot < num_slots)
+    ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
+    dst = (ws // N) * stride_cb + (ws % N) * stride_cn
+    xrows = ()
+    from_xs = ()
+    cdsts = ()
+    takes = ()
+    for k in tl.static_range(W - 1):  # map column k: distance k + 1
+        code = tl.load(map_ptr + t.to(tl.int64) * (W - 1) + k, mask=live, other=-1)
+        xrow, cslot = decode_tap_codes(code, num_slots)
+        cs = tl.where(cslot >= 0, cslot, 0).to(tl.int64 if OFF64 else tl.int32)
+        xrows = xrows + (tl.where(xrow >= 0, xrow, 0).to(tl.int32),)
+        from_xs = from_xs + (xrow >= 0,)
+        cdsts = cdsts + ((cs // N) * stride_cb + (cs % N) * stride_cn,)
+        takes = takes + ((xrow >= 0) | (cslot >= 0),)
+    return t, live, ok, dst, xrows, from_xs, cdsts, takes
+
+
+@triton.jit
+def chunk_taps(x_ptr, cache_ptr, xrows, from_xs, cdsts, takes, ch, ccol, SX: tl.constexpr, W: tl.constexpr):
+    """A load-path chunk's taps (``[ROWS, SUB]``, one per distance ``k + 1``, in x's
+    dtype, 0 where a row has none): one masked load each, from the x row or the cache
+    slot that :func:`tile_tap_sources` resolved."""
+    taps = ()
+    for k in tl.static_range(W - 1):
+        src = tl.where(from_xs[k][:, None], x_ptr + (xrows[k][:, None] * SX + ch[None, :]),
+                       cache_ptr + (cdsts[k][:, None] + ccol[None, :]))
+        taps = taps + (tl.load(src, mask=takes[k][:, None], other=0.0),)
+    return taps
+
+
+@triton.jit
 def _load_path(
     x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr, t0, num_tokens, num_slots, pid_c,
     stride_wc, stride_wk, stride_cb, stride_ch, stride_cn, stream_offset,
@@ -103,33 +176,13 @@ def _load_path(
     the chunk before it: one round trip a chunk, not a row. The program's register rows
     are not read here, so their registers are free for the chunk tiles. Same fp32
     accumulation order as :func:`_conv_row`."""
-    t = t0 + tl.arange(0, ROWS)
-    live = t < num_tokens
-    slot = tl.load(slot_ptr + t, mask=live, other=-1)
-    ok = live & (slot >= 0) & (slot < num_slots)
-    ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
-    dst = (ws // N) * stride_cb + (ws % N) * stride_cn
-    xrows = ()
-    from_xs = ()
-    cdsts = ()
-    takes = ()
-    for k in tl.static_range(W - 1):  # distance k + 1
-        code = tl.load(map_ptr + t.to(tl.int64) * (W - 1) + k, mask=live, other=-1)
-        xrow, cslot = decode_tap_codes(code, num_slots)
-        cs = tl.where(cslot >= 0, cslot, 0).to(tl.int64 if OFF64 else tl.int32)
-        xrows = xrows + (tl.where(xrow >= 0, xrow, 0).to(tl.int32),)
-        from_xs = from_xs + (xrow >= 0,)
-        cdsts = cdsts + ((cs // N) * stride_cb + (cs % N) * stride_cn,)
-        takes = takes + ((xrow >= 0) | (cslot >= 0),)
+    t, live, ok, dst, xrows, from_xs, cdsts, takes = tile_tap_sources(
+        slot_ptr, map_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, W, ROWS, OFF64)
     for cc in tl.static_range(BLOCK_C // SUB):
         ch = pid_c * BLOCK_C + cc * SUB + tl.arange(0, SUB)
         ccol = (ch // WS) * stride_ch + stream_offset + ch % WS
         xt = tl.load(x_ptr + (t[:, None] * SX + ch[None, :]), mask=live[:, None], other=0.0)
-        taps = ()
-        for k in tl.static_range(W - 1):
-            src = tl.where(from_xs[k][:, None], x_ptr + (xrows[k][:, None] * SX + ch[None, :]),
-                           cache_ptr + (cdsts[k][:, None] + ccol[None, :]))
-            taps = taps + (tl.load(src, mask=takes[k][:, None], other=0.0),)
+        taps = chunk_taps(x_ptr, cache_ptr, xrows, from_xs, cdsts, takes, ch, ccol, SX, W)
         tl.store(cache_ptr + (dst[:, None] + ccol[None, :]), xt, mask=ok[:, None])
         xf = xt.to(tl.float32)
         acc = tl.load(w_ptr + ch * stride_wc + (W - 1) * stride_wk).to(tl.float32)[None, :] * xf
@@ -220,25 +273,8 @@ def _rows_sconv_kernel(
     for j in tl.static_range(ROWS + W - 1):
         xs = xs + (tl.load(x_ptr + ((t0 - (W - 1) + j) * SX + chan),
                            mask=(t0 - (W - 1) + j >= 0) & (t0 - (W - 1) + j < num_tokens), other=0.0),)
-    # Each row's slot: its cache offset and whether it is written.
-    dsts = ()
-    oks = ()
-    for i in tl.static_range(ROWS):
-        slot = tl.load(slot_ptr + t0 + i, mask=t0 + i < num_tokens, other=-1)
-        ok = (t0 + i < num_tokens) & (slot >= 0) & (slot < num_slots)
-        ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
-        dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
-        oks = oks + (ok,)
-    # The tile's map codes, (row, tap) row-major, as one vector: a bit per pair whose tap
-    # is x row t - dist, and how many pairs have a tap that is neither that nor absent.
-    q = tl.arange(0, QP)
-    qt = t0 + q // (W - 1)
-    qlive = (q < ROWS * (W - 1)) & (qt < num_tokens)
-    code = tl.load(map_ptr + t0.to(tl.int64) * (W - 1) + q, mask=qlive, other=-1)
-    xrow, cslot = decode_tap_codes(code, num_slots)
-    in_reg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
-    regbits = tl.sum(tl.where(in_reg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
-    other_taps = tl.sum((((xrow >= 0) & ~in_reg) | (cslot >= 0)).to(tl.int32), axis=0)
+    dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
+    regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
     if WTILE:
         wts = weight_columns4(w_ptr, chan, stride_wc, BLOCK_C)
     else:

@@ -582,13 +582,9 @@ def _launch(
 ) -> None:
     """The kernel launch of both ops: ``norm`` is ``(norm_weight, eps)``, or None for
     ``fused_sconv_add`` (HAS_NORM off: ``outputs[1]``, the norm's arguments and the
-    scratch are not read or written). ``cfg.rows``: the row-register kernel, on a
-    launch :func:`rows_launch_map` gave a map."""
+    scratch are not read or written); the tile kernel (``cfg.rows``: :func:`_try_rows`)."""
     new_hidden, normed = outputs
     norm_weight, eps = norm if norm is not None else (d, 0.0)
-    if cfg.rows:
-        _launch_rows(hidden, d, prob, cache, batch, stream_offset, stream_width, outputs, norm, cfg)
-        return
     cnt, part = scratch if scratch is not None else (batch.slot_mapping, d)  # (unused at split 1)
     w2 = prob.weight2d
     table = batch.block_table
@@ -645,7 +641,7 @@ def rows_launch_map(batch: SconvBatch, prob: SconvProblem, cfg: NormConfig, devi
     return batch, None
 
 
-def _launch_rows(
+def _try_rows(
     hidden: torch.Tensor,
     d: torch.Tensor,
     prob: SconvProblem,
@@ -656,13 +652,22 @@ def _launch_rows(
     outputs: tuple[torch.Tensor, torch.Tensor],
     norm: tuple[torch.Tensor, float] | None,
     cfg: NormConfig,
-) -> None:
-    """The row-register kernel (:mod:`.rows_kernel`): with the norm one program a row
-    tile, without it one a (chunk, row tile)."""
+    explicit: bool,
+) -> bool:
+    """Launch the row-register kernel (:mod:`.rows_kernel`; ``cfg.rows``) when it can
+    take the launch (True): with the norm one program a row tile, without it one a
+    (chunk, row tile). Else raise saying why (``explicit``: the caller's config) or
+    return False (a heuristic's choice: the caller falls back to the tile kernel)."""
     from ..sconv.kernel import ROWS_LOAD_PATH_CHANNELS, ROWS_OFFSET32_LIMIT
     from ..sconv.rows_kernel import cache_max_offset, rows_weight_tile
     from .rows_kernel import _rows_add_norm_kernel
 
+    _chunks(cfg, prob.num_heads, stream_width)  # (tile sizes checked)
+    batch_m, why = rows_launch_map(batch, prob, cfg, d.device)
+    if batch_m is None:
+        if explicit:
+            raise ValueError(f"NormConfig(rows=True) cannot take this launch: {why}; use rows=False")
+        return False
     new_hidden, normed = outputs
     norm_weight, eps = norm if norm is not None else (d, 0.0)
     w2 = prob.weight2d
@@ -674,12 +679,12 @@ def _launch_rows(
     while (prob.channels // nsub) % p2:
         p2 //= 2
     _rows_add_norm_kernel[grid](
-        hidden, d, w2, cache, batch.slot_mapping, batch.tap_map, norm_weight, new_hidden, normed,
+        hidden, d, w2, cache, batch_m.slot_mapping, batch_m.tap_map, norm_weight, new_hidden, normed,
         prob.num_tokens, prob.num_slots,
         w2.stride(0), w2.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         stream_offset, eps,
-        C=prob.channels, WS=stream_width, N=batch.block_size, W=prob.kernel_size,
+        C=prob.channels, WS=stream_width, N=batch_m.block_size, W=prob.kernel_size,
         ROWS=cfg.block_t, BLOCK_C=cfg.block_j, QP=max(2, pow2_ceil(cfg.block_t * (prob.kernel_size - 1))),
         WTILE=rows_weight_tile(w2), OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
         # the load path's [block_t, SUB] tiles: up to 512 elements (two warps: 8 a thread)
@@ -687,6 +692,7 @@ def _launch_rows(
         NSUB=nsub, P2=p2,
         num_warps=cfg.num_warps,
     )
+    return True
 
 
 def launch_sconv_add_rmsnorm(
@@ -722,14 +728,9 @@ def launch_sconv_add_rmsnorm(
     cfg = config or choose(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
                            batch.block_table.shape[0])
     if cfg.rows:
-        _chunks(cfg, prob.num_heads, stream_width)  # (tile sizes checked)
-        mapped, why = rows_launch_map(batch, prob, cfg, d.device)
-        if mapped is not None:
-            _launch(hidden, d, prob, cache, mapped, stream_offset, stream_width, (new_hidden, normed),
-                    (norm_weight, eps), cfg, cfg.block_t, 1, None)
+        if _try_rows(hidden, d, prob, cache, batch, stream_offset, stream_width, (new_hidden, normed),
+                     (norm_weight, eps), cfg, config is not None):
             return new_hidden, normed
-        if config is not None:
-            raise ValueError(f"NormConfig(rows=True) cannot take this launch: {why}; use rows=False")
         cfg = choose(prob.num_tokens, prob.num_heads, stream_width)
     chunks = _chunks(cfg, prob.num_heads, stream_width)
     if cfg.row_loop and cfg.split != 1:
@@ -825,14 +826,9 @@ def launch_sconv_add(
         cfg = choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
                                 prob.kernel_size, batch.block_table.shape[0])
     if cfg.rows:
-        _chunks(cfg, prob.num_heads, stream_width)  # (tile sizes checked)
-        mapped, why = rows_launch_map(batch, prob, cfg, d.device)
-        if mapped is not None:
-            _launch(hidden, d, prob, cache, mapped, stream_offset, stream_width, (out, out), None, cfg, cfg.block_t,
-                    1, None)
+        if _try_rows(hidden, d, prob, cache, batch, stream_offset, stream_width, (out, out), None, cfg,
+                     config is not None):
             return out
-        if config is not None:
-            raise ValueError(f"NormConfig(rows=True) cannot take this launch: {why}; use rows=False")
         cfg = interp_whole_row if is_interpreter() else choose_add_config(
             prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None, prob.kernel_size)
     chunks = _chunks(cfg, prob.num_heads, stream_width)

@@ -36,8 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes
-from ..sconv.rows_kernel import weight_columns4
+from ..sconv.rows_kernel import chunk_taps, tile_slots, tile_tap_bits, tile_tap_sources, weight_columns4
 
 
 @triton.jit
@@ -123,24 +122,8 @@ def _load_chunks(
     per chunk the tiles of ``d`` and ``hidden`` and each tap (one masked load, from the
     row of ``d`` or the cache slot the map names, 0 where there is none), loaded before
     the chunk's stores. Returns the rows' sums of ``new_h``'s squares ([ROWS] fp32)."""
-    t = t0 + tl.arange(0, ROWS)
-    live = t < num_tokens
-    slot = tl.load(slot_ptr + t, mask=live, other=-1)
-    ok = live & (slot >= 0) & (slot < num_slots)
-    ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
-    dst = (ws // N) * stride_cb + (ws % N) * stride_cn
-    xrows = ()
-    from_xs = ()
-    cdsts = ()
-    takes = ()
-    for k in tl.static_range(W - 1):  # map column k: distance k + 1
-        code = tl.load(map_ptr + t.to(tl.int64) * (W - 1) + k, mask=live, other=-1)
-        xrow, cslot = decode_tap_codes(code, num_slots)
-        cs = tl.where(cslot >= 0, cslot, 0).to(tl.int64 if OFF64 else tl.int32)
-        xrows = xrows + (tl.where(xrow >= 0, xrow, 0).to(tl.int32),)
-        from_xs = from_xs + (xrow >= 0,)
-        cdsts = cdsts + ((cs // N) * stride_cb + (cs % N) * stride_cn,)
-        takes = takes + ((xrow >= 0) | (cslot >= 0),)
+    t, live, ok, dst, xrows, from_xs, cdsts, takes = tile_tap_sources(
+        slot_ptr, map_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, W, ROWS, OFF64)
     sq = tl.zeros([ROWS, SUB], dtype=tl.float32)
     for cc in range(0, CHUNKS):
         c = c_lo + cc
@@ -150,11 +133,7 @@ def _load_chunks(
             offs = t[:, None] * C + ch[None, :]
             xt = tl.load(d_ptr + offs, mask=live[:, None], other=0.0)
             ht = tl.load(hidden_ptr + offs, mask=live[:, None], other=0.0)
-            taps = ()
-            for k in tl.static_range(W - 1):
-                src = tl.where(from_xs[k][:, None], d_ptr + (xrows[k][:, None] * C + ch[None, :]),
-                               cache_ptr + (cdsts[k][:, None] + ccol[None, :]))
-                taps = taps + (tl.load(src, mask=takes[k][:, None], other=0.0),)
+            taps = chunk_taps(d_ptr, cache_ptr, xrows, from_xs, cdsts, takes, ch, ccol, C, W)
             tl.store(cache_ptr + (dst[:, None] + ccol[None, :]), xt, mask=ok[:, None])
             xf = xt.to(tl.float32)
             acc = tl.load(w_ptr + ch * stride_wc + (W - 1) * stride_wk).to(tl.float32)[None, :] * xf
@@ -209,26 +188,9 @@ def _rows_add_norm_kernel(
     # the grid's first axis is the chunk.
     CHUNKS: tl.constexpr = C // BLOCK_C if HAS_NORM else 1
     c_lo = tl.program_id(0)
-    # Each row's slot: its cache offset and whether it is written.
-    dsts = ()
-    oks = ()
-    for i in tl.static_range(ROWS):
-        slot = tl.load(slot_ptr + t0 + i, mask=t0 + i < num_tokens, other=-1)
-        ok = (t0 + i < num_tokens) & (slot >= 0) & (slot < num_slots)
-        ws = tl.where(ok, slot, 0).to(tl.int64 if OFF64 else tl.int32)
-        dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
-        oks = oks + (ok,)
-    # The tile's map codes, (row, distance) row-major, as one vector: a bit per pair
-    # whose tap is x row t - dist, and how many pairs have a tap that is neither that
-    # nor absent (as in sconv.rows_kernel).
-    q = tl.arange(0, QP)
-    qt = t0 + q // (W - 1)
-    qlive = (q < ROWS * (W - 1)) & (qt < num_tokens)
-    code = tl.load(map_ptr + t0.to(tl.int64) * (W - 1) + q, mask=qlive, other=-1)
-    xrow, cslot = decode_tap_codes(code, num_slots)
-    in_reg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
-    regbits = tl.sum(tl.where(in_reg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
-    other_taps = tl.sum((((xrow >= 0) & ~in_reg) | (cslot >= 0)).to(tl.int32), axis=0)
+    # each row's slot, and the tile's taps: which are register rows, how many are not
+    dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
+    regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
     if other_taps == 0:
         sumsq = _register_chunks(
             hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr, dsts, oks, regbits, t0, num_tokens, c_lo,
