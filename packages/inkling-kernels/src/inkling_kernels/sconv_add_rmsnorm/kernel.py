@@ -626,8 +626,6 @@ def rows_launch_map(batch: SconvBatch, prob: SconvProblem, cfg: NormConfig, devi
     if cfg.block_h != 1 or cfg.split != 1 or cfg.row_loop or cfg.tap_select:
         return None, "a rows config has block_h 1, split 1, no row_loop and no tap_select"
     why = rows_unfit(prob.num_tokens, prob.channels, prob.channels, prob.kernel_size, cfg.block_t, cfg.block_j)
-    if why is None and cfg.block_t & (cfg.block_t - 1):
-        why = f"block_t={cfg.block_t} is not a power of two"
     if why is None and batch.tap_map is None and prob.num_slots > TAP_MAP_MAX_SLOTS:
         why = f"the cache's {prob.num_slots} slots are more than a tap map can name"
     if why is not None:
