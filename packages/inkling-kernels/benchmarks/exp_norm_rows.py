@@ -41,6 +41,11 @@ CASES = [
     B.Case("mixed 1024 + 255 (prompt first)", [(0, 1024)] + [(100 + 17 * i, 1) for i in range(255)]),
     B.Case("4 prompts of 512", [(0, 512)] * 4),
     B.Case("spec verify 64 x 4", [(300 + 29 * i, 4) for i in range(64)]),
+    # (session 20) 7 and 8 drafts: 8 and 9 rows a request, at the rows rule's boundary
+    B.Case("spec verify 128 x 8", [(300 + 29 * i, 8) for i in range(128)]),
+    B.Case("spec verify 256 x 8", [(300 + 29 * i, 8) for i in range(256)]),
+    B.Case("spec verify 114 x 9", [(300 + 29 * i, 9) for i in range(114)]),
+    B.Case("mixed 255 + 1024 (decodes first)", [(100 + 17 * i, 1) for i in range(255)] + [(0, 1024)]),
     B.Case("decode 256", [(200 + 13 * i, 1) for i in range(256)]),
 ]
 
@@ -81,7 +86,7 @@ def run_case(case: B.Case, layout: ConvStateLayout, norm: bool, seed: int, copy_
     if norm:
         heur = choose_norm_config(t, layout.num_heads, p.width, True, p.block_table.shape[0])
     else:
-        heur = choose_add_config(t, layout.num_heads, p.width, True)
+        heur = choose_add_config(t, layout.num_heads, p.width, True, num_requests=p.block_table.shape[0])
     row["heuristic"] = str(heur)
     for name, cfg in variants:
         v: dict = {}

@@ -1244,6 +1244,15 @@ def threshold_cases() -> list[bs.Case]:
                 0.0),
         bs.Case("mixed 2048 + 255 decodes, ATTN", bs.ATTN_GLOBAL, [(0, 2048)] + [(h(i), 1) for i in range(255)],
                 0.0),
+        # (session 20) speculative batches of 7 and 8 drafts (8 and 9 rows a request: the
+        # rows rule's boundary; every row tile holds a request's first rows), and the
+        # 1024-token mix with its decodes first
+        bs.Case("spec verify 128x8, ATTN", bs.ATTN_GLOBAL, [(h(i), 8) for i in range(128)], 0.0),
+        bs.Case("spec verify 256x8, ATTN", bs.ATTN_GLOBAL, [(h(i), 8) for i in range(256)], 0.0),
+        bs.Case("spec verify 114x9, ATTN", bs.ATTN_GLOBAL, [(h(i), 9) for i in range(114)], 0.0),
+        bs.Case("spec verify 256x8, K (global)", bs.K_GLOBAL, [(h(i), 8) for i in range(256)], 0.0),
+        bs.Case("mixed 255 decodes + 1024, ATTN", bs.ATTN_GLOBAL, [(h(i), 1) for i in range(255)] + [(0, 1024)],
+                0.0),
         # (session 17) the two parts of the mixed batch alone: where does the order cost?
         bs.Case("part of the mix: prompt 2048, ATTN", bs.ATTN_GLOBAL, [(0, 2048)], 0.0),
         bs.Case("part of the mix: 255 decodes, ATTN", bs.ATTN_GLOBAL, [(h(i), 1) for i in range(255)], 0.0),

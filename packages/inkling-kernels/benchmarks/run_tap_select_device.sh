@@ -68,6 +68,11 @@
 #            add/norm GPU tests
 #   s19c     (.peer carried) the final session-19 call: the GPU tests of the row-register
 #            add/norm kernel and of the add/norm files, s19b's experiment, bench_layer
+#   s20      (session 20) the row kernels' GPU tests (test_gpu.py -k rows, the fixed 2 x 512
+#            graph-replay test among them); the rows rule's boundary: speculative batches of
+#            7 and 8 drafts (8 and 9 rows a request) and the 1024-token mix in both orders,
+#            fused_sconv (--threshold: default, row kernel, one-load tile) and the add/norm
+#            kernels (exp_norm_rows.py: tile kernel, row tiles, the default's choice)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -260,6 +265,15 @@ PY
     timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider $T/test_sconv_add_rmsnorm.py $T/test_sconv_add.py \
       $T/test_gpu.py -k "add or norm" > "$OUT/tests.log" 2>&1
     tail -6 "$OUT/tests.log"
+    ;;
+  s20)
+    stage "GPU tests of the row kernels (fused_sconv, fused_sconv_kv, add/norm)"
+    gputests 200 "rows" 6
+    threshold 150 "lib-rows 8x256/2w,lib-one-load 16x128/4w" 40 --only "spec verify|1024"
+    stage "add/norm row tiles at the rows rule's boundary"
+    timeout 150 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" \
+      --cases "spec verify,mixed 255 + 1024,mixed 1024" > "$OUT/norm_rows.log" 2>&1
+    echo "rc $?"; grep -vE "^\s*$" "$OUT/norm_rows.log" | cut -c1-150 | tail -80
     ;;
   s19c)
     stage "GPU tests: the row-register add/norm kernel (graph replay, hazard), the add/norm files"
