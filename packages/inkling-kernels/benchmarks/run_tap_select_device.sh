@@ -71,8 +71,9 @@
 #   s20      (session 20) the row kernels' GPU tests (test_gpu.py -k rows, the fixed 2 x 512
 #            graph-replay test among them); the rows rule's boundary: speculative batches of
 #            7 and 8 drafts (8 and 9 rows a request) and the 1024-token mix in both orders,
-#            fused_sconv (--threshold: default, row kernel, one-load tile) and the add/norm
-#            kernels (exp_norm_rows.py: tile kernel, row tiles, the default's choice)
+#            fused_sconv (--threshold, every case: default, row kernel, row kernel with its
+#            tiles last to first, one-load tile) and the add/norm kernels (exp_norm_rows.py:
+#            tile kernel, row tiles, the default's choice)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -269,7 +270,7 @@ PY
   s20)
     stage "GPU tests of the row kernels (fused_sconv, fused_sconv_kv, add/norm)"
     gputests 200 "rows" 6
-    threshold 150 "lib-rows 8x256/2w,lib-one-load 16x128/4w" 40 --only "spec verify|1024"
+    threshold 170 "lib-rows 8x256/2w,lib-rows-rev 8x256/2w,lib-one-load 16x128/4w" 80
     stage "add/norm row tiles at the rows rule's boundary"
     timeout 150 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" \
       --cases "spec verify,mixed 255 + 1024,mixed 1024" > "$OUT/norm_rows.log" 2>&1

@@ -253,6 +253,7 @@ def _rows_sconv_kernel(
     stream_offset2,
     STREAMS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    REVERSE: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
         tl.extra.cuda.gdc_wait()
@@ -264,7 +265,10 @@ def _rows_sconv_kernel(
             out_ptr = out2_ptr
             stream_offset = stream_offset2
     pid_c = tl.program_id(0)
-    pid_t = tl.program_id(1)
+    if REVERSE:  # (SconvConfig.reverse) the last row tile first
+        pid_t = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_t = tl.program_id(1)
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS
