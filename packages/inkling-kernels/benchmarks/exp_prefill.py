@@ -995,11 +995,14 @@ VARIANTS += [
             "(before session 14)", libcfg=(8, 256, 2, "rows"), strided_w=True)
 ] + [Variant("lib-rows 8x256/2w", "the library's row kernel, 8x256/2w, as committed", libcfg=(8, 256, 2, "rows"))]
 # (session 20) the library's row kernel taking its row tiles from the last to the first
-# (SconvConfig.reverse: one subtraction on the program id, a compile of its own): does a
-# prompt-first mixed batch then run like the same batch with its decodes first, and what
-# does the reversal cost where the order does not matter (prefill)?
+# (SconvConfig.tile_order 1: one subtraction on the program id, a compile of its own), or
+# from both ends alternately (2): does a prompt-first mixed batch then run like the same
+# batch with its decodes first, and what does the order cost where it does not matter
+# (prefill)?
 VARIANTS += [Variant("lib-rows-rev 8x256/2w", "the library's row kernel, 8x256/2w, row tiles last to first",
-                     libcfg=(8, 256, 2, "rows-rev"))]
+                     libcfg=(8, 256, 2, "rows-rev")),
+             Variant("lib-rows-zz 8x256/2w", "the library's row kernel, 8x256/2w, row tiles from both ends "
+                     "alternately", libcfg=(8, 256, 2, "rows-zz"))]
 # Session 14, not yet timed: the experimental row kernel's load path (tiles with decode
 # rows) as [8, SUB] channel chunks, one round trip a chunk instead of one a row
 # (_rows_slow2d); weights as the library's [C, W] tile.
@@ -1199,7 +1202,7 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
     if v.libcfg:
         bt, bc, nw, kind = v.libcfg
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind.startswith("rows"),
-                          tap_select=kind == "one-load", reverse=kind == "rows-rev")
+                          tap_select=kind == "one-load", tile_order={"rows-rev": 1, "rows-zz": 2}.get(kind, 0))
 
         def launch() -> Any:
             with _strided_weights(v.strided_w):

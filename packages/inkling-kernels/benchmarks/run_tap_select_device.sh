@@ -72,7 +72,7 @@
 #            graph-replay test among them); the rows rule's boundary: speculative batches of
 #            7 and 8 drafts (8 and 9 rows a request) and the 1024-token mix in both orders,
 #            fused_sconv (--threshold, every case: default, row kernel, row kernel with its
-#            tiles last to first, one-load tile) and the add/norm kernels (exp_norm_rows.py:
+#            tiles last to first and from both ends, one-load tile) and the add/norm kernels (exp_norm_rows.py:
 #            tile kernel, row tiles, the default's choice)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
@@ -269,10 +269,10 @@ PY
     ;;
   s20)
     stage "GPU tests of the row kernels (fused_sconv, fused_sconv_kv, add/norm)"
-    gputests 200 "rows" 6
-    threshold 170 "lib-rows 8x256/2w,lib-rows-rev 8x256/2w,lib-one-load 16x128/4w" 80
+    gputests 180 "rows" 6
+    threshold 200 "lib-rows 8x256/2w,lib-rows-rev 8x256/2w,lib-rows-zz 8x256/2w,lib-one-load 16x128/4w" 100
     stage "add/norm row tiles at the rows rule's boundary"
-    timeout 150 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" \
+    timeout 130 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" \
       --cases "spec verify,mixed 255 + 1024,mixed 1024" > "$OUT/norm_rows.log" 2>&1
     echo "rc $?"; grep -vE "^\s*$" "$OUT/norm_rows.log" | cut -c1-150 | tail -80
     ;;

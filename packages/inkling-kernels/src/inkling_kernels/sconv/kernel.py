@@ -387,9 +387,11 @@ class SconvConfig:
     # fused_sconv's and fused_sconv_kv's mapped launches of >= ROWS_MIN_TOKENS rows and
     # >= ROWS_TOKENS_PER_REQUEST rows a request (choose_config)
     rows: bool = False
-    # rows only (experimental, session 20): the grid takes the row tiles from the last to
-    # the first, so that a batch whose decode rows come last starts with their tiles
-    reverse: bool = False
+    # rows only (experimental, session 20): the order in which the grid takes the row
+    # tiles: 0 first to last; 1 last to first (a batch whose decode rows come last starts
+    # with their tiles); 2 from both ends alternately (first, last, second, ...: the
+    # decode tiles at either end start in the first wave)
+    tile_order: int = 0
 
 
 def _pow2_floor(n: int) -> int:
@@ -634,7 +636,7 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
         OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
         x2_ptr=second.x, w2_ptr=second.weight2d, out2_ptr=second.out, stream_offset2=second.offset,
         STREAMS=len(streams),
-        REVERSE=cfg.reverse,
+        TILE_ORDER=cfg.tile_order,
         num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )

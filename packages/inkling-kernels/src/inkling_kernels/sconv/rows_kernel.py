@@ -253,7 +253,7 @@ def _rows_sconv_kernel(
     stream_offset2,
     STREAMS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
-    REVERSE: tl.constexpr = False,
+    TILE_ORDER: tl.constexpr = 0,
 ):
     if USE_PDL:  # (as in the tile kernel)
         tl.extra.cuda.gdc_wait()
@@ -265,8 +265,11 @@ def _rows_sconv_kernel(
             out_ptr = out2_ptr
             stream_offset = stream_offset2
     pid_c = tl.program_id(0)
-    if REVERSE:  # (SconvConfig.reverse) the last row tile first
+    if TILE_ORDER == 1:  # (SconvConfig.tile_order) last to first
         pid_t = tl.num_programs(1) - 1 - tl.program_id(1)
+    elif TILE_ORDER == 2:  # from both ends alternately: 0, n - 1, 1, n - 2, ...
+        half = tl.program_id(1) // 2
+        pid_t = tl.where(tl.program_id(1) % 2 == 1, tl.num_programs(1) - 1 - half, half)
     else:
         pid_t = tl.program_id(1)
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
