@@ -36,7 +36,9 @@ from typing import Any, Callable
 import torch
 import triton
 
-from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_vllm, sconv_seq_metadata, sconv_tap_map
+from inkling_kernels import (
+    SconvBatch, fused_sconv, fused_sconv_vllm, prefill_token_count, sconv_seq_metadata, sconv_tap_map,
+)
 from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton
 
 W = 4
@@ -89,6 +91,9 @@ class Inputs:
     slots: torch.Tensor
     qs: torch.Tensor
     tap_map: torch.Tensor  # the step's tap map (built once per step and group)
+    # the batch's prompt-row hint (SconvBatch.num_prefill_tokens), as an engine sets it
+    # (the vLLM plugin, inkling_model's runtime); None: the kernels go by rows a request
+    prefill: int | None = None
 
     @property
     def meta(self) -> tuple[torch.Tensor, ...]:
@@ -97,7 +102,7 @@ class Inputs:
     @functools.cached_property
     def batch(self) -> SconvBatch:
         """The step's batch without a map."""
-        return SconvBatch(*self.meta, block_size=N, kernel_size=W)
+        return SconvBatch(*self.meta, block_size=N, kernel_size=W, num_prefill_tokens=self.prefill)
 
     @functools.cached_property
     def mapped(self) -> SconvBatch:
@@ -143,6 +148,7 @@ def build(case: Case, num_sets: int, gen: torch.Generator, device: str = "cuda")
             slots=torch.cat(slots).to(device),
             qs=torch.cat(qs).to(device),
             tap_map=tap_map,
+            prefill=prefill_token_count(n for _, n in case.requests),
         ))
         sconv_tap_map(sets[-1].batch, tap_map)
     weight = (torch.randn(c, W, device=device, generator=None) * 0.5).float()

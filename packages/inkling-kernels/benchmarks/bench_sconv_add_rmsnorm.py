@@ -45,7 +45,7 @@ import torch
 import triton
 
 from inkling_cache import ConvStateLayout, Stream
-from inkling_kernels import SconvBatch, fused_sconv
+from inkling_kernels import SconvBatch, fused_sconv, prefill_token_count
 from inkling_kernels.sconv_add_rmsnorm import (
     fused_sconv_add_rmsnorm,
     fused_sconv_add_rmsnorm_ref,
@@ -112,10 +112,12 @@ class Problem:
     block_size: int
     norm_weight: torch.Tensor
     pre_taps: int
+    prefill: int | None = None  # the batch's prompt-row hint (SconvBatch.num_prefill_tokens)
 
     def batch(self, tap_map: torch.Tensor | None = None) -> SconvBatch:
         return SconvBatch(self.positions, self.block_table, self.seq_idx, self.slot_mapping, self.query_start,
-                          self.block_size, kernel_size=self.weight.shape[-1], tap_map=tap_map)
+                          self.block_size, kernel_size=self.weight.shape[-1], tap_map=tap_map,
+                          num_prefill_tokens=self.prefill)
 
     def args(self, tap_map: torch.Tensor | None = None) -> tuple:
         return (self.hidden, self.d, self.weight, self.cache, self.batch(tap_map), self.offset, self.width,
@@ -178,6 +180,7 @@ def build(requests: list[tuple[int, int]], layout: ConvStateLayout, dtype: torch
         block_size=n,
         norm_weight=(1 + 0.2 * torch.randn(HIDDEN, generator=gen)).to(dtype).to(dev),
         pre_taps=pre_taps,
+        prefill=prefill_token_count(new for _, new in requests),
     )
 
 

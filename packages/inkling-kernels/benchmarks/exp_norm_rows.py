@@ -84,9 +84,10 @@ def run_case(case: B.Case, layout: ConvStateLayout, norm: bool, seed: int, copy_
     ref = fused_sconv_add_rmsnorm_ref(*args) if norm else (fused_sconv_add_ref(*args[:7]),)
     variants = [("tile " + str(tile), tile)] + [(f"rows {s}", _cfg(s)) for s in ROWS]
     if norm:
-        heur = choose_norm_config(t, layout.num_heads, p.width, True, p.block_table.shape[0])
+        heur = choose_norm_config(t, layout.num_heads, p.width, True, p.block_table.shape[0], p.prefill)
     else:
-        heur = choose_add_config(t, layout.num_heads, p.width, True, num_requests=p.block_table.shape[0])
+        heur = choose_add_config(t, layout.num_heads, p.width, True, num_requests=p.block_table.shape[0],
+                                 num_prefill_tokens=p.prefill)
     row["heuristic"] = str(heur)
     for name, cfg in variants:
         v: dict = {}

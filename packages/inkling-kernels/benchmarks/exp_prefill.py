@@ -994,15 +994,9 @@ VARIANTS += [
     Variant("lib-rows-strided-w 8x256/2w", "the library's row kernel, 8x256/2w, weights read as W strided vectors "
             "(before session 14)", libcfg=(8, 256, 2, "rows"), strided_w=True)
 ] + [Variant("lib-rows 8x256/2w", "the library's row kernel, 8x256/2w, as committed", libcfg=(8, 256, 2, "rows"))]
-# (session 20) the library's row kernel taking its row tiles from the last to the first
-# (SconvConfig.tile_order 1: one subtraction on the program id, a compile of its own), or
-# from both ends alternately (2): does a prompt-first mixed batch then run like the same
-# batch with its decodes first, and what does the order cost where it does not matter
-# (prefill)?
-VARIANTS += [Variant("lib-rows-rev 8x256/2w", "the library's row kernel, 8x256/2w, row tiles last to first",
-                     libcfg=(8, 256, 2, "rows-rev")),
-             Variant("lib-rows-zz 8x256/2w", "the library's row kernel, 8x256/2w, row tiles from both ends "
-                     "alternately", libcfg=(8, 256, 2, "rows-zz"))]
+# (session 20: variants taking the library's row tiles last to first, or from both ends
+# alternately, through a SconvConfig field since removed: 5-9 % slower on prefill, no
+# gain on the prompt-first mixed batch; RESULTS_prefill_exp.md, session 20)
 # Session 14, not yet timed: the experimental row kernel's load path (tiles with decode
 # rows) as [8, SUB] channel chunks, one round trip a chunk instead of one a row
 # (_rows_slow2d); weights as the library's [C, W] tile.
@@ -1201,8 +1195,7 @@ def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Ten
         return lambda: fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out)
     if v.libcfg:
         bt, bc, nw, kind = v.libcfg
-        cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind.startswith("rows"),
-                          tap_select=kind == "one-load", tile_order={"rows-rev": 1, "rows-zz": 2}.get(kind, 0))
+        cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
 
         def launch() -> Any:
             with _strided_weights(v.strided_w):
@@ -1341,7 +1334,7 @@ def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, g
         elif v.libcfg:
             tile = None
             row["tile"] = "{}x{}/{}w {}".format(*v.libcfg)
-            if v.libcfg[3].startswith("rows") and c % v.libcfg[1]:
+            if v.libcfg[3] == "rows" and c % v.libcfg[1]:
                 row["status"] = f"SKIP (C={c} is not a multiple of {v.libcfg[1]})"
                 log(f"  {v.name}: skipped: {row['status']}")
                 continue

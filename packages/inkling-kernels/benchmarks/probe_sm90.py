@@ -7,9 +7,8 @@ lent to see what a kernel change does to the code (RESULTS_prefill_exp.md, sessi
         python3 packages/inkling-kernels/benchmarks/probe_sm90.py --case "prefill 8192, ATTN" \\
         --lib 16,128,4 16,128,4,ts --exp "sel 16x128/4w" "spec 16x128/4w"
 
-``--lib BT,BC,NW[,ts|rows][,rev|zz][,wt]``: the library's ``fused_sconv`` kernel on the case's
-mapped batch with that tile (``ts``: one load a tap; ``rows``: the row-register kernel,
-``rev`` / ``zz``: its ``tile_order`` 1 / 2;
+``--lib BT,BC,NW[,ts|rows][,wt]``: the library's ``fused_sconv`` kernel on the case's
+mapped batch with that tile (``ts``: one load a tap; ``rows``: the row-register kernel;
 ``wt``: the weights as a ``[C, W]`` view of a ``[W, C]``-contiguous tensor). ``--exp NAME``: an ``exp_prefill.py`` variant.
 The case is one of bench_sconv.py's; the values do not change the code.
 """
@@ -96,7 +95,7 @@ def _resources(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], order
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", required=True, help="a bench_sconv.py case name")
-    ap.add_argument("--lib", nargs="*", default=[], help="library tiles BT,BC,NW[,ts|rows][,rev|zz][,wt]")
+    ap.add_argument("--lib", nargs="*", default=[], help="library tiles BT,BC,NW[,ts|rows][,wt]")
     ap.add_argument("--exp", nargs="*", default=[], help="exp_prefill.py variant names")
     ap.add_argument("--order", action="store_true", help="also print the global loads and stores in program order")
     args = ap.parse_args()
@@ -118,7 +117,7 @@ def main() -> int:
     for spec in args.lib:
         bt, bc, nw, *flags = spec.split(",")
         cfg = K.SconvConfig(block_t=int(bt), block_c=int(bc), num_warps=int(nw), tap_select="ts" in flags,
-                            rows="rows" in flags, tile_order=2 if "zz" in flags else 1 if "rev" in flags else 0)
+                            rows="rows" in flags)
         w = weight.t().contiguous().t() if "wt" in flags else weight
         kernel, a, kw = _capture(K, "_rows_sconv_kernel" if cfg.rows else "_fused_sconv_kernel",
                                  lambda: K.fused_sconv_triton(s.x, w, cache, s.mapped, off, width, config=cfg))

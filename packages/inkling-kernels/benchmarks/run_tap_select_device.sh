@@ -71,9 +71,14 @@
 #   s20      (session 20) the row kernels' GPU tests (test_gpu.py -k rows, the fixed 2 x 512
 #            graph-replay test among them); the rows rule's boundary: speculative batches of
 #            7 and 8 drafts (8 and 9 rows a request) and the 1024-token mix in both orders,
-#            fused_sconv (--threshold, every case: default, row kernel, row kernel with its
-#            tiles last to first and from both ends, one-load tile) and the add/norm kernels (exp_norm_rows.py:
-#            tile kernel, row tiles, the default's choice)
+#            fused_sconv (--threshold, every case: default, row kernel, one-load tile; call 1
+#            also the row kernel with its tiles last to first and from both ends, since
+#            removed) and the add/norm kernels (exp_norm_rows.py: tile kernel, row tiles,
+#            the default's choice)
+#   s20b     (session 20) the row-register add/norm GPU tests (graph replay with the fixed 2 x 512
+#            parameters, the hazard; fused_sconv_add's 2-row tile among them); the defaults
+#            with the batches' prompt-row hint (SconvBatch.num_prefill_tokens) on the rows
+#            rule's boundary cases: fused_sconv (--threshold) and the add/norm kernels
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -270,11 +275,23 @@ PY
   s20)
     stage "GPU tests of the row kernels (fused_sconv, fused_sconv_kv, add/norm)"
     gputests 180 "rows" 6
-    threshold 200 "lib-rows 8x256/2w,lib-rows-rev 8x256/2w,lib-rows-zz 8x256/2w,lib-one-load 16x128/4w" 100
+    # (call 1 ran lib-rows-rev and lib-rows-zz too: variants removed after it)
+    threshold 200 "lib-rows 8x256/2w,lib-one-load 16x128/4w" 100
     stage "add/norm row tiles at the rows rule's boundary"
     timeout 130 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" \
       --cases "spec verify,mixed 255 + 1024,mixed 1024" > "$OUT/norm_rows.log" 2>&1
     echo "rc $?"; grep -vE "^\s*$" "$OUT/norm_rows.log" | cut -c1-150 | tail -80
+    ;;
+  s20b)
+    stage "GPU tests of the row-register add/norm kernel"
+    gputests 200 "norm_rows" 6
+    threshold 150 "lib-rows 8x256/2w,lib-one-load 16x128/4w" 60 \
+      --only "spec verify|1024|mixed 2048|decodes + 2048"
+    stage "add/norm defaults with the hint at the rows rule's boundary"
+    timeout 130 python3 $B/exp_norm_rows.py --json "$OUT/norm_rows.json" \
+      --cases "spec verify 1,spec verify 2,mixed 255 + 1024,mixed 1024,mixed 2048,mixed 255 + 2048" \
+      > "$OUT/norm_rows.log" 2>&1
+    echo "rc $?"; tail -2 "$OUT/norm_rows.log"
     ;;
   s19c)
     stage "GPU tests: the row-register add/norm kernel (graph replay, hazard), the add/norm files"

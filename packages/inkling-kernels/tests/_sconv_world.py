@@ -79,6 +79,7 @@ class Batch:
     query_start: torch.Tensor
     block_size: int = 4
     kernel_size: int = 4
+    num_prefill_tokens: int | None = None  # the batch's prompt-row hint (kernel choice only)
 
     def sconv(self, *, tap_map: torch.Tensor | None = None) -> SconvBatch:
         """The step's :class:`SconvBatch` (validated), optionally with a tap map."""
@@ -86,6 +87,7 @@ class Batch:
             positions=self.positions, block_table=self.block_table, seq_idx=self.seq_idx,
             slot_mapping=self.slot_mapping, query_start=self.query_start,
             block_size=self.block_size, kernel_size=self.kernel_size, tap_map=tap_map,
+            num_prefill_tokens=self.num_prefill_tokens,
         )
 
 

@@ -361,6 +361,55 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == 1
 
 
+def test_rows_rule_prompt_row_hint() -> None:
+    """With the batch's ``num_prefill_tokens`` the rule goes by the share of prompt rows
+    (>= half), not rows per request: the two cannot be told apart by T and the request
+    count alone (2048 + 255 decodes and 114 x 9 speculative rows both bring 9 rows a
+    request; on the H200 the row kernel is 1.15x the tiles on the first, 0.92x on the
+    second: benchmarks/RESULTS_prefill_exp.md, session 20)."""
+    import inkling_kernels.sconv.kernel as K
+
+    def rows(t: int, r: int, prefill: int | None) -> bool:
+        return K.choose_config(t, 8, 768, True, num_requests=r, num_prefill_tokens=prefill).rows
+
+    assert rows(2303, 256, None) and rows(2303, 256, 2048)  # 2048-token prompt + 255 decodes
+    assert rows(1026, 114, None) and not rows(1026, 114, 0)  # 114 x 9 speculative
+    assert rows(1024, 128, None) and not rows(1024, 128, 0)  # 128 x 8 speculative
+    assert not rows(1279, 256, None) and rows(1279, 256, 1024)  # 1024-token prompt + 255 decodes
+    assert rows(1024, 513, 512) and not rows(1024, 513, 511)  # half the rows in the prompt
+    assert not rows(1000, 1, 1000) and not rows(8192, 1, 8192 - 4096 - 1)
+    assert rows(8192, 8192, 8192)  # the hint wins over a padded block table
+    assert not K.choose_config(8192, 8, 768, False, num_requests=1, num_prefill_tokens=8192).rows  # no map
+
+
+@needs_interpreter
+def test_rows_hint_reaches_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint travels with the batch to the launch: a batch of 5 rows a request whose
+    rows are mostly one prompt's takes the row kernel with it and the tiles without it;
+    a batch of 8-row speculative requests the reverse; every launch against the
+    reference and the cache oracle (``ROWS_MIN_TOKENS`` lowered to 64 for the
+    interpreter)."""
+    import inkling_kernels.sconv.kernel as K
+
+    calls = _count_row_launches(monkeypatch)
+    monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 64)
+    world = PagedWorld(num_heads=2, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=300, seed=8)
+    rng = random.Random(8)
+    mixed = [(0, 76)] + [(rng.randint(3, 40), 1) for _ in range(19)]  # 95 rows, 20 requests
+    spec = [(rng.randint(3, 40), 8) for _ in range(12)]  # 96 rows, 12 requests
+    for base, (plan, prefill) in enumerate(((mixed, 76), (spec, 0))):
+        for hint in (None, prefill):
+            rid0 = 100 * (2 * base + (hint is not None))
+            for i, (history, _) in enumerate(plan):
+                world.add_request(rid0 + i, history)
+            batch = world.make_batch([(rid0 + i, n) for i, (_, n) in enumerate(plan)])
+            batch.num_prefill_tokens = hint
+            before = len(calls)
+            world.run(batch, 0, "triton_map")
+            took_rows = len(calls) > before
+            assert took_rows == (hint is not None if plan is mixed else hint is None), (plan is mixed, hint)
+
+
 def _count_row_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """The row kernel on by default, and a list that records each of its launches' grid."""
     import inkling_kernels.sconv.kernel as K

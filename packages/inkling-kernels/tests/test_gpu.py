@@ -601,13 +601,16 @@ NORM_ROWS_CONFIGS = {
     "norm-2x512": NormConfig(block_t=2, block_h=1, block_j=512, num_warps=4, rows=True),
     "norm-1x256": NormConfig(block_t=1, block_h=1, block_j=256, num_warps=2, rows=True),
 }
-ADD_ROWS_CONFIG = NormConfig(block_t=4, block_h=1, block_j=256, num_warps=2, rows=True)
+ADD_ROWS_CONFIGS = {  # fused_sconv_add: prompts (4 rows), mixed and speculative batches (2 rows)
+    "add-4x256": NormConfig(block_t=4, block_h=1, block_j=256, num_warps=2, rows=True),
+    "add-2x256": NormConfig(block_t=2, block_h=1, block_j=256, num_warps=2, rows=True),
+}
 
 
 # (2 x 512 needs rows of whole 512-channel chunks: the TP 1 row of 6144, not the TP 8
 # shard of 768, which the heuristic never gives it)
 @pytest.mark.parametrize("heads,name", [(8, "norm-2x512"), (8, "norm-1x256"), (1, "norm-1x256"), (8, "add-4x256"),
-                                        (1, "add-4x256")])
+                                        (1, "add-4x256"), (1, "add-2x256")])
 def test_norm_rows_cuda_graph_replay_with_changing_metadata(heads: int, name: str) -> None:
     """The row-register add/norm kernel captured once with the tap-map build before
     it, replayed over different batches (request mixes, pad rows) written into the
@@ -620,9 +623,9 @@ def test_norm_rows_cuda_graph_replay_with_changing_metadata(heads: int, name: st
     st, width = g.st, g.width
     norm_w = (1 + 0.2 * torch.randn(heads * width)).to(torch.bfloat16)
     norm_w_gpu, eps = norm_w.cuda(), 1e-5
-    if name == "add-4x256":
+    if name.startswith("add"):
         graph, static_out = g.capture(lambda batch: sconv_add_triton(
-            st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width, config=ADD_ROWS_CONFIG), True)
+            st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width, config=ADD_ROWS_CONFIGS[name]), True)
     else:
         graph, static_out = g.capture(lambda batch: sconv_add_rmsnorm_triton(
             st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width, norm_w_gpu, eps,
@@ -637,15 +640,15 @@ def test_norm_rows_cuda_graph_replay_with_changing_metadata(heads: int, name: st
         graph.replay()
         torch.cuda.synchronize()
         _, ref = world.run_add(batch, 0, "reference", hidden=hidden)
-        new_h = static_out if name == "add-4x256" else static_out[0]
+        new_h = static_out if name.startswith("add") else static_out[0]
         assert_add_close(new_h.cpu(), ref, hidden)
-        if name != "add-4x256":  # (pad rows too: their new_hidden is hidden + d, normed from it)
+        if not name.startswith("add"):  # (pad rows too: their new_hidden is hidden + d, normed from it)
             want = rms_norm_ref(ref, norm_w, eps)
             torch.testing.assert_close(static_out[1].cpu().float(), want.float(), rtol=2e-2, atol=2e-2)
         assert torch.equal(bits(storage.cpu()), bits(world.storage)), f"cache differs at step {step}"
 
 
-@pytest.mark.parametrize("name", list(NORM_ROWS_CONFIGS) + ["add-4x256", "default"])
+@pytest.mark.parametrize("name", list(NORM_ROWS_CONFIGS) + list(ADD_ROWS_CONFIGS) + ["default"])
 @pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
 def test_norm_rows_same_step_hazard_many_launches(b_first: bool, name: str) -> None:
     """The row-register add/norm kernel under a same-step prefix hit (A computes a
@@ -669,8 +672,8 @@ def test_norm_rows_same_step_hazard_many_launches(b_first: bool, name: str) -> N
         d["cache"][ps // d["n"], :, ps % d["n"], d["off"]: d["off"] + d["width"]] = float("nan")
         args = (hidden_gpu, d["x"], d["weight"], d["cache"], batch, d["off"], d["width"])
         try:
-            if name == "add-4x256":
-                assert_add_close(sconv_add_triton(*args, config=ADD_ROWS_CONFIG), want_gpu, hidden_gpu)
+            if name.startswith("add"):
+                assert_add_close(sconv_add_triton(*args, config=ADD_ROWS_CONFIGS[name]), want_gpu, hidden_gpu)
             else:
                 new_h, normed = sconv_add_rmsnorm_triton(*args, norm_w_gpu, 1e-5, config=NORM_ROWS_CONFIGS.get(name))
                 assert_add_close(new_h, want_gpu, hidden_gpu)

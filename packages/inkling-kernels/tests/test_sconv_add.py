@@ -60,7 +60,7 @@ def test_tile_configs(config: NormConfig, impl: str) -> None:
     world.run_add(batch, 0, impl, config=config, device=KERNEL_DEVICE)
 
 
-@pytest.mark.parametrize("block_t", [1, 4, 16])
+@pytest.mark.parametrize("block_t", [1, 2, 4, 16])
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_row_kernel(block_t: int, impl: str) -> None:
     """The row-register kernel (``NormConfig.rows``: a program a (chunk, row tile)) on a

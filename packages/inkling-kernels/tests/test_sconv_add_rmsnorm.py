@@ -669,23 +669,29 @@ def test_row_kernel_config_errors(config: NormConfig, match: str) -> None:
 
 def test_default_config_takes_the_row_kernel_for_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The heuristic's row-register tiles: mapped launches of >= 1024 rows and >= 8 rows
-    a request; prompts only (>= 32 rows a request): 2 rows x 512 channels, 4 warps;
+    a request, or (with the batch's ``num_prefill_tokens`` hint) at least half their rows
+    in prompts; prompts only (>= 32 rows a request): 2 rows x 512 channels, 4 warps;
     mixed: 1 row x 256, 2 warps; decode-heavy, map-less or unknown request counts: the
     tile kernel; ``INKLING_KERNELS_SCONV_ROWS=0``: never. Without the norm
-    (``fused_sconv_add``): 4 rows x 256 on the same launches."""
+    (``fused_sconv_add``): 4 rows x 256 on prompts only or mostly prompt rows (the hint),
+    else 2 rows x 256."""
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
 
-    rows = [(8192, 1), (8192, 256), (2303, 256), (2048, 4), (1024, 1), (1024, 128)]
-    tiles = [(8192, 8192), (256, 256), (256, 64), (2303, 256 + 64), (1000, 1), (4096, 1024)]
-    for t, r in rows:
-        cfg = choose_norm_config(t, 8, 768, True, r)
-        assert cfg.rows and cfg.block_h == 1 and cfg.split == 1
+    # (T, requests, prompt rows or None)
+    rows = [(8192, 1, None), (8192, 256, None), (2303, 256, None), (2048, 4, None), (1024, 1, None),
+            (1024, 128, None), (1024, 128, 0), (1279, 256, 1024), (1279, 256, 640), (8192, 8192, 8192)]
+    tiles = [(8192, 8192, None), (256, 256, None), (256, 64, 0), (2303, 256 + 64, None), (1000, 1, 1000),
+             (4096, 1024, None), (1279, 256, None), (1279, 256, 639), (1024, 256, 0)]
+    for t, r, p in rows:
+        cfg = choose_norm_config(t, 8, 768, True, r, p)
+        assert cfg.rows and cfg.block_h == 1 and cfg.split == 1, (t, r, p)
         assert (cfg.block_t, cfg.block_j, cfg.num_warps) == ((2, 512, 4) if t >= 32 * r else (1, 256, 2))
-        add = choose_add_config(t, 1, 768, True, 4, r)
-        assert add.rows and (add.block_t, add.block_j, add.num_warps) == (4, 256, 2)
-    for t, r in tiles:
-        assert not choose_norm_config(t, 8, 768, True, r).rows
-        assert not choose_add_config(t, 1, 768, True, 4, r).rows
+        add = choose_add_config(t, 1, 768, True, 4, r, p)
+        mostly_prompts = t >= 32 * r or (p is not None and 2 * p >= t)
+        assert add.rows and (add.block_t, add.block_j, add.num_warps) == (4 if mostly_prompts else 2, 256, 2)
+    for t, r, p in tiles:
+        assert not choose_norm_config(t, 8, 768, True, r, p).rows, (t, r, p)
+        assert not choose_add_config(t, 1, 768, True, 4, r, p).rows
     assert not choose_norm_config(8192, 8, 768, False, 1).rows  # no map
     assert not choose_norm_config(8192, 8, 768, True, None).rows  # request count unknown
     assert not choose_norm_config(8192, 3, 20, True, 1).rows  # 60 channels: no 256-channel chunks

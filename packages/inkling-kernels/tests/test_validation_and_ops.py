@@ -113,6 +113,53 @@ def test_bad_scalar_args(name: str, key: str, value: Any, exc: type[Exception], 
             _call(fn, kw)
 
 
+@pytest.mark.parametrize("value,exc,msg", [
+    (-1, ValueError, ">= 0"), (7, ValueError, "exceeds the batch's 6 rows"), (2.0, TypeError, "int"),
+    (True, TypeError, "int"),
+])
+def test_bad_prefill_token_hint(value: Any, exc: type[Exception], msg: str) -> None:
+    """The batch's ``num_prefill_tokens`` hint is checked when the batch is built, and
+    with it a message that says what to count."""
+    kw = _base()
+    with pytest.raises(exc, match=msg):
+        _batch(kw, num_prefill_tokens=value)
+
+
+def test_prefill_token_hint_travels_through_the_ops() -> None:
+    """``op_args`` / ``split_op_args`` keep the hint (the custom ops' schema carries it),
+    checked again inside the op's fake implementation; the results do not depend on it."""
+    kw = _base()
+    for hint in (None, 0, 3, 6):
+        batch = _batch(kw, kernel_size=4, num_prefill_tokens=hint)
+        args = (*batch.op_args(), "rest")
+        back, rest = SconvBatch.split_op_args(args, check=True)
+        assert back.num_prefill_tokens == hint and rest == ("rest",)
+        assert ("prefill_rows" in repr(back)) == (hint is not None)
+    outs = []
+    for hint in (None, 5):
+        cache = kw["cache"].clone()
+        outs.append((fused_sconv(kw["x"], kw["weight"], cache, _batch(kw, num_prefill_tokens=hint),
+                                 kw["stream_offset"], kw["stream_width"]), cache))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    args = (kw["x"], kw["weight"], kw["cache"], *_batch(kw, num_prefill_tokens=2).op_args(), kw["stream_offset"],
+            kw["stream_width"], kw["activation"], kw["residual"])
+    torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
+
+
+def test_prefill_token_count() -> None:
+    """Rows of the requests with more than ``decode_max_rows`` rows (default 8: up to 7
+    drafts are speculative verifications); a bad threshold raises."""
+    from inkling_kernels import prefill_token_count
+
+    assert prefill_token_count([2048] + [1] * 255) == 2048
+    assert prefill_token_count([8] * 128) == 0 and prefill_token_count([9] * 114) == 9 * 114
+    assert prefill_token_count([9] * 114, decode_max_rows=9) == 0
+    assert prefill_token_count(torch.tensor([3, 40, 1])) == 40 and prefill_token_count([]) == 0
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="decode_max_rows"):
+            prefill_token_count([1], decode_max_rows=bad)
+
+
 def test_custom_ops_registered() -> None:
     assert hasattr(torch.ops.inkling, "fused_sconv")
     assert hasattr(torch.ops.inkling, "sconv_seq_metadata")

@@ -173,6 +173,16 @@ def test_step_slots_and_sliding_window_freeing(block_size, window):
     assert runtime.num_free_blocks == 63
 
 
+def test_step_counts_the_prompt_rows_for_the_kernels():
+    """Each step's batch carries the rows of its requests of more than 8 rows (the
+    kernels' ``num_prefill_tokens`` hint), pad rows not counted."""
+    runtime = PagedConvRuntime(64, 4, 4, max_num_tokens=64, max_blocks_per_req=64)
+    step = runtime.step([("a", 0, 20), ("b", 0, 3), ("c", 0, 9), ("d", 0, 8)], pad_to=48)
+    assert step.metadata.num_prefill_tokens == 29
+    step = runtime.step([("a", 20, 1), ("b", 3, 8), ("c", 9, 1)])
+    assert step.metadata.num_prefill_tokens == 0
+
+
 def test_step_errors_and_rewind_rules():
     runtime = PagedConvRuntime(6, 4, 4, max_num_tokens=32, max_blocks_per_req=4, max_num_reqs=2)
     with pytest.raises(ValueError, match="must start at position 0"):

@@ -17,18 +17,33 @@ them.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from collections.abc import Iterable
 from typing import Any, Optional
 
 import torch
 
 from .checks import check_batch, check_tap_map_buffer
 
-__all__ = ["OP_SCHEMA", "SconvBatch"]
+__all__ = ["OP_SCHEMA", "PREFILL_MIN_ROWS", "SconvBatch", "prefill_token_count"]
+
+#: :func:`prefill_token_count`'s default: requests of more rows than this count as prompts.
+PREFILL_MIN_ROWS = 8
+
+
+def prefill_token_count(query_lens: Iterable[int], decode_max_rows: int = PREFILL_MIN_ROWS) -> int:
+    """:attr:`SconvBatch.num_prefill_tokens` of a step: the rows of its requests that
+    bring more than ``decode_max_rows`` rows (prompts, chunks of prompts), from each
+    request's row count in the step. ``decode_max_rows`` is the most rows a decode or a
+    speculative verification brings: at least 1 + the draft tokens (vLLM's decode
+    threshold); the default, 8, covers up to 7 drafts."""
+    if isinstance(decode_max_rows, bool) or not isinstance(decode_max_rows, int) or decode_max_rows < 1:
+        raise ValueError(f"decode_max_rows must be an int >= 1, got {decode_max_rows!r}")
+    return sum(n for n in (int(q) for q in query_lens) if n > decode_max_rows)
 
 #: The batch's arguments in every sconv custom op's schema, in :meth:`SconvBatch.op_args` order.
 OP_SCHEMA = (
     "Tensor positions, Tensor block_table, Tensor seq_idx, Tensor slot_mapping, Tensor query_start, "
-    "Tensor? tap_map, SymInt block_size, SymInt? kernel_size"
+    "Tensor? tap_map, SymInt block_size, SymInt? kernel_size, SymInt? num_prefill_tokens"
 )
 
 
@@ -52,6 +67,13 @@ class SconvBatch:
             (:func:`inkling_kernels.sconv_tap_map` of this very batch), or ``None``.
             With it the Triton kernels read each earlier tap's source from it.
         num_actual_tokens: real (non-pad) tokens, when known (informational).
+        num_prefill_tokens: rows of the requests that bring more rows than a decode or
+            a speculative verification does (prompts and chunks of prompts), when known:
+            a host-side hint for the kernel choice of prefill-sized launches (a batch
+            mostly of prompt rows takes the row-register kernels, one of decodes and
+            short speculative requests the tiles), never for the result.
+            :func:`inkling_kernels.prefill_token_count` counts it from the requests'
+            row counts. ``None``: the choice goes by rows per request.
 
     Construction validates every field (:func:`inkling_kernels.checks.check_batch`);
     the batch is immutable afterwards.
@@ -66,6 +88,7 @@ class SconvBatch:
     kernel_size: Optional[int] = None
     tap_map: Optional[torch.Tensor] = None
     num_actual_tokens: Optional[int] = None
+    num_prefill_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_batch(self)
@@ -103,10 +126,11 @@ class SconvBatch:
     def op_args(self) -> tuple[Any, ...]:
         """The batch as the custom ops take it (their schema lists these, in this
         order, right after the op's own tensors): ``positions, block_table, seq_idx,
-        slot_mapping, query_start, tap_map, block_size, kernel_size``."""
+        slot_mapping, query_start, tap_map, block_size, kernel_size,
+        num_prefill_tokens``."""
         return (
             self.positions, self.block_table, self.seq_idx, self.slot_mapping,
-            self.query_start, self.tap_map, self.block_size, self.kernel_size,
+            self.query_start, self.tap_map, self.block_size, self.kernel_size, self.num_prefill_tokens,
         )
 
     @classmethod
@@ -114,18 +138,20 @@ class SconvBatch:
         """Inverse of :meth:`op_args` inside an op: ``(batch, the op's remaining
         arguments)`` from the arguments that follow the op's own tensors. Unchecked
         (they came from a valid batch) unless ``check`` (fake implementations, tracing)."""
-        positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size = args[:8]
+        (positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size,
+         num_prefill_tokens) = args[:9]
         values = dict(
             positions=positions, block_table=block_table, seq_idx=seq_idx, slot_mapping=slot_mapping,
             query_start=query_start, block_size=block_size, kernel_size=kernel_size, tap_map=tap_map,
-            num_actual_tokens=None,
+            num_actual_tokens=None, num_prefill_tokens=num_prefill_tokens,
         )
         batch = cls(**values) if check else cls._unchecked(**values)
-        return batch, tuple(args[8:])
+        return batch, tuple(args[9:])
 
     def __repr__(self) -> str:
         tap = "none" if self.tap_map is None else "yes"
+        prefill = "" if self.num_prefill_tokens is None else f", prefill_rows={self.num_prefill_tokens}"
         return (
             f"SconvBatch(T={self.num_tokens}, reqs={self.block_table.shape[0]}, "
-            f"N={self.block_size}, W={self.kernel_size}, tap_map={tap}, device={self.device})"
+            f"N={self.block_size}, W={self.kernel_size}, tap_map={tap}{prefill}, device={self.device})"
         )

@@ -149,6 +149,13 @@ def check_batch(batch: SconvBatch) -> None:
                 f"num_actual_tokens {batch.num_actual_tokens} exceeds the batch's {num_tokens} rows "
                 "(its padded token count, num_padded_tokens)"
             )
+    if batch.num_prefill_tokens is not None:
+        need_int("num_prefill_tokens", batch.num_prefill_tokens, 0)
+        if batch.num_prefill_tokens > num_tokens:
+            raise ValueError(
+                f"num_prefill_tokens {batch.num_prefill_tokens} exceeds the batch's {num_tokens} rows: "
+                "count the rows of the prompt requests only (prefill_token_count)"
+            )
 
 
 def check_tap_map_call(batch: object, tap_map_out: object) -> int:

@@ -148,6 +148,7 @@ class SconvMetadataBuilder:
         *,
         block_size: int,
         positions: torch.Tensor,
+        num_prefill_tokens: int | None = None,
     ) -> SconvBatch:
         """Build the batch of one forward (validated once, here).
 
@@ -167,6 +168,10 @@ class SconvMetadataBuilder:
                 mapping's; every launch checks it against its cache).
             positions: ``[>= num_padded_tokens]`` int64 absolute position of each row
                 (pad rows: any value), on the builder's device.
+            num_prefill_tokens: rows of the prompt requests, when the caller knows them
+                on the host (``inkling_kernels.prefill_token_count`` of the requests'
+                row counts): a hint for the kernel choice of prefill-sized launches
+                (``SconvBatch.num_prefill_tokens``), never for the result.
 
         Returns:
             A batch whose ``seq_idx``/``query_start`` (and ``tap_map``) are views of
@@ -222,6 +227,7 @@ class SconvMetadataBuilder:
             block_size=block_size,
             kernel_size=self.kernel_size,
             num_actual_tokens=num_actual_tokens,
+            num_prefill_tokens=num_prefill_tokens,
         )
         sconv_seq_metadata(  # checks query_start_loc and the counts
             query_start_loc,

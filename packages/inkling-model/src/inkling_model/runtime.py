@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from inkling_cache import BlockAllocator, BlockTables, OutOfBlocksError, ScheduledChunk, StepLayout, StepPlan
+from inkling_kernels import prefill_token_count
 
 from .metadata import SconvMetadata, SconvMetadataBuilder
 from .state import ConvStateOwner
@@ -258,4 +259,7 @@ class PagedConvRuntime:
             num_padded,
             block_size=self.block_size,
             positions=self.positions_buffer[:num_padded],
+            # the kernels' hint: rows of the requests of more than 8 rows (prompts)
+            num_prefill_tokens=prefill_token_count(
+                b - a for a, b in zip(layout.query_start_loc, layout.query_start_loc[1:])),
         )

@@ -38,7 +38,7 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from inkling_cache import ConvStateLayout, conv_page_without_padding
-from inkling_kernels import SUPPORTED_DTYPES
+from inkling_kernels import PREFILL_MIN_ROWS, SUPPORTED_DTYPES, prefill_token_count
 from inkling_model import (
     ConvStateOwner,
     RelAttentionMetadata,
@@ -142,7 +142,17 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             num_padded,
             block_size=self._block_size,
             positions=_positions(cm, num_reqs, num_actual, num_padded),
+            num_prefill_tokens=self._prefill_rows(cm, num_reqs),
         )
+
+    def _prefill_rows(self, cm: CommonAttentionMetadata, num_reqs: int) -> int:
+        """The kernels' hint (``SconvBatch.num_prefill_tokens``): rows of the requests
+        of more rows than a decode or a speculative verification brings (vLLM's decode
+        threshold, 1 + the draft tokens, and at least the kernels' default of 8), from
+        the host copy of the request offsets."""
+        qsl = cm.query_start_loc_cpu[: num_reqs + 1]
+        decode_max = max(PREFILL_MIN_ROWS, int(self.reorder_batch_threshold or 1))
+        return prefill_token_count((qsl[1:] - qsl[:-1]).tolist(), decode_max)
 
     def _slots_without_null_block(self, slot_mapping: torch.Tensor) -> torch.Tensor:
         """``slot_mapping`` with every slot in the null block set to -1 (a view of a

@@ -32,8 +32,8 @@ on a hit, the writer's row of ``x`` is read instead of the cache. The
 result equals "insert the whole batch, then convolve" (the reference's semantics) at
 any alignment of the hit.
 
-Prefill-sized mapped launches (``choose_config``: at least ``ROWS_MIN_TOKENS`` rows and
-``ROWS_TOKENS_PER_REQUEST`` rows per request) run another kernel, :mod:`.rows_kernel`
+Prefill-sized mapped launches (``choose_config``: at least ``ROWS_MIN_TOKENS`` rows,
+mostly prompt rows: :func:`rows_batch`) run another kernel, :mod:`.rows_kernel`
 (one launch for one stream or for K and V), whose programs keep their rows in registers
 and, inside a prompt, read no tap from memory.
 
@@ -62,8 +62,8 @@ from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_unfit, rows_weight_tile
 
 __all__ = [
-    "MAP_MIN_WORK", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig", "choose_config",
-    "fused_sconv_triton", "launch_conv_streams",
+    "MAP_MIN_WORK", "PREFILL_SHARE", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig",
+    "choose_config", "fused_sconv_triton", "launch_conv_streams", "rows_batch",
     "launch_fused_sconv",
 ]
 
@@ -387,40 +387,58 @@ class SconvConfig:
     # fused_sconv's and fused_sconv_kv's mapped launches of >= ROWS_MIN_TOKENS rows and
     # >= ROWS_TOKENS_PER_REQUEST rows a request (choose_config)
     rows: bool = False
-    # rows only (experimental, session 20): the order in which the grid takes the row
-    # tiles: 0 first to last; 1 last to first (a batch whose decode rows come last starts
-    # with their tiles); 2 from both ends alternately (first, last, second, ...: the
-    # decode tiles at either end start in the first wave)
-    tile_order: int = 0
 
 
 def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
+def rows_batch(num_tokens: int, num_requests: int | None, num_prefill_tokens: int | None,
+               min_tokens: int = 1024, either: bool = False) -> bool:
+    """Whether a mapped launch's batch suits a row-register kernel (:mod:`.rows_kernel`,
+    :mod:`inkling_kernels.sconv_add_rmsnorm.rows_kernel`): at least ``min_tokens`` rows,
+    and mostly rows inside prompts, whose tiles read no tap from memory. With the
+    batch's ``num_prefill_tokens`` hint: at least half its rows are prompt rows
+    (``PREFILL_SHARE``); without it: at least ``ROWS_TOKENS_PER_REQUEST`` rows a request
+    (``num_requests``, an upper bound: the block table's rows; ``None``: never).
+    ``either``: either test suffices (the fused add/norm kernels' one-row tiles, whose
+    load path takes only a request's first rows, also win on 8-row speculative batches)."""
+    if num_tokens < min_tokens:
+        return False
+    per_request = num_requests is not None and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests
+    prompts = num_prefill_tokens is not None and num_prefill_tokens >= PREFILL_SHARE * num_tokens
+    if either:
+        return per_request or prompts
+    return prompts if num_prefill_tokens is not None else per_request
+
+
 def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
-                  one_load: bool = True, rows: bool = True, num_requests: int | None = None) -> SconvConfig:
+                  one_load: bool = True, rows: bool = True, num_requests: int | None = None,
+                  num_prefill_tokens: int | None = None) -> SconvConfig:
     """Heuristic tile choice per shape class (one config each: no autotuning),
     from sweeps on an H200 (benchmarks/RESULTS.md).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
     a tap map), so tiles never straddle heads and no lanes idle.
 
-    With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (1024) rows and
-    at least ``ROWS_TOKENS_PER_REQUEST`` (8) rows per request (``num_requests``: at most
-    this many requests; ``None``, unknown: never), over a multiple of 256 channels, takes
-    the row-register kernel (``rows``: 8 rows x 256 channels, two warps, one launch for
-    one stream or for K and V; :mod:`.rows_kernel`). Its tiles inside a prompt read no
-    tap from memory; its tiles with decode rows or a chunk's first rows take a load path
+    With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (1024) rows
+    whose batch is mostly prompt rows (:func:`rows_batch`: with the batch's
+    ``num_prefill_tokens`` hint, at least half its rows; without it, at least
+    ``ROWS_TOKENS_PER_REQUEST`` (8) rows per request, ``num_requests`` being at most this
+    many requests, ``None``: never), over a multiple of 256 channels, takes the
+    row-register kernel (``rows``: 8 rows x 256 channels, two warps, one launch for one
+    stream or for K and V; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap
+    from memory; its tiles with decode rows or a request's first rows take a load path
     of four round trips (64-channel chunks), so it wins while those tiles are a
-    minority. On the H200 (benchmarks/RESULTS_prefill_exp.md, session 15), against the
-    one-load tile: faster on every prompt-dominated launch (prefill 8192 ATTN, 16k
-    sliding K, prefill 1024 ATTN, prefill 2048 K, the TP 8 ATTN shard) and on mixed
-    batches of 2048 + 255 and 1024 + 255 decodes (9 and 5 rows a request; the latter,
-    1.07x, stays on the tiles: speculative batches of 4 drafts also have 5); slower on
-    1024 decodes, 256 x 4 speculative rows and 512 + 512 decodes (1, 4 and 2 rows a
-    request), which the rule keeps on the tiles. ``rows=False`` or
-    ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
+    minority. On the H200 (benchmarks/RESULTS_prefill_exp.md, sessions 15 and 20),
+    against the one-load tile: faster on every prompt-dominated launch (prefill 8192
+    ATTN, 16k sliding K, prefill 1024 ATTN, prefill 2048 K, the TP 8 ATTN shard) and on
+    mixed batches of 2048 + 255 decodes (1.15x) and 1024 + 255 (1.07-1.08x, either
+    order; 0.80 of the rows in the prompt, 5 rows a request); level on 512 + 512
+    decodes (half the rows, 1.00x); slower on 1024 decodes (0.90x), speculative batches of 256 x 4, 128 x 8,
+    256 x 8 and 114 x 9 rows (0.92-0.97x: every tile holds a request's first rows). Rows
+    per request cannot tell 114 x 9 from 2048 + 255 (9 each); the prompt-row count can.
+    ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
 
     Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
@@ -446,8 +464,7 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
         block_c = min(256, pow2_ceil(stream_width))
     work = num_tokens * num_heads * stream_width
     if mapped:
-        if (rows and num_requests is not None and num_tokens >= ROWS_MIN_TOKENS
-                and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests
+        if (rows and rows_batch(num_tokens, num_requests, num_prefill_tokens, ROWS_MIN_TOKENS)
                 and num_heads * stream_width % 256 == 0 and rows_default()):
             return SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
         block_c = min(block_c, 128)
@@ -494,6 +511,9 @@ MAP_MIN_WORK = 2**20
 #: row-register kernel by default (choose_config).
 ROWS_MIN_TOKENS = 1024
 ROWS_TOKENS_PER_REQUEST = 8
+#: With the batch's ``num_prefill_tokens`` hint, launches whose prompt rows are at least
+#: this share of the rows take it (rows_batch).
+PREFILL_SHARE = 0.5
 #: Channels per chunk of the row-register kernel's load path (rows_kernel._load_path).
 ROWS_LOAD_PATH_CHANNELS = 64
 #: The row-register kernel computes cache offsets in int32 when every element of the
@@ -548,7 +568,8 @@ def launch_conv_streams(
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)
     # (the block table has a row per request, at least: the rows rule's request bound)
     cfg = config or choose_config(prob.num_tokens, prob.num_heads, stream_width, tap_map is not None,
-                                  one_load=len(streams) == 1, num_requests=batch.block_table.shape[0])
+                                  one_load=len(streams) == 1, num_requests=batch.block_table.shape[0],
+                                  num_prefill_tokens=batch.num_prefill_tokens)
     if cfg.rows:
         why = None if tap_map is not None else "it needs the step's tap map"
         for st in streams:
@@ -636,7 +657,6 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
         OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
         x2_ptr=second.x, w2_ptr=second.weight2d, out2_ptr=second.out, stream_offset2=second.offset,
         STREAMS=len(streams),
-        TILE_ORDER=cfg.tile_order,
         num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )

@@ -47,7 +47,10 @@ The grid takes the row tiles in order (``pid_t = program_id(1)``). Other orders 
 measured and dropped (session 17): starting at the decode tiles behind a prompt gains
 0-2 % once written without a modulo, and any arithmetic on the program id before the
 first loads (a modulo 5-10 %, an add and a wrap 4-8 %) costs more than that on every
-launch; spreading the decode tiles over the grid is 12-15 % slower. Two launches (the
+launch; spreading the decode tiles over the grid is 12-15 % slower. Taking the tiles
+last to first, or from both ends alternately, costs 5-9 % where the order cannot matter
+(prefill) and does not bring a prompt-first mixed batch to the decodes-first one's time
+(session 20). Two launches (the
 decode rows, then the prompt rows) cost their sum plus a boundary, and an L2 prefetch of
 every cache tap line of a load-path tile before its first chunk (inline PTX) changed the
 prompt-first mixed batch by 0.3 % (session 18): its decode tiles at the grid's end are
@@ -253,7 +256,6 @@ def _rows_sconv_kernel(
     stream_offset2,
     STREAMS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
-    TILE_ORDER: tl.constexpr = 0,
 ):
     if USE_PDL:  # (as in the tile kernel)
         tl.extra.cuda.gdc_wait()
@@ -265,13 +267,7 @@ def _rows_sconv_kernel(
             out_ptr = out2_ptr
             stream_offset = stream_offset2
     pid_c = tl.program_id(0)
-    if TILE_ORDER == 1:  # (SconvConfig.tile_order) last to first
-        pid_t = tl.num_programs(1) - 1 - tl.program_id(1)
-    elif TILE_ORDER == 2:  # from both ends alternately: 0, n - 1, 1, n - 2, ...
-        half = tl.program_id(1) // 2
-        pid_t = tl.where(tl.program_id(1) % 2 == 1, tl.num_programs(1) - 1 - half, half)
-    else:
-        pid_t = tl.program_id(1)
+    pid_t = tl.program_id(1)
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS

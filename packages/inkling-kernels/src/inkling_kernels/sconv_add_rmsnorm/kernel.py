@@ -418,7 +418,7 @@ def main_norm_config(num_heads: int, stream_width: int) -> NormConfig:
 
 
 def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
-                       num_requests: int | None = None) -> NormConfig:
+                       num_requests: int | None = None, num_prefill_tokens: int | None = None) -> NormConfig:
     """Tile choice (no autotuning: the grid must depend on T alone): per size class the
     configuration that measured fastest on the H200 (main's kernel timed in the same
     runs; benchmarks/RESULTS_sconv_add_rmsnorm.md, 2026-12-01 03:28 and 03:51 UTC).
@@ -439,7 +439,7 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
     kernel 0.79x / 0.84x as fast at decode 64 / 256 and 0.93x at mixed 2048+255, 1.016x
     at prefill 8192 (ATTN, 975B shapes; benchmarks/RESULTS_prefill_exp.md, session 12).
     """
-    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests)
+    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests, num_prefill_tokens)
     if rows is not None:
         return rows
     if 16 < num_tokens < 8192:
@@ -453,19 +453,23 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
     return _whole_row_config(num_heads, stream_width, 1)
 
 
-#: Mapped launches of at least this many rows, and ``ROWS_TOKENS_PER_REQUEST`` (8) rows
-#: a request, take the row-register kernel (choose_norm_config, choose_add_config).
+#: Mapped launches of at least this many rows, mostly prompt rows or ``ROWS_TOKENS_PER_REQUEST``
+#: (8) rows a request, take the row-register kernel (choose_norm_config, choose_add_config).
 NORM_ROWS_MIN_TOKENS = 1024
-#: With the norm, launches of at least this many rows a request (prompts only) take its
-#: two-row, four-warp tile; mixed batches take the one-row tile.
+#: Launches of at least this many rows a request (prompts only) take the two-row,
+#: four-warp tile with the norm and 4 rows without; mixed batches take one row with the
+#: norm and 2 without.
 NORM_ROWS_PROMPT_TOKENS_PER_REQUEST = 32
 
 
 def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool,
-                     num_requests: int | None, norm: bool = True) -> NormConfig | None:
+                     num_requests: int | None, num_prefill_tokens: int | None = None,
+                     norm: bool = True) -> NormConfig | None:
     """The row-register kernel's tile (:mod:`.rows_kernel`) for a launch with the step's
     tap map, at least ``NORM_ROWS_MIN_TOKENS`` rows, at least ``ROWS_TOKENS_PER_REQUEST``
-    rows a request and whole 256-channel chunks; else None (the tile kernel).
+    rows a request or at least half its rows in prompts (the batch's
+    ``num_prefill_tokens``; :func:`inkling_kernels.sconv.kernel.rows_batch` with
+    ``either``), and whole 256-channel chunks; else None (the tile kernel).
     ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off.
 
     Tiles measured fastest on the H200 (975B ATTN shapes, bf16;
@@ -476,37 +480,48 @@ def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped:
       1024: 21.6 against 30.6);
     - with the norm, otherwise: 1 row of 256 channels, two warps (mixed 2048-token
       prompt + 255 decodes: 51.4 against 66.8, decodes first 49.8 against 66.7);
-    - without the norm (``fused_sconv_add``, the TP 8 shard of 768 channels): 4 rows of
-      256 channels, two warps (prefill 8192: 14.8 against 18.9; mixed, decodes first:
-      4.14 against 5.58).
+    - without the norm (``fused_sconv_add``, the TP 8 shard of 768 channels), prompts
+      only or at least half the rows in prompts (the hint): 4 rows of 256 channels, two
+      warps (prefill 8192: 14.8 against 18.9; with the decodes first, as the vLLM
+      plugin orders a batch, mixed 2048 + 255 4.19 against 5.64, 2 rows 4.64; 255 + 1024
+      3.36 against 3.89, 2 rows 3.38); otherwise, speculative batches: 2 rows (128 x 8
+      3.15-3.19 against 3.42, 4 rows 4.33). With the prompt first 2 rows would be
+      faster on the mixed batches (1024 + 255: 3.35 against 4.65; 2048 + 255: 4.63
+      against 4.99).
 
-    Decode-heavy launches (decode 256, speculative 64 x 4) stay on the tile kernel: there
-    the row kernel's tiles all take its load path (13.6 against 7.2 µs with the norm)."""
-    from ..sconv.kernel import ROWS_TOKENS_PER_REQUEST
+    Also on the batches only the prompt-row share admits (session 20, with the norm,
+    one row of 256): mixed 1024 + 255 34.5 against 40.5 prompt first, 33.8 against 40.0
+    decodes first; and on speculative batches of 8 and 9 rows a request, where each
+    request's first 3 rows take the load path: 128 x 8 28.3 against 31.5, 256 x 8 45.6
+    against 59.1. Decode-heavy launches (decode 256, speculative 64 x 4) stay on the
+    tile kernel: there the row kernel's tiles all take its load path (13.6 against 7.2
+    µs with the norm)."""
+    from ..sconv.kernel import rows_batch
 
-    if not (mapped and num_requests is not None and num_tokens >= NORM_ROWS_MIN_TOKENS
-            and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests
+    if not (mapped and rows_batch(num_tokens, num_requests, num_prefill_tokens, NORM_ROWS_MIN_TOKENS, either=True)
             and num_heads * stream_width % 256 == 0 and rows_default()):
         return None
+    prompts_only = num_requests is not None and num_tokens >= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST * num_requests
     if not norm:
-        return NormConfig(block_t=4, block_h=1, block_j=256, num_warps=2, rows=True)
-    if num_tokens >= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST * num_requests and num_heads * stream_width % 512 == 0:
+        mostly_prompts = prompts_only or rows_batch(num_tokens, None, num_prefill_tokens, NORM_ROWS_MIN_TOKENS)
+        return NormConfig(block_t=4 if mostly_prompts else 2, block_h=1, block_j=256, num_warps=2, rows=True)
+    if prompts_only and num_heads * stream_width % 512 == 0:
         return NormConfig(block_t=2, block_h=1, block_j=512, num_warps=4, rows=True)
     return NormConfig(block_t=1, block_h=1, block_j=256, num_warps=2, rows=True)
 
 
 def interpreter_rows_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool,
-                            num_requests: int | None) -> NormConfig | None:
+                            num_requests: int | None, num_prefill_tokens: int | None = None) -> NormConfig | None:
     """Under the interpreter, the row-register kernel for the same launches as on a GPU
     but from ``INTERPRETER_ROWS`` rows (``INTERPRETER_ROWS`` rows a program; chunks of the
     largest power of two up to 256 dividing the row; at least 8), so that the e2e
     engines' prompt steps run it; else None."""
-    from ..sconv.kernel import ROWS_TOKENS_PER_REQUEST
+    from ..sconv.kernel import rows_batch
 
     channels = num_heads * stream_width
     block_j = min(256, channels & -channels)
-    if (mapped and num_requests is not None and num_tokens >= INTERPRETER_ROWS
-            and num_tokens >= ROWS_TOKENS_PER_REQUEST * num_requests and block_j >= 8 and rows_default()):
+    if (mapped and rows_batch(num_tokens, num_requests, num_prefill_tokens, INTERPRETER_ROWS, either=True)
+            and block_j >= 8 and rows_default()):
         return NormConfig(block_t=INTERPRETER_ROWS, block_h=1, block_j=block_j, num_warps=2, rows=True)
     return None
 
@@ -520,14 +535,14 @@ def _whole_row_config(num_heads: int, stream_width: int, block_t: int, scan: int
 
 
 def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
-                            num_requests: int | None = None) -> NormConfig:
+                            num_requests: int | None = None, num_prefill_tokens: int | None = None) -> NormConfig:
     """The default tiles under Triton's interpreter (``TRITON_INTERPRET=1``; see
     :data:`inkling_kernels._triton_common.INTERPRETER_ROWS`). Mapped prompt-heavy
     launches: the row-register kernel (:func:`interpreter_rows_config`). Up to 16 rows,
     :func:`choose_norm_config`'s split rows (a few programs a row); above, its tiles for
     T >= 8192 (the whole row in registers) with ``INTERPRETER_ROWS`` rows a program
     instead of one."""
-    rows = interpreter_rows_config(num_tokens, num_heads, stream_width, mapped, num_requests)
+    rows = interpreter_rows_config(num_tokens, num_heads, stream_width, mapped, num_requests, num_prefill_tokens)
     if rows is not None:
         return rows
     if num_tokens <= 16:
@@ -724,7 +739,7 @@ def launch_sconv_add_rmsnorm(
         return new_hidden, normed
     choose = interpreter_norm_config if is_interpreter() else choose_norm_config
     cfg = config or choose(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
-                           batch.block_table.shape[0])
+                           batch.block_table.shape[0], batch.num_prefill_tokens)
     if cfg.rows:
         if _try_rows(hidden, d, prob, cache, batch, stream_offset, stream_width, (new_hidden, normed),
                      (norm_weight, eps), cfg, config is not None):
@@ -749,7 +764,8 @@ _MAX_GRID_1 = 65535  # CUDA's limit on the grid's second axis (programs along a 
 
 
 def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
-                      kernel_size: int = 4, num_requests: int | None = None) -> NormConfig:
+                      kernel_size: int = 4, num_requests: int | None = None,
+                      num_prefill_tokens: int | None = None) -> NormConfig:
     """Tiles of ``fused_sconv_add`` (not swept on a GPU yet): without the norm no
     program needs a whole row, so every chunk of a row gets its own program (``split``
     = the row's chunks, no scratch, no ticket), as in ``fused_sconv``'s grid. The tile
@@ -761,7 +777,7 @@ def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped
     at about 32 elements a thread (16..256)."""
     from ..sconv.kernel import choose_config
 
-    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests, norm=False)
+    rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests, num_prefill_tokens, norm=False)
     if rows is not None:
         return rows
     conv = choose_config(num_tokens, num_heads, stream_width, mapped, one_load=False)
@@ -819,10 +835,10 @@ def launch_sconv_add(
         cfg = config
     elif is_interpreter():  # (the fewest programs)
         cfg = interpreter_rows_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
-                                      batch.block_table.shape[0]) or interp_whole_row
+                                      batch.block_table.shape[0], batch.num_prefill_tokens) or interp_whole_row
     else:
         cfg = choose_add_config(prob.num_tokens, prob.num_heads, stream_width, batch.tap_map is not None,
-                                prob.kernel_size, batch.block_table.shape[0])
+                                prob.kernel_size, batch.block_table.shape[0], batch.num_prefill_tokens)
     if cfg.rows:
         if _try_rows(hidden, d, prob, cache, batch, stream_offset, stream_width, (out, out), None, cfg,
                      config is not None):
