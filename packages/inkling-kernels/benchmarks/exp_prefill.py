@@ -1328,7 +1328,8 @@ def run_case(case: bs.Case, variants: list[Variant], args: argparse.Namespace, g
             log(f"  {v.name}: skipped, budget spent")
             continue
         if v.lib:
-            cfg = choose_config(t, heads, width, mapped=True, num_requests=len(case.requests))
+            cfg = choose_config(t, heads, width, mapped=True, num_requests=len(case.requests),
+                                num_prefill_tokens=sets[0].prefill)  # (the tile the library picks)
             tile = None
             row["tile"] = f"{cfg.block_t}x{cfg.block_c}/{cfg.num_warps}w" + (" rows" if cfg.rows else "")
         elif v.libcfg:

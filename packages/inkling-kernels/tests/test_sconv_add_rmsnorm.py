@@ -673,8 +673,7 @@ def test_default_config_takes_the_row_kernel_for_prompts(monkeypatch: pytest.Mon
     in prompts; prompts only (>= 32 rows a request): 2 rows x 512 channels, 4 warps;
     mixed: 1 row x 256, 2 warps; decode-heavy, map-less or unknown request counts: the
     tile kernel; ``INKLING_KERNELS_SCONV_ROWS=0``: never. Without the norm
-    (``fused_sconv_add``): 4 rows x 256 on prompts only or mostly prompt rows (the hint),
-    else 2 rows x 256."""
+    (``fused_sconv_add``): 4 rows x 256 on prompts only, else 2 rows x 256."""
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
 
     # (T, requests, prompt rows or None)
@@ -687,8 +686,7 @@ def test_default_config_takes_the_row_kernel_for_prompts(monkeypatch: pytest.Mon
         assert cfg.rows and cfg.block_h == 1 and cfg.split == 1, (t, r, p)
         assert (cfg.block_t, cfg.block_j, cfg.num_warps) == ((2, 512, 4) if t >= 32 * r else (1, 256, 2))
         add = choose_add_config(t, 1, 768, True, 4, r, p)
-        mostly_prompts = t >= 32 * r or (p is not None and 2 * p >= t)
-        assert add.rows and (add.block_t, add.block_j, add.num_warps) == (4 if mostly_prompts else 2, 256, 2)
+        assert add.rows and (add.block_t, add.block_j, add.num_warps) == (4 if t >= 32 * r else 2, 256, 2)
     for t, r, p in tiles:
         assert not choose_norm_config(t, 8, 768, True, r, p).rows, (t, r, p)
         assert not choose_add_config(t, 1, 768, True, 4, r, p).rows

@@ -481,13 +481,12 @@ def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped:
     - with the norm, otherwise: 1 row of 256 channels, two warps (mixed 2048-token
       prompt + 255 decodes: 51.4 against 66.8, decodes first 49.8 against 66.7);
     - without the norm (``fused_sconv_add``, the TP 8 shard of 768 channels), prompts
-      only or at least half the rows in prompts (the hint): 4 rows of 256 channels, two
-      warps (prefill 8192: 14.8 against 18.9; with the decodes first, as the vLLM
-      plugin orders a batch, mixed 2048 + 255 4.19 against 5.64, 2 rows 4.64; 255 + 1024
-      3.36 against 3.89, 2 rows 3.38); otherwise, speculative batches: 2 rows (128 x 8
-      3.15-3.19 against 3.42, 4 rows 4.33). With the prompt first 2 rows would be
-      faster on the mixed batches (1024 + 255: 3.35 against 4.65; 2048 + 255: 4.63
-      against 4.99).
+      only: 4 rows of 256 channels, two warps (prefill 8192: 14.8 against 18.9);
+      otherwise 2 rows (session 20, µs, 2 rows / 4 rows / the tile kernel: speculative
+      128 x 8 3.19 / 4.33 / 3.44, 114 x 9 3.22 / 4.42 / 3.41; the 1024-token prompt + 255
+      decodes 3.30 / 4.55 / 3.98 prompt first, 3.38 / 3.52 / 3.94 decodes first; the
+      2048-token one 4.65 / 5.07 / 5.79 prompt first, 4.64 / 4.20 / 5.60 decodes first,
+      the one case where 4 rows win).
 
     Also on the batches only the prompt-row share admits (session 20, with the norm,
     one row of 256): mixed 1024 + 255 34.5 against 40.5 prompt first, 33.8 against 40.0
@@ -503,8 +502,7 @@ def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped:
         return None
     prompts_only = num_requests is not None and num_tokens >= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST * num_requests
     if not norm:
-        mostly_prompts = prompts_only or rows_batch(num_tokens, None, num_prefill_tokens, NORM_ROWS_MIN_TOKENS)
-        return NormConfig(block_t=4 if mostly_prompts else 2, block_h=1, block_j=256, num_warps=2, rows=True)
+        return NormConfig(block_t=4 if prompts_only else 2, block_h=1, block_j=256, num_warps=2, rows=True)
     if prompts_only and num_heads * stream_width % 512 == 0:
         return NormConfig(block_t=2, block_h=1, block_j=512, num_warps=4, rows=True)
     return NormConfig(block_t=1, block_h=1, block_j=256, num_warps=2, rows=True)
