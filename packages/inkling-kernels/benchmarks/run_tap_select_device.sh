@@ -79,6 +79,9 @@
 #            parameters, the hazard; fused_sconv_add's 2-row tile among them); the defaults
 #            with the batches' prompt-row hint (SconvBatch.num_prefill_tokens) on the rows
 #            rule's boundary cases: fused_sconv (--threshold) and the add/norm kernels
+#   s20c     (.peer carried) the final session-20 call: the row kernels' GPU tests
+#            (test_gpu.py -k rows), then bench_layer (global and sliding, the peer in the
+#            same run)
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -292,6 +295,11 @@ PY
       --cases "spec verify 1,spec verify 2,mixed 255 + 1024,mixed 1024,mixed 2048,mixed 255 + 2048" \
       > "$OUT/norm_rows.log" 2>&1
     echo "rc $?"; tail -2 "$OUT/norm_rows.log"
+    ;;
+  s20c)
+    stage "GPU tests of the row kernels"
+    gputests 240 "rows" 6
+    layer 200 8
     ;;
   s19c)
     stage "GPU tests: the row-register add/norm kernel (graph replay, hazard), the add/norm files"

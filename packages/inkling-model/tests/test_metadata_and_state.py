@@ -100,6 +100,8 @@ def test_builder_pads_a_short_slot_mapping_with_minus_one():
         (dict(positions=torch.zeros(7, dtype=torch.int64)), ValueError, "num_padded_tokens"),
         (dict(query_start_loc=torch.tensor([0, 2], dtype=torch.int32)), ValueError, "num_reqs 2 needs"),
         (dict(num_reqs=-1), ValueError, "num_reqs"),
+        (dict(num_prefill_tokens=9), ValueError, "num_prefill_tokens 9 exceeds the batch's 8 rows"),
+        (dict(num_prefill_tokens=-1), ValueError, "num_prefill_tokens must be >= 0"),
     ],
 )
 def test_builder_rejects_bad_input(kwargs, error, match):

@@ -142,20 +142,14 @@ def check_batch(batch: SconvBatch) -> None:
         if batch.kernel_size is None:
             raise ValueError("a batch with a tap_map needs its kernel_size (the map has W - 1 columns)")
         check_tap_map_buffer("tap_map", batch.tap_map, num_tokens, batch.kernel_size, device)
-    if batch.num_actual_tokens is not None:
-        need_int("num_actual_tokens", batch.num_actual_tokens, 0)
-        if batch.num_actual_tokens > num_tokens:
-            raise ValueError(
-                f"num_actual_tokens {batch.num_actual_tokens} exceeds the batch's {num_tokens} rows "
-                "(its padded token count, num_padded_tokens)"
-            )
-    if batch.num_prefill_tokens is not None:
-        need_int("num_prefill_tokens", batch.num_prefill_tokens, 0)
-        if batch.num_prefill_tokens > num_tokens:
-            raise ValueError(
-                f"num_prefill_tokens {batch.num_prefill_tokens} exceeds the batch's {num_tokens} rows: "
-                "count the rows of the prompt requests only (prefill_token_count)"
-            )
+    # optional row counts: at most the batch's rows
+    for name, value, hint in (
+        ("num_actual_tokens", batch.num_actual_tokens, "(its padded token count, num_padded_tokens)"),
+        ("num_prefill_tokens", batch.num_prefill_tokens,
+         "count the rows of the prompt requests only (prefill_token_count)"),
+    ):
+        if value is not None and need_int(name, value, 0) > num_tokens:
+            raise ValueError(f"{name} {value} exceeds the batch's {num_tokens} rows: {hint}")
 
 
 def check_tap_map_call(batch: object, tap_map_out: object) -> int:
