@@ -147,13 +147,13 @@ def test_prefill_token_hint_travels_through_the_ops() -> None:
 
 
 def test_prefill_token_count() -> None:
-    """Rows of the requests with more than ``decode_max_rows`` rows (default 8: up to 7
+    """Rows of the requests with more than ``decode_max_rows`` rows (default 16: up to 15
     drafts are speculative verifications); a bad threshold raises."""
     from inkling_kernels import prefill_token_count
 
     assert prefill_token_count([2048] + [1] * 255) == 2048
-    assert prefill_token_count([8] * 128) == 0 and prefill_token_count([9] * 114) == 9 * 114
-    assert prefill_token_count([9] * 114, decode_max_rows=9) == 0
+    assert prefill_token_count([8] * 128) == 0 and prefill_token_count([9] * 114) == 0
+    assert prefill_token_count([16, 17, 3]) == 17 and prefill_token_count([9, 8], decode_max_rows=8) == 9
     assert prefill_token_count(torch.tensor([3, 40, 1])) == 40 and prefill_token_count([]) == 0
     for bad in (0, True, 2.5):
         with pytest.raises(ValueError, match="decode_max_rows"):

@@ -174,12 +174,12 @@ def test_step_slots_and_sliding_window_freeing(block_size, window):
 
 
 def test_step_counts_the_prompt_rows_for_the_kernels():
-    """Each step's batch carries the rows of its requests of more than 8 rows (the
+    """Each step's batch carries the rows of its requests of more than 16 rows (the
     kernels' ``num_prefill_tokens`` hint), pad rows not counted."""
     runtime = PagedConvRuntime(64, 4, 4, max_num_tokens=64, max_blocks_per_req=64)
-    step = runtime.step([("a", 0, 20), ("b", 0, 3), ("c", 0, 9), ("d", 0, 8)], pad_to=48)
-    assert step.metadata.num_prefill_tokens == 29
-    step = runtime.step([("a", 20, 1), ("b", 3, 8), ("c", 9, 1)])
+    step = runtime.step([("a", 0, 20), ("b", 0, 3), ("c", 0, 17), ("d", 0, 16)], pad_to=60)
+    assert step.metadata.num_prefill_tokens == 37
+    step = runtime.step([("a", 20, 1), ("b", 3, 16), ("c", 17, 1)])
     assert step.metadata.num_prefill_tokens == 0
 
 

@@ -150,7 +150,7 @@ def test_builder_maps_common_metadata(lens: list[int], pad: int) -> None:
     # the table cut to the step's requests (a view: no copy); its rows bound them for the tiling
     assert first.block_table.shape == (max(len(lens), 1), 8) and first.block_table.data_ptr() == table.data_ptr()
     assert first.block_size == 4  # the group's (unified) block size
-    assert first.num_prefill_tokens == sum(n for n in lens if n > 8)  # the kernels' prompt-row hint
+    assert first.num_prefill_tokens == sum(n for n in lens if n > 16)  # the kernels' prompt-row hint
     # persistent buffers: a second build writes the same storage
     second = builder.build(0, cm)
     assert second.seq_idx.data_ptr() == first.seq_idx.data_ptr()
@@ -245,13 +245,13 @@ def test_builder_asks_for_decodes_first(num_spec: int | None) -> None:
     assert builder.reorder_batch_threshold == 1 + (num_spec or 0)
 
 
-@pytest.mark.parametrize("num_spec", [None, 3, 9])
+@pytest.mark.parametrize("num_spec", [None, 3, 19])
 def test_builder_counts_prompt_rows(num_spec: int | None) -> None:
     """The batch's ``num_prefill_tokens`` (the kernels' hint): rows of the requests of
-    more rows than vLLM's decode threshold (1 + the draft tokens) and than 8."""
-    builder = conv_state.InklingSconvMetadataBuilder(_spec(), ["x"], fake_vllm_config(num_spec=num_spec, max_tokens=64),
+    more rows than vLLM's decode threshold (1 + the draft tokens) and than 16."""
+    builder = conv_state.InklingSconvMetadataBuilder(_spec(), ["x"], fake_vllm_config(num_spec=num_spec, max_tokens=128),
                                                      torch.device("cpu"))
-    lens = [1, 9, 10, 11, 4, 2]
+    lens = [1, 16, 17, 20, 21, 4]
     qsl = [0]
     for n in lens:
         qsl.append(qsl[-1] + n)
@@ -260,7 +260,7 @@ def test_builder_counts_prompt_rows(num_spec: int | None) -> None:
         query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32), slot_mapping=torch.full((qsl[-1],), -1),
         block_table_tensor=torch.zeros(len(lens), 4, dtype=torch.int32), positions=torch.arange(qsl[-1]),
     )
-    decode_max = max(8, 1 + (num_spec or 0))
+    decode_max = max(16, 1 + (num_spec or 0))
     assert builder.build(0, cm).num_prefill_tokens == sum(n for n in lens if n > decode_max)
 
 

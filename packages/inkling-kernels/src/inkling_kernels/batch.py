@@ -26,8 +26,10 @@ from .checks import check_batch, check_tap_map_buffer
 
 __all__ = ["OP_SCHEMA", "PREFILL_MIN_ROWS", "SconvBatch", "prefill_token_count"]
 
-#: :func:`prefill_token_count`'s default: requests of more rows than this count as prompts.
-PREFILL_MIN_ROWS = 8
+#: :func:`prefill_token_count`'s default: requests of more rows than this count as prompts
+#: (two of the row kernel's 8-row tiles: a request of at most 16 rows keeps at least half
+#: of its tiles on the load path, as a speculative verification does).
+PREFILL_MIN_ROWS = 16
 
 
 def prefill_token_count(query_lens: Iterable[int], decode_max_rows: int = PREFILL_MIN_ROWS) -> int:
@@ -35,7 +37,7 @@ def prefill_token_count(query_lens: Iterable[int], decode_max_rows: int = PREFIL
     bring more than ``decode_max_rows`` rows (prompts, chunks of prompts), from each
     request's row count in the step. ``decode_max_rows`` is the most rows a decode or a
     speculative verification brings: at least 1 + the draft tokens (vLLM's decode
-    threshold); the default, 8, covers up to 7 drafts."""
+    threshold); the default, 16, covers up to 15 drafts."""
     if isinstance(decode_max_rows, bool) or not isinstance(decode_max_rows, int) or decode_max_rows < 1:
         raise ValueError(f"decode_max_rows must be an int >= 1, got {decode_max_rows!r}")
     return sum(n for n in (int(q) for q in query_lens) if n > decode_max_rows)

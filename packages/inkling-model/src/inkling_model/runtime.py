@@ -259,7 +259,7 @@ class PagedConvRuntime:
             num_padded,
             block_size=self.block_size,
             positions=self.positions_buffer[:num_padded],
-            # the kernels' hint: rows of the requests of more than 8 rows (prompts)
+            # the kernels' hint: rows of the requests of more than 16 rows (prompts)
             num_prefill_tokens=prefill_token_count(
                 b - a for a, b in zip(layout.query_start_loc, layout.query_start_loc[1:])),
         )

@@ -148,7 +148,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
     def _prefill_rows(self, cm: CommonAttentionMetadata, num_reqs: int) -> int:
         """The kernels' hint (``SconvBatch.num_prefill_tokens``): rows of the requests
         of more rows than a decode or a speculative verification brings (vLLM's decode
-        threshold, 1 + the draft tokens, and at least the kernels' default of 8), from
+        threshold, 1 + the draft tokens, and at least the kernels' default of 16), from
         the host copy of the request offsets."""
         qsl = cm.query_start_loc_cpu[: num_reqs + 1]
         decode_max = max(PREFILL_MIN_ROWS, int(self.reorder_batch_threshold or 1))
