@@ -16,8 +16,8 @@ them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import torch
