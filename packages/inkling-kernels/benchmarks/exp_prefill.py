@@ -617,6 +617,34 @@ def _rows_fix(x_ptr, cache_ptr, code, t, dist, chan, ccol, C, num_slots, stride_
     return reg, fix
 
 
+@triton.jit
+def _rows_tile_meta(slot_ptr, map_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N: tl.constexpr,
+                    W: tl.constexpr, ROWS: tl.constexpr, QP: tl.constexpr):
+    """Per row: its slot's offset in the cache and whether it is written; per (row, tap),
+    from the map loaded as one vector: a bit of ``regbits`` when the tap is x row
+    t - dist (held in xs); ``bad`` counts the taps that are neither that nor "no tap"
+    (a cache slot, another x row)."""
+    dsts = ()
+    oks = ()
+    for i in tl.static_range(ROWS):
+        t = t0 + i
+        live = t < num_tokens
+        slot = tl.load(slot_ptr + t, mask=live, other=-1)
+        ok = live & (slot >= 0) & (slot < num_slots)
+        ws = tl.where(ok, slot, 0).to(tl.int32)
+        dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
+        oks = oks + (ok,)
+    q = tl.arange(0, QP)  # (row, tap) pairs of the tile, row-major
+    qt = t0 + q // (W - 1)
+    qlive = (q < ROWS * (W - 1)) & (qt < num_tokens)
+    code = tl.load(map_ptr + t0 * (W - 1) + q, mask=qlive, other=-1)
+    xrow, cslot = decode_tap_codes(code, num_slots)
+    qreg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
+    regbits = tl.sum(tl.where(qreg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
+    bad = tl.sum((((xrow >= 0) & ~qreg) | (cslot >= 0)).to(tl.int32), axis=0)
+    return dsts, oks, regbits, bad
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _rows_sconv_kernel(
     x_ptr, w_ptr, cache_ptr, out_ptr, slot_ptr, map_ptr,
@@ -626,9 +654,12 @@ def _rows_sconv_kernel(
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, G: tl.constexpr, CS: tl.constexpr, BUG: tl.constexpr,
     QP: tl.constexpr, WTILE: tl.constexpr = False, SUB: tl.constexpr = 0, ALL_SLOW: tl.constexpr = False,
     tile_shift=0, ilv_d0=0, ilv_d1=0, ROT: tl.constexpr = False, ILV: tl.constexpr = False,
+    REV: tl.constexpr = False, MAPFIRST: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
+    if REV:  # (session 20) the row tiles last to first
+        pid_t = tl.num_programs(1) - 1 - tl.program_id(1)
     if ROT:  # (session 16) the row tiles rotated by ``tile_shift`` (< tiles): the tiles from there run first
         # (session 17: as an add and a wrap; a modulo here cost 5-10 % in every launch)
         pid_t += tile_shift
@@ -650,33 +681,17 @@ def _rows_sconv_kernel(
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS
     t0 = pid_t * ROWS
+    if MAPFIRST:  # (session 20) the tile's slot and map loads issued before its x rows
+        dsts, oks, regbits, bad = _rows_tile_meta(slot_ptr, map_ptr, t0, num_tokens, num_slots, stride_cb,
+                                                  stride_cn, N, W, ROWS, QP)
     # every x row the tile reads, before any store: xs[j] is row t0 - (W - 1) + j
     xs = ()
     for j in tl.static_range(ROWS + W - 1):
         t = t0 - (W - 1) + j
         xs = xs + (tl.load(x_ptr + (t * C + chan), mask=(t >= 0) & (t < num_tokens), other=0.0),)
-    # per row: its slot's offset in the cache and whether it is written; per (row, tap),
-    # from the map loaded as one vector: a bit of ``regbits`` when the tap is x row
-    # t - dist (held in xs); ``bad`` counts the taps that are neither that nor "no tap"
-    # (a cache slot, another x row)
-    dsts = ()
-    oks = ()
-    for i in tl.static_range(ROWS):
-        t = t0 + i
-        live = t < num_tokens
-        slot = tl.load(slot_ptr + t, mask=live, other=-1)
-        ok = live & (slot >= 0) & (slot < num_slots)
-        ws = tl.where(ok, slot, 0).to(tl.int32)
-        dsts = dsts + ((ws // N) * stride_cb + (ws % N) * stride_cn,)
-        oks = oks + (ok,)
-    q = tl.arange(0, QP)  # (row, tap) pairs of the tile, row-major
-    qt = t0 + q // (W - 1)
-    qlive = (q < ROWS * (W - 1)) & (qt < num_tokens)
-    code = tl.load(map_ptr + t0 * (W - 1) + q, mask=qlive, other=-1)
-    xrow, cslot = decode_tap_codes(code, num_slots)
-    qreg = (xrow >= 0) & (xrow == qt - (q % (W - 1) + 1))
-    regbits = tl.sum(tl.where(qreg, tl.full([QP], 1, tl.int64) << q.to(tl.int64), 0), axis=0)
-    bad = tl.sum((((xrow >= 0) & ~qreg) | (cslot >= 0)).to(tl.int32), axis=0)
+    if not MAPFIRST:
+        dsts, oks, regbits, bad = _rows_tile_meta(slot_ptr, map_ptr, t0, num_tokens, num_slots, stride_cb,
+                                                  stride_cn, N, W, ROWS, QP)
     if WTILE:  # (W == 4, stride_wk == 1) the weights as one [BLOCK_C, 4] tile, split into its columns
         wts = weight_columns4(w_ptr, chan, stride_wc, BLOCK_C)
     else:
@@ -829,6 +844,8 @@ class Variant:
     strided_w: bool = False  # libcfg "rows": the weights read as W strided vectors, not as one tile
     rot: bool = False  # _rows_sconv_kernel: row tiles rotated to start after the last register-path tile
     ilv: bool = False  # _rows_sconv_kernel: the load-path tiles spread evenly over the grid (load_path_range)
+    rev: bool = False  # _rows_sconv_kernel: the row tiles last to first (session 20)
+    mf: bool = False  # _rows_sconv_kernel: the slot and map loads before the x rows (session 20)
     bug: int = 0
 
 
@@ -997,6 +1014,16 @@ VARIANTS += [
 # (session 20: variants taking the library's row tiles last to first, or from both ends
 # alternately, through a SconvConfig field since removed: 5-9 % slower on prefill, no
 # gain on the prompt-first mixed batch; RESULTS_prefill_exp.md, session 20)
+# (session 20, after that) Is the reversal's ~1 µs a launch the schedule of the first
+# loads? The experimental row kernel with its tiles last to first (rev), with the tile's
+# slot and map loads issued before its x rows (mf), and both.
+VARIANTS += [
+    Variant(f"rows2d{tag} 8x256/2w/s64", f"rows2d 8x256/2w/s64{desc}", tile=(8, 256, 2), rows=1, wtile=True, sub=64,
+            rev=rev, mf=mf, **{**_ROWS, "wt": False})
+    for tag, desc, rev, mf in (("-rev", ", row tiles last to first", True, False),
+                               ("-mf", ", slot and map loads before the x rows", False, True),
+                               ("-mf-rev", ", slot and map loads first, row tiles last to first", True, True))
+]
 # Session 14, not yet timed: the experimental row kernel's load path (tiles with decode
 # rows) as [8, SUB] channel chunks, one round trip a chunk instead of one a row
 # (_rows_slow2d); weights as the library's [C, W] tile.
@@ -1152,7 +1179,7 @@ def launch_exp(v: Variant, tile: tuple[int, int, int], x: torch.Tensor, weight: 
             weight.stride(0), weight.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), off,
             C=c, WS=width, N=bs.N, W=bs.W, ROWS=bt, BLOCK_C=bc, G=v.rows, CS=v.cs, BUG=v.bug,
             QP=triton.next_power_of_2(bt * (bs.W - 1)), WTILE=v.wtile, SUB=v.sub, ALL_SLOW=v.all_slow,
-            tile_shift=tile_shift, ilv_d0=ilv[0], ilv_d1=ilv[1], ROT=v.rot, ILV=v.ilv,
+            tile_shift=tile_shift, ilv_d0=ilv[0], ilv_d1=ilv[1], ROT=v.rot, ILV=v.ilv, REV=v.rev, MAPFIRST=v.mf,
             num_warps=nw,
         )
         return

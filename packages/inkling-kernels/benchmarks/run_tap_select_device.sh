@@ -82,6 +82,8 @@
 #   s20c     (.peer carried) the final session-20 call: the row kernels' GPU tests
 #            (test_gpu.py -k rows), then bench_layer (global and sliding, the peer in the
 #            same run)
+#   s20d     (session 20) the experimental row kernel with its tiles last to first, with
+#            its slot and map loads before its x rows, and both, on prefill and mixed cases
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -300,6 +302,10 @@ PY
     stage "GPU tests of the row kernels"
     gputests 240 "rows" 6
     layer 200 8
+    ;;
+  s20d)
+    threshold 200 "rows2d 8x256/2w/s64,rows2d-rev 8x256/2w/s64,rows2d-mf 8x256/2w/s64,rows2d-mf-rev 8x256/2w/s64" 60 \
+      --only "prefill 1024|tp8|part of the mix: prompt|2048 + 255|decodes + 2048|prefill 2048"
     ;;
   s19c)
     stage "GPU tests: the row-register add/norm kernel (graph replay, hazard), the add/norm files"
