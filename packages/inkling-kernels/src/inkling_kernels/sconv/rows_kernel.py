@@ -50,7 +50,10 @@ first loads (a modulo 5-10 %, an add and a wrap 4-8 %) costs more than that on e
 launch; spreading the decode tiles over the grid is 12-15 % slower. Taking the tiles
 last to first, or from both ends alternately, costs 5-9 % where the order cannot matter
 (prefill) and does not bring a prompt-first mixed batch to the decodes-first one's time
-(session 20). Two launches (the
+(session 20); but written with the tile's slot and map loads before its x rows, the
+experimental twin of this kernel took its tiles last to first at 0.1-0.6 % on prefill
+and ran a prompt-first mixed batch 4.7 % faster (benchmarks/RESULTS_prefill_exp.md,
+session 20, call 4): the next step for batches whose decodes come last. Two launches (the
 decode rows, then the prompt rows) cost their sum plus a boundary, and an L2 prefetch of
 every cache tap line of a load-path tile before its first chunk (inline PTX) changed the
 prompt-first mixed batch by 0.3 % (session 18): its decode tiles at the grid's end are
