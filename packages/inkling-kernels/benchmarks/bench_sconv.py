@@ -37,7 +37,7 @@ import torch
 import triton
 
 from inkling_kernels import (
-    SconvBatch, fused_sconv, fused_sconv_vllm, prefill_token_count, sconv_seq_metadata, sconv_tap_map,
+    SconvBatch, decodes_follow_prompts, fused_sconv, fused_sconv_vllm, prefill_token_count, sconv_seq_metadata, sconv_tap_map,
 )
 from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton
 
@@ -94,6 +94,8 @@ class Inputs:
     # the batch's prompt-row hint (SconvBatch.num_prefill_tokens), as an engine sets it
     # (the vLLM plugin, inkling_model's runtime); None: the kernels go by rows a request
     prefill: int | None = None
+    # whether its decode requests follow its prompt requests (SconvBatch.decodes_last)
+    decodes_last: bool = False
 
     @property
     def meta(self) -> tuple[torch.Tensor, ...]:
@@ -102,7 +104,8 @@ class Inputs:
     @functools.cached_property
     def batch(self) -> SconvBatch:
         """The step's batch without a map."""
-        return SconvBatch(*self.meta, block_size=N, kernel_size=W, num_prefill_tokens=self.prefill)
+        return SconvBatch(*self.meta, block_size=N, kernel_size=W, num_prefill_tokens=self.prefill,
+                          decodes_last=self.decodes_last)
 
     @functools.cached_property
     def mapped(self) -> SconvBatch:
@@ -149,6 +152,7 @@ def build(case: Case, num_sets: int, gen: torch.Generator, device: str = "cuda")
             qs=torch.cat(qs).to(device),
             tap_map=tap_map,
             prefill=prefill_token_count(n for _, n in case.requests),
+            decodes_last=decodes_follow_prompts(n for _, n in case.requests),
         ))
         sconv_tap_map(sets[-1].batch, tap_map)
     weight = (torch.randn(c, W, device=device, generator=None) * 0.5).float()

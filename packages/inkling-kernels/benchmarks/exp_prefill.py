@@ -846,6 +846,7 @@ class Variant:
     ilv: bool = False  # _rows_sconv_kernel: the load-path tiles spread evenly over the grid (load_path_range)
     rev: bool = False  # _rows_sconv_kernel: the row tiles last to first (session 20)
     mf: bool = False  # _rows_sconv_kernel: the slot and map loads before the x rows (session 20)
+    order: bool | None = None  # lib/libcfg: the batch's decodes_last forced to this; None: as the case's order says
     bug: int = 0
 
 
@@ -1023,6 +1024,15 @@ VARIANTS += [
     for tag, desc, rev, mf in (("-rev", ", row tiles last to first", True, False),
                                ("-mf", ", slot and map loads before the x rows", False, True),
                                ("-mf-rev", ", slot and map loads first, row tiles last to first", True, True))
+]
+# Session 21: the library's row kernel with that compile (REVERSE, taken when the batch's
+# decodes_last says its decode rows come last), against its plain order on the same
+# batches, and forced on batches where the order cannot matter (prefill).
+VARIANTS += [
+    Variant("lib-rows-inorder 8x256/2w", "the library's row kernel, 8x256/2w, tiles first to last whatever the "
+            "batch's order", libcfg=(8, 256, 2, "rows"), order=False),
+    Variant("lib-rows-rev 8x256/2w", "the library's row kernel, 8x256/2w, the reversed compile (REVERSE) on "
+            "every batch", libcfg=(8, 256, 2, "rows"), order=True),
 ]
 # Session 14, not yet timed: the experimental row kernel's load path (tiles with decode
 # rows) as [8, SUB] channel chunks, one round trip a chunk instead of one a row
@@ -1218,15 +1228,16 @@ def _strided_weights(on: bool) -> Iterator[None]:
 
 def make_launch(v: Variant, tile: tuple[int, int, int] | None, weight: torch.Tensor, cache: torch.Tensor,
                 inp: bs.Inputs, off: int, width: int, out: torch.Tensor) -> Callable[[], Any]:
+    batch = inp.mapped if v.order is None else dataclasses.replace(inp.mapped, decodes_last=v.order)
     if v.lib:
-        return lambda: fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out)
+        return lambda: fused_sconv_triton(inp.x, weight, cache, batch, off, width, out=out)
     if v.libcfg:
         bt, bc, nw, kind = v.libcfg
         cfg = SconvConfig(block_t=bt, block_c=bc, num_warps=nw, rows=kind == "rows", tap_select=kind == "one-load")
 
         def launch() -> Any:
             with _strided_weights(v.strided_w):
-                return fused_sconv_triton(inp.x, weight, cache, inp.mapped, off, width, out=out, config=cfg)
+                return fused_sconv_triton(inp.x, weight, cache, batch, off, width, out=out, config=cfg)
         return launch
     assert tile is not None
     shift = rotation_shift(inp.tap_map[: inp.x.shape[0]], tile[0]) if v.rot else 0  # (before any timing)

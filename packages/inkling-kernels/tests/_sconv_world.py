@@ -37,16 +37,24 @@ needs_interpreter = pytest.mark.skipif(
 IMPLS = ("reference", pytest.param("triton", marks=needs_interpreter), pytest.param("triton_map", marks=needs_interpreter))
 
 
-def count_launches(monkeypatch: pytest.MonkeyPatch, module: object, kernel: str) -> list[tuple]:
+def count_launches(monkeypatch: pytest.MonkeyPatch, module: object, kernel: str,
+                   keyword: str | None = None) -> list[tuple]:
     """Record the grid of every launch of ``module.kernel`` (a ``@triton.jit`` function,
-    launched as ``kernel[grid](...)``) while the test runs; the launches still run."""
+    launched as ``kernel[grid](...)``) while the test runs, or with ``keyword`` the pair
+    (grid, the launch's argument of that name); the launches still run."""
     grids: list[tuple] = []
     real = getattr(module, kernel)
 
     class Counting:
         def __getitem__(self, grid: tuple) -> object:
-            grids.append(grid)
-            return real[grid]
+            if keyword is None:
+                grids.append(grid)
+                return real[grid]
+
+            def launch(*args: object, **kwargs: object) -> object:
+                grids.append((grid, kwargs.get(keyword)))
+                return real[grid](*args, **kwargs)
+            return launch
 
     monkeypatch.setattr(module, kernel, Counting())
     return grids
@@ -80,6 +88,7 @@ class Batch:
     block_size: int = 4
     kernel_size: int = 4
     num_prefill_tokens: int | None = None  # the batch's prompt-row hint (kernel choice only)
+    decodes_last: bool = False  # the batch's order hint (the row kernel's tile order only)
 
     def sconv(self, *, tap_map: torch.Tensor | None = None) -> SconvBatch:
         """The step's :class:`SconvBatch` (validated), optionally with a tap map."""
@@ -87,7 +96,7 @@ class Batch:
             positions=self.positions, block_table=self.block_table, seq_idx=self.seq_idx,
             slot_mapping=self.slot_mapping, query_start=self.query_start,
             block_size=self.block_size, kernel_size=self.kernel_size, tap_map=tap_map,
-            num_prefill_tokens=self.num_prefill_tokens,
+            num_prefill_tokens=self.num_prefill_tokens, decodes_last=self.decodes_last,
         )
 
 

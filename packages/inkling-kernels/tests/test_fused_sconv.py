@@ -388,10 +388,12 @@ def test_rows_hint_reaches_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     rows are mostly one prompt's takes the row kernel with it and the tiles without it;
     a batch of 8-row speculative requests the reverse; every launch against the
     reference and the cache oracle (``ROWS_MIN_TOKENS`` lowered to 64 for the
-    interpreter)."""
+    interpreter). The mixed batch (its prompt first) also carries ``decodes_last``,
+    which reaches the row kernel's launch as its ``REVERSE`` compile."""
     import inkling_kernels.sconv.kernel as K
+    from inkling_kernels import decodes_follow_prompts
 
-    calls = _count_row_launches(monkeypatch)
+    calls = _count_row_launches(monkeypatch, keyword="REVERSE")
     monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 64)
     world = PagedWorld(num_heads=2, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=300, seed=8)
     rng = random.Random(8)
@@ -404,18 +406,60 @@ def test_rows_hint_reaches_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
                 world.add_request(rid0 + i, history)
             batch = world.make_batch([(rid0 + i, n) for i, (_, n) in enumerate(plan)])
             batch.num_prefill_tokens = hint
+            batch.decodes_last = decodes_follow_prompts(n for _, n in plan)
+            assert batch.decodes_last == (plan is mixed)
             before = len(calls)
             world.run(batch, 0, "triton_map")
             took_rows = len(calls) > before
             assert took_rows == (hint is not None if plan is mixed else hint is None), (plan is mixed, hint)
+            assert [rev for _, rev in calls[before:]] == [plan is mixed] * took_rows
 
 
-def _count_row_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """The row kernel on by default, and a list that records each of its launches' grid."""
+@needs_interpreter
+@pytest.mark.parametrize("decodes", ["decode", "spec", "mixed"])
+def test_rows_kernel_decodes_last(decodes: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SconvBatch.decodes_last`` (the decode rows after the prompt rows): the row kernel
+    takes its tiles last to first, with its slot and map loads first (``REVERSE``), on
+    explicit tiles (the default: test_rows_hint_reaches_the_launch), against the
+    reference and the cache oracle on every stream its tiles divide; the hint is told
+    from the batch order (``decodes_follow_prompts``), and a wrong one (decodes first)
+    changes no result."""
+    import inkling_kernels.sconv.kernel as K
+    from inkling_kernels import decodes_follow_prompts
+    from inkling_kernels.sconv.kernel import SconvConfig
+
+    seen = count_launches(monkeypatch, K, "_rows_sconv_kernel", keyword="REVERSE")
+    for i, (bt, bc, nw, sub) in enumerate(ROWS_CONFIGS[:2]):
+        monkeypatch.setattr(K, "ROWS_LOAD_PATH_CHANNELS", sub)
+        for prompts_first in (True, False):
+            seed = 500 + 13 * i + 2 * ["decode", "spec", "mixed"].index(decodes) + prompts_first
+            rng = random.Random(seed)
+            world = PagedWorld(dtype=torch.bfloat16, seed=seed, num_blocks=120)
+            prompts = [(len(world.reqs) + j, rng.randint(40, 70)) for j in range(2)]
+            for rid, _ in prompts:
+                world.add_request(rid, rng.randint(0, 9))
+            tail = _trace(world, decodes, rng)
+            items = prompts + tail if prompts_first else tail + prompts
+            batch = world.make_batch(items, num_pad=rng.randint(0, 3))
+            # (the default threshold would call the trace's 3-row requests decodes too)
+            assert decodes_follow_prompts((n for _, n in items), decode_max_rows=9) == prompts_first
+            batch.decodes_last = True  # (told for the decodes-first batch too: it must not matter)
+            batch.num_prefill_tokens = sum(n for _, n in prompts)
+            for s, (_, width) in enumerate(world.streams):
+                if world.H * width % bc == 0:
+                    before = len(seen)
+                    world.run(batch, s, "triton_map", config=SconvConfig(block_t=bt, block_c=bc, num_warps=nw,
+                                                                         rows=True))
+                    assert [rev for _, rev in seen[before:]] == [True]
+
+
+def _count_row_launches(monkeypatch: pytest.MonkeyPatch, keyword: str | None = None) -> list[tuple]:
+    """The row kernel on by default, and a list that records each of its launches' grid
+    (and with ``keyword``, that launch argument: :func:`count_launches`)."""
     import inkling_kernels.sconv.kernel as K
 
     monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
-    return count_launches(monkeypatch, K, "_rows_sconv_kernel")
+    return count_launches(monkeypatch, K, "_rows_sconv_kernel", keyword)
 
 
 def _rows_rule_batch(world: PagedWorld, rng: random.Random) -> Batch:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from inkling_cache import BlockAllocator, BlockTables, OutOfBlocksError, ScheduledChunk, StepLayout, StepPlan
-from inkling_kernels import prefill_token_count
+from inkling_kernels import decodes_follow_prompts, prefill_token_count
 
 from .metadata import SconvMetadata, SconvMetadataBuilder
 from .state import ConvStateOwner
@@ -250,6 +250,7 @@ class PagedConvRuntime:
 
     def _build_metadata(self, layout: StepLayout, num_padded: int) -> SconvMetadata:
         """The conv layers' metadata over the staged buffers."""
+        query_lens = [b - a for a, b in zip(layout.query_start_loc, layout.query_start_loc[1:])]
         return self.builder.build(
             self.query_start_loc_buffer[: layout.num_requests + 1],
             self.slot_mapping_buffer[:num_padded],
@@ -259,7 +260,8 @@ class PagedConvRuntime:
             num_padded,
             block_size=self.block_size,
             positions=self.positions_buffer[:num_padded],
-            # the kernels' hint: rows of the requests of more than 16 rows (prompts)
-            num_prefill_tokens=prefill_token_count(
-                b - a for a, b in zip(layout.query_start_loc, layout.query_start_loc[1:])),
+            # the kernels' hints: rows of the requests of more than 16 rows (prompts), and
+            # whether the decodes follow them (the caller's order is kept)
+            num_prefill_tokens=prefill_token_count(query_lens),
+            decodes_last=decodes_follow_prompts(query_lens),
         )

@@ -657,6 +657,7 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
         OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
         x2_ptr=second.x, w2_ptr=second.weight2d, out2_ptr=second.out, stream_offset2=second.offset,
         STREAMS=len(streams),
+        REVERSE=batch.decodes_last,
         num_warps=cfg.num_warps,
         **pdl_launch(cfg.pdl, cache.device),
     )

@@ -43,21 +43,23 @@ to 61.4 (benchmarks/RESULTS_prefill_exp.md, session 14). The kernel is sensitive
 registers: a cap of 80 on the row-by-row version (Triton's ``maxnreg``; spills) made it
 1.44x slower, loading the next row's map codes early (+16 registers) 1.11x slower.
 
-The grid takes the row tiles in order (``pid_t = program_id(1)``). Other orders were
-measured and dropped (session 17): starting at the decode tiles behind a prompt gains
-0-2 % once written without a modulo, and any arithmetic on the program id before the
-first loads (a modulo 5-10 %, an add and a wrap 4-8 %) costs more than that on every
-launch; spreading the decode tiles over the grid is 12-15 % slower. Taking the tiles
-last to first, or from both ends alternately, costs 5-9 % where the order cannot matter
-(prefill) and does not bring a prompt-first mixed batch to the decodes-first one's time
-(session 20); but written with the tile's slot and map loads before its x rows, the
-experimental twin of this kernel took its tiles last to first at 0.1-0.6 % on prefill
-and ran a prompt-first mixed batch 4.7 % faster (benchmarks/RESULTS_prefill_exp.md,
-session 20, call 4): the next step for batches whose decodes come last. Two launches (the
-decode rows, then the prompt rows) cost their sum plus a boundary, and an L2 prefetch of
-every cache tap line of a load-path tile before its first chunk (inline PTX) changed the
-prompt-first mixed batch by 0.3 % (session 18): its decode tiles at the grid's end are
-not waiting on a chain of DRAM round trips.
+Tile order. The grid takes the row tiles first to last (``pid_t = program_id(1)``),
+unless the batch says its decode rows come after its prompt rows
+(``SconvBatch.decodes_last``): then last to first (``REVERSE``), so the load-path tiles
+of the decode rows, which wait on round trips, start with the launch instead of
+trailing it (the decodes-first order the vLLM plugin serves gets this for free). The
+reversed compile issues the tile's slot and map loads before its x rows: reversing
+alone cost 5-13 % on every launch, prefill included, because ptxas then scheduled the
+first loads worse (arithmetic on the program id before the first loads always cost
+about 1 µs a launch: a modulo 5-10 %, an add and a wrap 4-8 %, session 17); with the
+slot and map loads first the reversal cost 0.1-0.6 % on prefill and ran a prompt-first
+mixed batch (2048-token prompt, then 255 decodes) 4.7 % faster, in the experimental twin
+of this kernel (benchmarks/RESULTS_prefill_exp.md, session 20, call 4; the library
+compile: session 21). The slot and map loads first without the reversal cost 2-4 %, so
+the plain compile keeps its order. Also measured and dropped: spreading the decode tiles
+over the grid (12-15 % slower), two launches (decode rows, then prompt rows: their sum
+plus a boundary), an L2 prefetch of a load-path tile's cache tap lines (0.3 %, session
+18).
 
 x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
 cache offsets are int32 when every element of the cache lies below offset 2^31
@@ -258,6 +260,7 @@ def _rows_sconv_kernel(
     out2_ptr,
     stream_offset2,
     STREAMS: tl.constexpr,
+    REVERSE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # (as in the tile kernel)
@@ -271,16 +274,22 @@ def _rows_sconv_kernel(
             stream_offset = stream_offset2
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
+    if REVERSE:  # (the batch's decode rows come last: their tiles start first)
+        pid_t = tl.num_programs(1) - 1 - pid_t
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS
+    if REVERSE:  # the slot and map loads first: see the module docstring (tile order)
+        dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
+        regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
     # Every x row the tile reads, before any store: xs[j] is row t0 - (W - 1) + j.
     xs = ()
     for j in tl.static_range(ROWS + W - 1):
         xs = xs + (tl.load(x_ptr + ((t0 - (W - 1) + j) * SX + chan),
                            mask=(t0 - (W - 1) + j >= 0) & (t0 - (W - 1) + j < num_tokens), other=0.0),)
-    dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
-    regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
+    if not REVERSE:
+        dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
+        regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
     if WTILE:
         wts = weight_columns4(w_ptr, chan, stride_wc, BLOCK_C)
     else:
