@@ -84,6 +84,9 @@
 #            same run)
 #   s20d     (session 20) the experimental row kernel with its tiles last to first, with
 #            its slot and map loads before its x rows, and both, on prefill and mixed cases
+#   s21      (session 21) GPU tests of the row kernel's reversed compile (decodes_last), then the
+#            library's row kernel in its plain order, reversed, and as the batch says, on prefill
+#            and mixed cases of both orders
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -302,6 +305,12 @@ PY
     stage "GPU tests of the row kernels"
     gputests 240 "rows" 6
     layer 200 8
+    ;;
+  s21)
+    stage "GPU tests: the row kernel's reversed compile"
+    gputests 200 "decodes_last or rows-rev" 6
+    threshold 330 "lib,lib-rows-inorder 8x256/2w,lib-rows-rev 8x256/2w,rows2d-mf-rev 8x256/2w/s64" 80 \
+      --only "prefill 1024|tp8|part of the mix: prompt|2048 + 255|decodes + 2048|prefill 2048|1024 + 255|decodes + 1024"
     ;;
   s20d)
     threshold 200 "rows2d 8x256/2w/s64,rows2d-rev 8x256/2w/s64,rows2d-mf 8x256/2w/s64,rows2d-mf-rev 8x256/2w/s64" 60 \
