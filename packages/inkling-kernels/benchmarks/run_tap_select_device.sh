@@ -87,6 +87,7 @@
 #   s21      (session 21) GPU tests of the row kernel's reversed compile (decodes_last), then the
 #            library's row kernel in its plain order, reversed, and as the batch says, on prefill
 #            and mixed cases of both orders
+#   s21b     (.peer carried) the sweep (the standing, the peer in the same run), then the layer
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -311,6 +312,10 @@ PY
     gputests 200 "decodes_last or rows-rev" 6
     threshold 330 "lib,lib-rows-inorder 8x256/2w,lib-rows-rev 8x256/2w,rows2d-mf-rev 8x256/2w/s64" 80 \
       --only "prefill 1024|tp8|part of the mix: prompt|2048 + 255|decodes + 2048|prefill 2048|1024 + 255|decodes + 1024"
+    ;;
+  s21b)
+    sweep 200
+    layer 330 30
     ;;
   s20d)
     threshold 200 "rows2d 8x256/2w/s64,rows2d-rev 8x256/2w/s64,rows2d-mf 8x256/2w/s64,rows2d-mf-rev 8x256/2w/s64" 60 \
