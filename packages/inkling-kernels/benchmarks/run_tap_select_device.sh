@@ -88,6 +88,8 @@
 #            library's row kernel in its plain order, reversed, and as the batch says, on prefill
 #            and mixed cases of both orders
 #   s21b     (.peer carried) the sweep (the standing, the peer in the same run), then the layer
+#   s21c     (.peer carried) bench_sconv's two mixed cases under three seeds (placement of the
+#            cache blocks), then the threshold harness on the same cases
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -316,6 +318,15 @@ PY
   s21b)
     sweep 200
     layer 330 30
+    ;;
+  s21c)
+    for seed in 0 1 2; do
+      stage "bench_sconv mixed, seed $seed"
+      timeout 70 python3 $B/bench_sconv.py --peer-dir .peer --only "mixed" --reps 30 --hazard-launches 0 \
+        --seed $seed --json "$OUT/mixed_seed$seed.json" --md "$OUT/mixed_seed$seed.md" > "$OUT/mixed_seed$seed.log" 2>&1
+      grep "^| mixed" "$OUT/mixed_seed$seed.log" | cut -c1-200
+    done
+    threshold 120 "lib,lib-rows-inorder 8x256/2w" 20 --only "2048 + 255|decodes + 2048"
     ;;
   s20d)
     threshold 200 "rows2d 8x256/2w/s64,rows2d-rev 8x256/2w/s64,rows2d-mf 8x256/2w/s64,rows2d-mf-rev 8x256/2w/s64" 60 \
