@@ -90,6 +90,8 @@
 #   s21b     (.peer carried) the sweep (the standing, the peer in the same run), then the layer
 #   s21c     (.peer carried) bench_sconv's two mixed cases under three seeds (placement of the
 #            cache blocks), then the threshold harness on the same cases
+#   s21d     (.peer carried) the prompt-first mixed case after the 16k sliding K case alone, then
+#            every case without the sweep: where does the full sweep's slower figure come from?
 #   s14c     (.peer carried) GPU tests of the row kernel, the K+V launch and the mapped
 #            hazard paths, then the sweep
 #   layer    (.peer carried) bench_layer on global and sliding layers, the peer in the same run
@@ -327,6 +329,16 @@ PY
       grep "^| mixed" "$OUT/mixed_seed$seed.log" | cut -c1-200
     done
     threshold 120 "lib,lib-rows-inorder 8x256/2w" 20 --only "2048 + 255|decodes + 2048"
+    ;;
+  s21d)
+    for sel in "16384|mixed" "all"; do
+      only=(--only "$sel"); [ "$sel" = all ] && only=()
+      tag=${sel//|/_}
+      stage "bench_sconv ${sel}"
+      timeout 150 python3 $B/bench_sconv.py --peer-dir .peer "${only[@]}" --reps 30 --hazard-launches 0 \
+        --json "$OUT/b_$tag.json" --md "$OUT/b_$tag.md" > "$OUT/b_$tag.log" 2>&1
+      grep -E "^\| (mixed|prefill 16384)" "$OUT/b_$tag.log" | cut -c1-120
+    done
     ;;
   s20d)
     threshold 200 "rows2d 8x256/2w/s64,rows2d-rev 8x256/2w/s64,rows2d-mf 8x256/2w/s64,rows2d-mf-rev 8x256/2w/s64" 60 \
