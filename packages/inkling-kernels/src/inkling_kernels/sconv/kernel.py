@@ -637,7 +637,9 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
     """The row-register kernel on a launch that :func:`.rows_kernel.rows_unfit` passed:
     one launch for one stream, or for two (K and V) whose rows share a stride and whose
     weights share their strides (so their layout, ``WTILE``; the grid's third axis picks
-    the stream), else a launch each."""
+    the stream), else a launch each. A batch whose decodes follow its prompts
+    (``SconvBatch.decodes_last``) takes the compile that runs the row tiles last to first
+    (``REVERSE``: the decode rows' tiles start first; :mod:`.rows_kernel`, tile order)."""
     if len(streams) == 2 and (streams[0].x.stride(0) != streams[1].x.stride(0)
                               or streams[0].weight2d.stride() != streams[1].weight2d.stride()):
         for st in streams:
