@@ -156,7 +156,9 @@ def test_bad_decodes_last_hint(value: Any) -> None:
 
 def test_decodes_last_hint_travels_through_the_ops() -> None:
     """``op_args`` / ``split_op_args`` keep ``decodes_last`` (checked again in the fake
-    implementation: opcheck); the results do not depend on it."""
+    implementation: opcheck), and the op takes it (here the CPU reference, which ignores
+    it; the row kernel's reversed compile is checked in test_fused_sconv.py and
+    test_sconv_kv.py, interpreted)."""
     kw = _base()
     for flag in (False, True):
         back, rest = SconvBatch.split_op_args((*_batch(kw, decodes_last=flag).op_args(), "rest"), check=True)

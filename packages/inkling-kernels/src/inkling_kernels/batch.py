@@ -44,9 +44,10 @@ def prefill_token_count(query_lens: Iterable[int], decode_max_rows: int = PREFIL
 
 def decodes_follow_prompts(query_lens: Iterable[int], decode_max_rows: int = PREFILL_MIN_ROWS) -> bool:
     """:attr:`SconvBatch.decodes_last` of a step: whether it holds prompt rows and
-    decode rows (requests of more, and of at most, ``decode_max_rows`` rows: as in
-    :func:`prefill_token_count`) and every decode request comes after every prompt
-    request, from each request's row count in batch order."""
+    decode rows (requests of more than ``decode_max_rows`` rows, as in
+    :func:`prefill_token_count`, and of 1 to ``decode_max_rows`` rows) and every decode
+    request comes after every prompt request, from each request's row count in batch
+    order. Requests of no rows (padding) are ignored."""
     _check_decode_max_rows(decode_max_rows)
     seen_decode = seen_prompt = False
     for n in (int(q) for q in query_lens):
@@ -104,7 +105,9 @@ class SconvBatch:
             requests' row counts). The row-register kernel of ``fused_sconv`` and
             ``fused_sconv_kv`` then takes its row tiles last to first, so the decode
             rows' tiles, which wait on memory round trips, start first rather than
-            trail the launch. The vLLM plugin orders decodes first and never sets it.
+            trail the launch (the fused add/norm kernels ignore it). The vLLM plugin
+            orders decodes first, so it sets it only on steps that hold no decode
+            before a prompt and some after (rare).
 
     Construction validates every field (:func:`inkling_kernels.checks.check_batch`);
     the batch is immutable afterwards.
