@@ -37,7 +37,8 @@ import torch
 import triton
 
 from inkling_kernels import (
-    SconvBatch, decodes_follow_prompts, fused_sconv, fused_sconv_vllm, prefill_token_count, sconv_seq_metadata, sconv_tap_map,
+    SconvBatch, decodes_follow_prompts, fused_sconv, fused_sconv_vllm, prefill_token_count, sconv_seq_metadata,
+    sconv_tap_map,
 )
 from inkling_kernels.sconv.kernel import SconvConfig, choose_config, fused_sconv_triton
 
