@@ -207,7 +207,11 @@ def paged_rel_attention(
 
         if meta.query_start_loc is not None and meta.seq_lens is not None:
             query_start, seq_lens = meta.query_start_loc, meta.seq_lens
-        extra["max_seq_len"] = meta.max_seq_len
+        # The host bound only tunes the key split. A captured CUDA graph replays its
+        # launch for every later batch of its size, so the capture takes the split
+        # the shapes alone give (any context length).
+        capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        extra["max_seq_len"] = None if capturing else meta.max_seq_len
     else:
         attend, write = paged_rel_attention_op, write_kv
     write(k, v, key_cache, value_cache, meta.slot_mapping)

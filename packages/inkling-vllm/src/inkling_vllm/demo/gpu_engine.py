@@ -1,0 +1,577 @@
+"""Serve Inkling through the plugin on a machine with CUDA vLLM: parity and throughput.
+
+Three modes, each writing JSON (and ``report`` a Markdown table of them):
+
+``reference CKPT OUT.json``
+    transformers' greedy tokens (float32, no cache) for every parity scenario's
+    prompts. Needs transformers with Inkling (>= 5.19); runs anywhere (CPU is fine),
+    so the GPU machine needs no transformers of its own.
+
+``parity CKPT REF.json OUT.json [--engines NAME ...]``
+    Serves ``CKPT`` (the tiny checkpoint of ``inkling_vllm.demo.tiny``) in one fresh
+    process per engine of :data:`ENGINES` (CUDA graphs on and off, the tail and the
+    window conv-state managers, asynchronous and synchronous scheduling, float32 with
+    TF32 off and bfloat16, a small KV pool, n-gram drafts), runs each engine's
+    scenarios and compares the tokens with ``REF.json``. Per engine it records the
+    resolved CUDA-graph mode, the graph replays by kind (full / piecewise), the
+    kernels warmed up at start-up, every Triton compile after start-up (there should
+    be none), and the counters that show each feature ran (prefix-cache hits,
+    preemptions, drafted and accepted tokens, chunked prompts).
+
+``bench OUT.json [--cases NAME ...]``
+    A 4-layer model at the released layer widths (:func:`bench_config`; random
+    bfloat16 weights drawn by vLLM's dummy loader on the GPU, no checkpoint moved):
+    prefill tokens/s and time to first token for 8k prompts, decode step time and
+    tokens/s at 1, 64 and 256 concurrent requests over 1k-8k contexts, with CUDA graphs
+    on and off, and the share of decode-step wall time outside kernels (profiler).
+
+    python -m inkling_vllm.demo.gpu_engine reference CKPT ref.json
+    python -m inkling_vllm.demo.gpu_engine parity CKPT ref.json parity.json
+    python -m inkling_vllm.demo.gpu_engine bench bench.json
+    python -m inkling_vllm.demo.gpu_engine report parity.json bench.json > report.md
+
+Every engine runs in its own process with vLLM's engine core in that process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the counters above can be read from the
+model runner directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+VOCAB_LO, VOCAB_HI = 3, 272  # the tiny model's real token ids (bytes; no specials)
+
+
+# --- scenarios ---------------------------------------------------------------------
+def prompts(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n)] for n in lengths]
+
+
+def _repetitive(seed: int, periods: list[int], length: int) -> list[list[int]]:
+    return [(p * (length // len(p) + 1))[:length] for p in prompts(seed, periods)]
+
+
+#: name -> (prompts, max_tokens, how they are sent). "together": one generate call;
+#: "first-then-rest": the first prompt alone, then the rest (prefix hits);
+#: "same-step": all queued before the first step (same-step prefix duplicates).
+SCENARIOS: dict[str, tuple[list[list[int]], int, str]] = {
+    # requests of many lengths decoding side by side; graphs replay as they finish
+    "batched": (prompts(1, [5, 9, 17, 33, 41, 60, 3, 12, 25, 48, 7, 30]), 24, "together"),
+    # prompts longer than the small budget: prefilled in chunks, mixed with decodes
+    "chunked": (prompts(2, [150, 77, 203, 9, 131]), 12, "together"),
+    # a shared 300-token prefix (past the window and the relative extent), then tails
+    "prefix": ([prompts(3, [300])[0] + t for t in prompts(4, [1, 5, 17, 40])], 10, "first-then-rest"),
+    # one fresh prompt twice in the same step: the second hits blocks the first writes
+    "same_step": (prompts(5, [333]) * 2, 10, "same-step"),
+    # more long requests than a small KV pool holds: preempted and recomputed
+    "preemption": (prompts(7, [180, 120, 160, 140, 200, 190, 170, 150]), 40, "together"),
+    # repetitive prompts give the n-gram proposer drafts the random model mostly rejects
+    "spec": (_repetitive(8, [7, 11, 5, 9], 42) + prompts(9, [40, 90]), 24, "together"),
+}
+
+_BASE: dict[str, Any] = dict(disable_log_stats=False, max_model_len=1024, max_num_batched_tokens=64, max_num_seqs=16, seed=0,
+                             enable_prefix_caching=True, gpu_memory_utilization=0.3)
+_FULL = ["batched", "chunked", "prefix", "same_step"]
+
+#: name -> (LLM keyword arguments, environment, scenarios).
+ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
+    "graphs": ({}, {}, _FULL),
+    "eager": ({"enforce_eager": True}, {}, _FULL),
+    "window": ({}, {"INKLING_CONV_STATE": "window"}, _FULL),
+    "sync": ({"async_scheduling": False}, {}, _FULL),
+    "preempt": ({"num_gpu_blocks_override": 48}, {}, ["preemption"]),
+    "spec": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}}, {}, ["spec", "batched"]),
+    "window-spec": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4}},
+                    {"INKLING_CONV_STATE": "window"}, ["spec"]),
+    "bf16": ({"dtype": "bfloat16"}, {}, ["batched"]),
+}
+
+
+# --- reference (transformers) --------------------------------------------------------
+def cmd_reference(args: argparse.Namespace) -> int:
+    from .parity import HfReference
+    from .tiny import reference_checkpoint
+
+    ref = HfReference(reference_checkpoint(Path(args.checkpoint)))
+    out: dict[str, Any] = {}
+    for name, (ps, max_tokens, _) in SCENARIOS.items():
+        start = time.time()
+        tokens = [ref.greedy(p, max_tokens) for p in ps]
+        # teacher-forced logprobs of prompt + greedy tokens (the bfloat16 bound)
+        logprobs = [ref.token_logprobs(p + t) for p, t in zip(ps, tokens)]
+        out[name] = {"tokens": tokens, "logprobs": logprobs}
+        print(f"reference {name}: {len(ps)} prompts in {time.time() - start:.1f} s", flush=True)
+    Path(args.out).write_text(json.dumps(out))
+    return 0
+
+
+# --- engine-side instrumentation -----------------------------------------------------
+class Counters:
+    """Graph replays by the forward's runtime mode, and Triton compiles (with kernel
+    names) once :meth:`arm` is called (after the engine finished starting up)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.replays: dict[str, int] = {}
+        self.compiles: list[str] = []
+        self._armed = False
+        original = torch.cuda.CUDAGraph.replay
+        counters = self
+
+        def replay(graph: Any) -> Any:
+            from vllm.forward_context import get_forward_context, is_forward_context_available
+
+            mode = "other"
+            if is_forward_context_available():
+                mode = str(getattr(get_forward_context(), "cudagraph_runtime_mode", "other")).split(".")[-1]
+            counters.replays[mode] = counters.replays.get(mode, 0) + 1
+            return original(graph)
+
+        torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
+
+    def arm(self) -> None:
+        """Record every Triton compile from now on (chained before vLLM's monitor)."""
+        from triton import knobs
+
+        previous = knobs.runtime.jit_post_compile_hook
+        counters = self
+
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            fn = kwargs.get("fn") or (args[0] if args else None)
+            name = getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)[:80]
+            counters.compiles.append(str(name))
+            return previous(*args, **kwargs) if previous is not None else None
+
+        knobs.runtime.jit_post_compile_hook = hook
+        self.replays.clear()
+
+
+def _runner(llm: Any) -> Any:
+    core = llm.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner
+
+
+def _metric(llm: Any, name: str) -> float:
+    total = 0.0
+    for m in llm.get_metrics():
+        if m.name in (name, name + "_total") and hasattr(m, "value"):
+            total += float(m.value)
+    return total
+
+
+def _engine_facts(llm: Any, counters: Counters) -> dict[str, Any]:
+    from .diagnostics import describe_conv_state
+
+    runner = _runner(llm)
+    cfg = llm.llm_engine.vllm_config
+    layers = describe_conv_state(runner.get_model())
+    return {
+        "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode).split(".")[-1],
+        "async_scheduling": bool(getattr(cfg.scheduler_config, "async_scheduling", False)),
+        "conv_managers": sorted({layer["conv_manager"] for layer in layers["layers"]}),
+        "graph_replays": dict(counters.replays),
+        "compiles_after_startup": list(counters.compiles),
+        "warmed_shape_classes": int(getattr(runner, "_inkling_warmed", -1)),
+    }
+
+
+def _generate(llm: Any, ps: list[list[int]], max_tokens: int, how: str, logprobs: bool) -> list[Any]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            logprobs=0 if logprobs else None, prompt_logprobs=0 if logprobs else None)
+    if how == "first-then-rest":
+        return [*_generate(llm, ps[:1], max_tokens, "together", logprobs),
+                *_generate(llm, ps[1:], max_tokens, "together", logprobs)]
+    if how == "same-step":
+        engine = llm.llm_engine
+        for i, p in enumerate(ps):
+            engine.add_request(f"same-step-{i}", {"prompt_token_ids": p}, params)
+        done: dict[str, Any] = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    done[o.request_id] = o
+        return [next(o for rid, o in done.items() if rid.startswith(f"same-step-{i}")) for i in range(len(ps))]
+    return list(llm.generate([{"prompt_token_ids": p} for p in ps], params, use_tqdm=False))
+
+
+def _teacher_logprobs(out: Any) -> list[float]:
+    """Logprobs of the prompt's tokens after the first, then of the generated ones."""
+    ids = list(out.prompt_token_ids)
+    lp = [float(e[ids[i]].logprob) for i, e in enumerate(out.prompt_logprobs) if i > 0]
+    gen = out.outputs[0]
+    return lp + [float(e[t].logprob) for t, e in zip(gen.token_ids, gen.logprobs)]
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    """One engine (a child of ``parity``): its scenarios, as JSON on stdout's last line."""
+    kwargs, env, names = ENGINES[args.engine]
+    os.environ.update(env)
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    counters = Counters()
+    from vllm import LLM
+
+    if args.break_split:  # the deliberate break: conv ops captured inside piecewise graphs
+        from .. import attention
+
+        attention.METADATA_OPS = (attention.ATTENTION_OP,)
+    settings = {**_BASE, "dtype": "float32", **kwargs}
+    started = time.time()
+    llm = LLM(model=args.checkpoint, **settings)
+    startup = time.time() - started
+    counters.arm()
+    result: dict[str, Any] = {"engine": args.engine, "settings": {k: str(v) for k, v in settings.items()},
+                              "env": env, "startup_s": round(startup, 1), "scenarios": {}}
+    for name in names:
+        ps, max_tokens, how = SCENARIOS[name]
+        before = {m: _metric(llm, m) for m in _COUNTERS}
+        outs = _generate(llm, ps, max_tokens, how, logprobs=settings["dtype"] != "float32")
+        record: dict[str, Any] = {
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "num_cached_tokens": [int(o.num_cached_tokens or 0) for o in outs],
+            **{m.split(":")[-1]: _metric(llm, m) - before[m] for m in _COUNTERS},
+        }
+        if settings["dtype"] != "float32":
+            record["logprobs"] = [_teacher_logprobs(o) for o in outs]
+        result["scenarios"][name] = record
+    result.update(_engine_facts(llm, counters))
+    from .diagnostics import shutdown_llm
+
+    shutdown_llm(llm)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+_COUNTERS = ("vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:spec_decode_num_draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens")
+
+
+def _child(argv: list[str], timeout: float) -> tuple[dict[str, Any] | None, str]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([sys.executable, "-m", "inkling_vllm.demo.gpu_engine", *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):]), tail
+    return None, tail
+
+
+def compare(record: dict[str, Any], reference: dict[str, Any], name: str) -> dict[str, Any]:
+    """Greedy tokens against transformers (float32 engines: every sequence identical);
+    bfloat16: teacher-forced logprobs of the engine's own tokens, worst difference."""
+    ref = reference[name]
+    got = record["tokens"]
+    same = sum(1 for a, b in zip(got, ref["tokens"]) if list(a) == list(b))
+    out = {"sequences": len(ref["tokens"]), "identical": same}
+    if "logprobs" in record:
+        worst, first_diverge = 0.0, []
+        for lp, rlp, a, b in zip(record["logprobs"], ref["logprobs"], got, ref["tokens"]):
+            k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+            n = len(rlp) - len(b) + k  # positions before the first differing token
+            worst = max([worst, *(abs(x - y) for x, y in zip(lp[:n], rlp[:n]))])
+            first_diverge.append(k)
+        out.update(max_abs_dlogprob=worst, first_divergence=first_diverge)
+    return out
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    reference = json.loads(Path(args.reference).read_text())
+    names = args.engines or list(ENGINES)
+    results: dict[str, Any] = {"reference": args.reference, "engines": {}}
+    ok = True
+    for name in names:
+        start = time.time()
+        extra = ["--break-split"] if name.endswith("+break") else []
+        engine = name.removesuffix("+break")
+        rec, tail = _child(["engine", engine, args.checkpoint, *extra], timeout=args.timeout)
+        if rec is None:
+            results["engines"][name] = {"error": tail}
+            print(f"{name}: FAILED to run\n{tail}", flush=True)
+            ok = False
+            continue
+        for sc, data in rec["scenarios"].items():
+            data["parity"] = compare(data, reference, sc)
+        rec["wall_s"] = round(time.time() - start, 1)
+        results["engines"][name] = rec
+        verdicts = {sc: f"{d['parity']['identical']}/{d['parity']['sequences']}" for sc, d in rec["scenarios"].items()}
+        print(f"{name}: {verdicts} graphs={rec['cudagraph_mode']} replays={rec['graph_replays']} "
+              f"async={rec['async_scheduling']} conv={rec['conv_managers']} "
+              f"compiles={len(rec['compiles_after_startup'])} ({rec['wall_s']} s)", flush=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0 if ok else 1
+
+
+# --- throughput at released widths ---------------------------------------------------
+def bench_config(vocab: int = 32768) -> dict[str, Any]:
+    """A release-layout ``config.json`` at the released layer widths, 4 layers:
+    dense-sliding, dense-global, MoE-sliding, MoE-global. Hidden 6144; 64 query heads
+    of 128; 8 KV heads on global layers, 16 on sliding ones (window 512); ``d_rel``
+    16 reaching 1024 tokens back; MoE of 8 routed experts of width 3072, top 6, plus 2
+    shared sink experts; dense MLP width 24576; conv kernel 4."""
+    text = {
+        "vocab_size": vocab, "unpadded_vocab_size": vocab - 64, "hidden_size": 6144, "num_hidden_layers": 4,
+        "local_layer_ids": [0, 2], "dense_mlp_idx": 2,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+        "swa_num_attention_heads": 64, "swa_num_key_value_heads": 16, "swa_head_dim": 128,
+        "sliding_window_size": 512, "d_rel": 16, "rel_extent": 1024,
+        "log_scaling_n_floor": 64, "log_scaling_alpha": 0.1, "sconv_kernel_size": 4,
+        "intermediate_size": 3072, "dense_intermediate_size": 24576, "n_routed_experts": 8,
+        "num_experts_per_tok": 6, "n_shared_experts": 2, "route_scale": 8.0, "rms_norm_eps": 1e-6,
+        "hidden_act": "silu", "logits_mup_width_multiplier": 24.0, "num_nextn_predict_layers": 0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "use_sconv": True,
+        "use_embed_norm": True, "use_gate_bias": True, "use_global_scale": True, "shared_expert_sink": True,
+        "gate_activation": "sigmoid", "norm_after_topk": True, "inference_moe_w13_interleaved": True,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "dtype": "bfloat16",
+    }
+    return {"model_type": "inkling_mm_model", "architectures": ["InklingForConditionalGeneration"],
+            "dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "text_config": text,
+            "vision_config": {"patch_size": 2, "temporal_patch_size": 2, "num_hidden_layers": 3, "num_channels": 1},
+            "audio_config": {"n_mel_bins": 2, "mel_vocab_size": 4}}
+
+
+#: (concurrent requests, context tokens) of the decode cases.
+DECODE_CASES = [(1, 1024), (1, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 4096)]
+
+
+def _step_until(engine: Any, done: Callable[[], bool], limit: int = 100000) -> list[float]:
+    times = []
+    for _ in range(limit):
+        if done():
+            break
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _busy_share(prof: Any) -> dict[str, float]:
+    """From a profiler trace: kernel time (union of kernel intervals) over the span from
+    the first kernel's start to the last one's end."""
+    spans = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
+            tr = e.time_range
+            if tr.end > tr.start:
+                spans.append((tr.start, tr.end))
+    if not spans:
+        return {"kernels": 0}
+    spans.sort()
+    busy, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    wall = spans[-1][1] - spans[0][0]
+    return {"kernels": len(spans), "span_us": wall, "busy_us": busy, "outside_kernels": 1 - busy / wall}
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    import torch
+    from vllm import LLM, SamplingParams
+
+    counters = Counters()
+    folder = Path(args.workdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(bench_config()))
+    graphs = args.graphs == "on"
+    started = time.time()
+    llm = LLM(model=str(folder), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=8192 + 256, max_num_seqs=256, max_num_batched_tokens=8192,
+              enable_prefix_caching=False, gpu_memory_utilization=0.85, enforce_eager=not graphs, seed=0)
+    startup = time.time() - started
+    counters.arm()
+    engine = llm.llm_engine
+    rng = random.Random(0)
+    vocab = bench_config()["text_config"]["unpadded_vocab_size"]
+    out: dict[str, Any] = {"graphs": args.graphs, "startup_s": round(startup, 1), "decode": [], "prefill": {}}
+    seq = [0]
+
+    def add(n: int, length: int, max_tokens: int) -> list[str]:
+        ids = []
+        for _ in range(n):
+            seq[0] += 1
+            rid = f"r{seq[0]}"
+            engine.add_request(rid, {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]},
+                               SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+            ids.append(rid)
+        return ids
+
+    # prefill: 8k prompts one after another (each step one whole prompt), and TTFT
+    ttft = []
+    for _ in range(4):
+        add(1, 8192, 1)
+        t0 = time.perf_counter()
+        _step_until(engine, lambda: not engine.has_unfinished_requests())
+        ttft.append(time.perf_counter() - t0)
+    ttft = ttft[1:]
+    out["prefill"] = {"prompt": 8192, "ttft_ms_median": 1e3 * statistics.median(ttft),
+                      "tokens_per_s": 8192 / statistics.median(ttft)}
+    print(f"prefill 8k: TTFT {out['prefill']['ttft_ms_median']:.1f} ms", flush=True)
+    for conc, ctx in DECODE_CASES:
+        ids = add(conc, ctx, 10_000)
+        # prefill them all, then a few decode steps to settle
+        produced: dict[str, int] = {}
+
+        def all_decoding() -> bool:
+            return len(produced) >= conc
+
+        for _ in range(100000):
+            if all_decoding():
+                break
+            for o in engine.step():
+                if o.outputs and len(o.outputs[0].token_ids) > 0:
+                    produced[o.request_id] = 1
+        _step_until(engine, lambda: False, limit=5)
+        steps = _step_until(engine, lambda: False, limit=args.steps)
+        case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps)}
+        case["tokens_per_s"] = conc / (case["step_ms_median"] / 1e3)
+        if conc in (64, 256) and ctx == 1024:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                _step_until(engine, lambda: False, limit=10)
+                torch.cuda.synchronize()
+            case["profile"] = _busy_share(prof)
+        engine.abort_request(ids)
+        _step_until(engine, lambda: not engine.has_unfinished_requests(), limit=50)
+        out["decode"].append(case)
+        print(f"decode {conc} x {ctx}: {case['step_ms_median']:.2f} ms/step, {case['tokens_per_s']:.0f} tok/s "
+              f"{case.get('profile', '')}", flush=True)
+    out.update(_engine_facts(llm, counters))
+    from .diagnostics import shutdown_llm
+
+    shutdown_llm(llm)
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {"device": _device(), "cases": {}}
+    for graphs in args.graphs:
+        rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps)],
+                           timeout=args.timeout)
+        results["cases"][f"graphs-{graphs}"] = rec if rec is not None else {"error": tail}
+        print(tail if rec is None else f"graphs {graphs}: done", flush=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _device() -> dict[str, str]:
+    import torch
+
+    info = {"torch": torch.__version__}
+    try:
+        import triton
+        import vllm
+
+        info.update(triton=triton.__version__, vllm=vllm.__version__)
+    except Exception:
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+# --- report ----------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace) -> int:
+    lines = []
+    if args.parity:
+        par = json.loads(Path(args.parity).read_text())
+        lines += ["| engine | graphs | async | conv | scenarios identical / sequences | replays full / piecewise "
+                  "| JIT after start-up | counters |", "|---|---|---|---|---|---|---|---|"]
+        for name, rec in par["engines"].items():
+            if "error" in rec:
+                lines.append(f"| {name} | failed to run | | | | | | |")
+                continue
+            sc = ", ".join(f"{s} {d['parity']['identical']}/{d['parity']['sequences']}"
+                           + (f" (max dlogprob {d['parity']['max_abs_dlogprob']:.2e})"
+                              if "max_abs_dlogprob" in d["parity"] else "")
+                           for s, d in rec["scenarios"].items())
+            r = rec["graph_replays"]
+            cnt = {k: sum(d.get(k, 0) for d in rec["scenarios"].values())
+                   for k in ("prefix_cache_hits", "num_preemptions", "spec_decode_num_draft_tokens",
+                             "spec_decode_num_accepted_tokens")}
+            lines.append(f"| {name} | {rec['cudagraph_mode']} | {rec['async_scheduling']} | "
+                         f"{'/'.join(rec['conv_managers'])} | {sc} | {r.get('FULL', 0)} / {r.get('PIECEWISE', 0)} | "
+                         f"{len(rec['compiles_after_startup'])} | "
+                         + ", ".join(f"{k} {int(v)}" for k, v in cnt.items() if v) + " |")
+    if args.bench:
+        b = json.loads(Path(args.bench).read_text())
+        lines += ["", f"device: {b.get('device')}", "",
+                  "| graphs | case | step ms | tokens/s | outside kernels |", "|---|---|---|---|---|"]
+        for name, rec in b["cases"].items():
+            if "error" in rec:
+                lines.append(f"| {name} | failed | | | |")
+                continue
+            p = rec["prefill"]
+            lines.append(f"| {name} | prefill 8k (TTFT) | {p['ttft_ms_median']:.1f} | {p['tokens_per_s']:.0f} | |")
+            for c in rec["decode"]:
+                prof = c.get("profile", {})
+                share = f"{prof['outside_kernels']:.1%}" if "outside_kernels" in prof else ""
+                lines.append(f"| {name} | decode {c['concurrency']} x {c['context']} | {c['step_ms_median']:.2f} | "
+                             f"{c['tokens_per_s']:.0f} | {share} |")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inkling_vllm.demo.gpu_engine",
+                                     description="Parity and throughput of the Inkling plugin on a CUDA vLLM engine.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("reference", help="transformers' greedy tokens for the parity scenarios")
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    p = sub.add_parser("parity", help="serve the tiny checkpoint in every engine setting; compare")
+    p.add_argument("checkpoint")
+    p.add_argument("reference")
+    p.add_argument("out")
+    p.add_argument("--engines", nargs="*", help=f"of {sorted(ENGINES)}; NAME+break: the deliberate break")
+    p.add_argument("--timeout", type=float, default=240)
+    p = sub.add_parser("engine", help="(internal) one parity engine")
+    p.add_argument("engine", choices=sorted(ENGINES))
+    p.add_argument("checkpoint")
+    p.add_argument("--break-split", action="store_true")
+    p = sub.add_parser("bench", help="throughput at the released layer widths")
+    p.add_argument("out")
+    p.add_argument("--graphs", nargs="*", default=["on", "off"], choices=["on", "off"])
+    p.add_argument("--workdir", default="/tmp/inkling-bench-model")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=400)
+    p = sub.add_parser("bench-engine", help="(internal) one bench engine")
+    p.add_argument("graphs", choices=["on", "off"])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--steps", type=int, default=20)
+    p = sub.add_parser("report", help="Markdown tables of parity / bench JSON")
+    p.add_argument("--parity")
+    p.add_argument("--bench")
+    args = parser.parse_args(argv)
+    commands = {"reference": cmd_reference, "parity": cmd_parity, "engine": cmd_engine, "bench": cmd_bench,
+                "bench-engine": cmd_bench_engine, "report": cmd_report}
+    return commands[args.cmd](args)
+
+
+if __name__ == "__main__":
+    from .diagnostics import exit_without_teardown
+
+    exit_without_teardown(main())

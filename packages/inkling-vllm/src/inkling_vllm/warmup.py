@@ -1,0 +1,242 @@
+"""Compile every Triton kernel the Inkling model launches before the first request.
+
+Triton compiles a kernel the first time it meets a new set of compile-time values;
+the model's kernels take theirs from host-side tile rules over the batch's shape
+(rows, requests, the longest context), so a server that meets a new shape class
+while serving stalls for the compile. vLLM warms its own kernels and captures its
+CUDA graphs at start-up; :func:`warm_up_kernels` adds one eager forward of the model
+(no graph, metadata built by the model's own backends, every slot ``-1``: nothing is
+written to the caches) for each shape class the tile rules distinguish, right after
+vLLM's own kernel warm-up and before its graph capture and JIT monitor.
+
+The plugin installs it (:func:`install_warmup_hook`); :func:`warmup_batches` is the
+pure shape-class logic (tested on the CPU against the tile rules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "WarmupBatch",
+    "attention_signature",
+    "candidate_batches",
+    "install_warmup_hook",
+    "warm_up_kernels",
+    "warmup_batches",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WarmupBatch:
+    """One dummy forward of ``num_tokens`` rows over ``num_reqs`` requests, each with a
+    context of ``seq_len`` tokens (this step's rows included), shared as vLLM's dummy
+    runs share them (``kind``):
+
+    * ``"even"``: equal rows per request, the remainder on the last one;
+    * ``"uniform"``: a uniform decode batch (every request the same decode length), the
+      shape of vLLM's full-graph decode steps;
+    * ``"mixed"``: ``num_reqs - 1`` one-row decodes, then one prompt of the rest.
+    """
+
+    num_tokens: int
+    num_reqs: int
+    seq_len: int
+    kind: str = "even"
+
+    @property
+    def max_query_len(self) -> int:
+        if self.kind == "mixed":
+            return self.num_tokens - (self.num_reqs - 1)
+        return self.num_tokens // self.num_reqs + self.num_tokens % self.num_reqs
+
+    @property
+    def prompt_rows(self) -> int:
+        """Rows of requests longer than a decode (the conv kernels' prefill hint)."""
+        if self.kind == "mixed":
+            return self.max_query_len if self.max_query_len > 16 else 0
+        return self.num_tokens if self.max_query_len > 16 else 0
+
+
+def _sizes(limit: int) -> list[int]:
+    """1, 2, 3 and every ``2**k`` and ``3 * 2**k`` up to ``limit``, and ``limit``."""
+    out = {1, 2, 3, limit}
+    k = 1
+    while k <= limit:
+        out.update(s for s in (k, 3 * k) if s <= limit)
+        k *= 2
+    return sorted(out)
+
+
+def candidate_batches(max_tokens: int, max_reqs: int, max_seq_len: int, decode_len: int = 1) -> list[WarmupBatch]:
+    """Batches spanning the shapes an engine serves: every size of :func:`_sizes`
+    (up to ``max_tokens``) as one prompt, as requests of 1, 8, 9 and 16 rows, as two
+    requests, as uniform decodes of ``decode_len`` rows, and as one prompt after one
+    decode or after as many decodes as it has rows (at most ``max_reqs - 1``); each with
+    the shortest context it allows and with contexts of every power of two from 64 to
+    ``max_seq_len`` (and ``max_seq_len``)."""
+    for name, value in (("max_tokens", max_tokens), ("max_reqs", max_reqs), ("max_seq_len", max_seq_len),
+                        ("decode_len", decode_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    contexts = [s for s in _sizes(max_seq_len) if s >= 64 and s & (s - 1) == 0] + [max_seq_len]
+    out: set[WarmupBatch] = set()
+    for t in _sizes(max_tokens):
+        shapes = {(r, "even") for r in (1, 2, t, -(-t // 8), -(-t // 9), -(-t // 16)) if 1 <= r <= min(t, max_reqs)}
+        if t % decode_len == 0 and t // decode_len <= max_reqs:
+            shapes.add((t // decode_len, "uniform"))
+        if t >= 4:
+            shapes.update((d + 1, "mixed") for d in (1, min(max_reqs - 1, t // 2)) if 1 <= d <= t // 2)
+        for r, kind in shapes:
+            shortest = WarmupBatch(t, r, 1, kind).max_query_len
+            for s in {shortest, *contexts}:
+                if shortest <= s <= max_seq_len:
+                    out.add(WarmupBatch(t, r, s, kind))
+    return sorted(out, key=_order)
+
+
+def _order(b: WarmupBatch) -> tuple[int, int, int, str]:
+    return (b.num_tokens, b.num_reqs, b.seq_len, b.kind)
+
+
+def conv_signature(batch: WarmupBatch) -> Hashable:
+    """The conv kernels' shape class: their tile rules switch at powers of two of the
+    rows, the requests, the rows per request and the prompt rows (16-row tiles,
+    launches of >= 1024 rows with >= 8 rows a request, the <= 16-row norm path); the
+    two leading bits of the row count also separate vLLM's fused-MoE size buckets
+    (``2**k`` and ``3 * 2**(k-1)``)."""
+    t, r = batch.num_tokens, batch.num_reqs
+    lead = t >> max(0, t.bit_length() - 2)
+    return (t.bit_length(), lead, r.bit_length(), (t // r).bit_length(), batch.prompt_rows.bit_length(), min(t, 17))
+
+
+def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], Hashable]:
+    """A batch's relative-attention shape class: the tile configs the kernels' rule
+    (``inkling_kernels.rel_attention.choose_rel_attention_config``) picks for each of
+    ``problems`` (``RelAttentionProblem`` templates: the model's layer kinds) at the
+    batch's rows, requests and longest context."""
+    import dataclasses
+
+    from inkling_kernels.rel_attention.kernel import choose_rel_attention_config
+
+    def signature(batch: WarmupBatch) -> Hashable:
+        return tuple(
+            choose_rel_attention_config(
+                dataclasses.replace(p, num_rows=batch.num_tokens, num_reqs=batch.num_reqs), device, batch.seq_len
+            )
+            for p in problems
+        )
+
+    return signature
+
+
+def warmup_batches(
+    candidates: Sequence[WarmupBatch], signature: Callable[[WarmupBatch], Hashable]
+) -> list[WarmupBatch]:
+    """The first candidate (fewest rows, then requests, then context) of each distinct
+    ``(signature, conv_signature, kind == "uniform")``: one forward per shape class."""
+    seen: dict[Hashable, WarmupBatch] = {}
+    for batch in sorted(candidates, key=_order):
+        seen.setdefault((signature(batch), conv_signature(batch), batch.kind == "uniform"), batch)
+    return list(seen.values())
+
+
+# --- vLLM side ---------------------------------------------------------------------
+def _attention_problems(model: Any) -> list[Any]:
+    """``RelAttentionProblem`` templates of the model's attention layer kinds (one per
+    distinct shape: global and sliding layers)."""
+    from inkling_kernels.rel_attention.kernel import RelAttentionProblem
+    from inkling_model import InklingRelAttention
+
+    problems = set()
+    for module in model.modules():
+        if isinstance(module, InklingRelAttention) and module.owner.is_bound:
+            o = module.owner
+            problems.add(RelAttentionProblem(
+                num_rows=1, num_reqs=1, num_q_heads=o.num_heads, num_kv_heads=o.num_kv_heads,
+                head_dim=o.head_dim, d_rel=module.d_rel, extent=module.extent, block_size=o.block_size,
+                scale=o.scale, window=o.window, log_scaling=o.log_scaling,
+            ))
+    return sorted(problems, key=repr)
+
+
+@contextlib.contextmanager
+def _max_num_seqs(scheduler_config: Any, value: int) -> Iterator[None]:
+    """vLLM's dummy runs spread their rows over ``min(rows, max_num_seqs)`` requests."""
+    saved = scheduler_config.max_num_seqs
+    scheduler_config.max_num_seqs = value
+    try:
+        yield
+    finally:
+        scheduler_config.max_num_seqs = saved
+
+
+def warm_up_kernels(runner: Any) -> int:
+    """Run one eager dummy forward of the Inkling model per shape class (see the
+    module docstring) on vLLM's GPU model runner; returns the forwards run (0 when the
+    model is not the plugin's Inkling or the device is not CUDA)."""
+    from vllm.config import CUDAGraphMode
+
+    from .model import InklingForCausalLM
+
+    if runner.device.type != "cuda" or not isinstance(runner.get_model(), InklingForCausalLM):
+        return 0
+    problems = _attention_problems(runner.get_model())
+    if not problems:
+        return 0
+    sched = runner.scheduler_config
+    decode_len = int(getattr(runner, "uniform_decode_query_len", 1) or 1)
+    candidates = candidate_batches(
+        int(runner.max_num_tokens), int(sched.max_num_seqs), int(runner.max_model_len), decode_len
+    )
+    batches = warmup_batches(candidates, attention_signature(problems, runner.device))
+    start = time.perf_counter()
+    for batch in batches:
+        with _max_num_seqs(sched, batch.num_reqs):
+            runner._dummy_run(
+                batch.num_tokens,
+                cudagraph_runtime_mode=CUDAGraphMode.NONE,
+                force_attention=True,
+                uniform_decode=batch.kind == "uniform",
+                create_mixed_batch=batch.kind == "mixed",
+                skip_eplb=True,
+                remove_lora=False,
+                profile_seq_lens=batch.seq_len,
+            )
+    runner._inkling_warmed = len(batches)
+    logger.info("Inkling kernel warm-up: %d shape classes (of %d candidate batches) in %.1f s",
+                len(batches), len(candidates), time.perf_counter() - start)
+    return len(batches)
+
+
+def install_warmup_hook() -> bool:
+    """Make vLLM's GPU worker run :func:`warm_up_kernels` after its own kernel warm-up
+    (idempotent). Returns False where the worker module or its hook point is missing
+    (CPU builds, other vLLM versions): the engine then serves without it."""
+    try:
+        from vllm.v1.worker import gpu_worker
+    except Exception:  # CPU builds may not import the CUDA worker
+        return False
+    original = getattr(gpu_worker, "kernel_warmup", None)
+    if original is None:
+        return False
+    if getattr(original, "_inkling_warmup", False):
+        return True
+
+    @functools.wraps(original)
+    def kernel_warmup(worker: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(worker, *args, **kwargs)
+        warm_up_kernels(worker.model_runner)
+        return result
+
+    kernel_warmup._inkling_warmup = True  # type: ignore[attr-defined]
+    gpu_worker.kernel_warmup = kernel_warmup
+    return True
