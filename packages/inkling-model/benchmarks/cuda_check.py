@@ -3,7 +3,7 @@
 Run from the repository root on a GPU machine (no install needed)::
 
     PYTHONPATH=packages/inkling-cache/src:packages/inkling-kernels/src:packages/inkling-model/src \
-        python packages/inkling-model/scripts/cuda_check.py
+        python3 packages/inkling-model/benchmarks/cuda_check.py
 
 1. Random schedules (chunked prefill, decode, speculative rejections, preemption, pad
    rows, several requests per step) through the runtime, all four streams sharing one
