@@ -1,11 +1,12 @@
 """Extract the peer kernels (vLLM's in-tree Inkling ``fused_sconv`` /
 ``sconv_seq_metadata``) from an official vllm wheel into an ignored folder.
 
-Nothing from vllm is committed to this repository: the benchmark imports the peer
-from the folder this script writes (default ``<repo>/.peer``, git-ignored).
+Nothing from vllm is committed to this repository: ``run.py`` imports the peer from
+the folder this script writes (default ``.peer`` at the repository root, git-ignored;
+``run.py --peer DIR`` for another).
 
-    python3 -m pip download --no-deps vllm==0.33.0 -d /tmp/vllmwheel
-    python3 packages/inkling-kernels/benchmarks/fetch_peer.py /tmp/vllmwheel/vllm-0.33.0-*.whl
+    python3 -m pip download --no-deps vllm==0.33.0 -d .whl
+    python3 packages/inkling-kernels/benchmarks/fetch_peer.py .whl/vllm-0.33.0-*.whl
 
 The module is found by content (the file defining both ``def fused_sconv`` and
 ``def sconv_seq_metadata``; the NVIDIA copy is preferred). Its only vllm import,

@@ -203,7 +203,7 @@ class PagedConvRuntime:
         kernel takes its tiles last to first) are the fast orders: on an H200 the conv of
         a 2048-token prompt with 255 decodes takes 29.2-29.6 µs either way, 30.4-30.6
         with the prompt first untold; decodes on both sides of a prompt get neither
-        (inkling-kernels' benchmarks/RESULTS_prefill_exp.md, sessions 17 and 21).
+        (inkling-kernels' benchmarks/RESULTS.md).
 
         A step refused by validation changes nothing (no request, block or buffer).
         """

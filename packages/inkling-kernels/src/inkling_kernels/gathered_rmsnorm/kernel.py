@@ -65,7 +65,7 @@ class GatheredNormConfig:
 def choose_gathered_norm_config(width: int) -> GatheredNormConfig:
     """One row a program, pieces in chunks of up to 2048 channels, four warps: the best
     or within 4 % of the best of 11 tiles at every step size, tp 2 and tp 8 (H200,
-    benchmarks/RESULTS_tp_tail.md); the row count does not change the choice."""
+    benchmarks/RESULTS.md); the row count does not change the choice."""
     block_s = min(2048, pow2_ceil(width))
     return GatheredNormConfig(1, block_s, max(1, min(4, block_s // 256)))
 

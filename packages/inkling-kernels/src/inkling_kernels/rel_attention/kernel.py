@@ -56,7 +56,7 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   ``fused_combine``: no second launch, the last split of each query block and KV
   head (an atomic ticket in a persistent per-stream buffer, reset by that program)
   merges the partials; measured slower on the H200 at many splits (see
-  ``benchmarks/RESULTS_rel_attention.md``), so off by default.
+  ``benchmarks/RESULTS.md``), so off by default.
 
 Query positions are derived from the metadata (request ``i``'s rows are positions
 ``seq_lens[i] - qlen_i ..`` in order, the contract of :func:`paged_rel_attention`);
@@ -739,8 +739,8 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-# decode with few long requests (measured on the H200, RESULTS_rel_attention.md session
-# 10, 1 x 32k: 48.3 -> 42.7 us): the main kernel capped at DECODE_FEW_REGS registers a
+# decode with few long requests (measured on the H200,
+# 1 x 32k: 48.3 -> 42.7 us): the main kernel capped at DECODE_FEW_REGS registers a
 # thread (205 uncapped, 16 spilled at the cap) so that DECODE_FEW_PER_SM programs of 4
 # warps fit on an SM, and key splits for one whole wave of them
 DECODE_FEW_REGS = 160
@@ -789,7 +789,7 @@ def choose_rel_attention_config(
     # Near tiles' bias: batches with many rows per request (prefill, chunked prefill,
     # mixed) get the block-diagonal MMA on whole-width near tiles when it is at most
     # as deep as the QK one (block_q * d_rel <= 128); otherwise, and for decode-like
-    # batches, the band (measured on the H200, benchmarks/RESULTS_rel_attention.md,
+    # batches, the band (measured on the H200, benchmarks/RESULTS.md,
     # session 9: Hkv 8 prefill 8k 5.18 -> 3.64 ms, mixed 2.78 -> 1.97; at Hkv 16 / 32
     # the 256 / 512-deep diag took 2.2x / 3.3x the band's time; decode within +-10 %).
     # The interpreter follows the same rule, so CPU runs take the GPU's code paths.

@@ -37,7 +37,7 @@ mostly prompt rows: :func:`rows_batch`) run another kernel, :mod:`.rows_kernel`
 (one launch for one stream or for K and V), whose programs keep their rows in registers
 and, inside a prompt, read no tap from memory.
 
-Which path runs (measured on an H200, benchmarks/RESHAPE_ISSUE9.md): without a map,
+Which path runs (measured on an H200): without a map,
 the in-kernel prologue (block table + hazard search) costs more than building a map
 once for the call (two small launches) as soon as a launch moves about a million
 elements (``T * C >= MAP_MIN_WORK``: decode 256 x 6144 16.4 µs map-less vs 8.2 + 4.5
@@ -275,8 +275,8 @@ def _fused_sconv_kernel(
     # resolution above): one x tile, its slot store, W taps, fp32 accumulation.
     # STREAMS == 1 compiles to the one-stream kernel as it was before the K+V launch
     # existed (x rows contiguous: row stride = channels, no second stream's values
-    # live; benchmarks/compare_codegen.py checks the PTX): the general form cost
-    # 4-9 % on small launches (benchmarks/RESULTS_sconv_kv.md).
+    # live): the general form cost
+    # 4-9 % on small launches (benchmarks/RESULTS.md).
     for s in tl.static_range(STREAMS):
         if s == 0:
             xs_ptr, ws_ptr, outs_ptr = x_ptr, w_ptr, out_ptr
@@ -430,7 +430,7 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     stream or for K and V; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap
     from memory; its tiles with decode rows or a request's first rows take a load path
     of four round trips (64-channel chunks), so it wins while those tiles are a
-    minority. On the H200 (benchmarks/RESULTS_prefill_exp.md, sessions 15 and 20),
+    minority. On the H200 (benchmarks/RESULTS.md),
     against the one-load tile: faster on every prompt-dominated launch (prefill 8192
     ATTN, 16k sliding K, prefill 1024 ATTN, prefill 2048 K, the TP 8 ATTN shard) and on
     mixed batches of 2048 + 255 decodes (1.15x) and 1024 + 255 (1.07-1.08x, either
@@ -444,7 +444,7 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
     on the H200 1.05-1.19x faster than the two-load tiles below in every such case of
     the sweep (decode 256 ATTN 4.87 µs hot; prefill 8192 ATTN 0.68 of copy;
-    benchmarks/RESULTS_prefill_exp.md, session 12). ``one_load=False`` (the two-stream
+    benchmarks/RESULTS.md). ``one_load=False`` (the two-stream
     ``fused_sconv_kv`` launch and ``fused_sconv_add``, whose tiles mirror these: both
     measured slower with it in the layer benchmark) or ``INKLING_KERNELS_TAP_SELECT=0``
     keeps the two-load tiles: small batches (decode, speculative verification) take 4
@@ -476,7 +476,7 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
         if num_tokens <= 1024:
             # (``pdl`` stays off: launched back to back it made this kernel 7-15 %
             # faster, but in a layer whose other launches do not use it the layer
-            # was 0.1-0.2 µs slower; benchmarks/RESULTS_sweep_mapped.md, session 10)
+            # was 0.1-0.2 µs slower; benchmarks/RESULTS.md)
             if work >= 300_000:
                 return SconvConfig(block_t=4, block_c=block_c, num_warps=2)
             return SconvConfig(block_t=1, block_c=block_c, num_warps=1)

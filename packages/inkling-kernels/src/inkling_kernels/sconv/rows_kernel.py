@@ -28,7 +28,7 @@ The kernel is bound by registers (occupancy), so the load path matters even to
 prompt-only launches: the register need is the larger of the two branches. Row by row
 (sessions 13-14: each row's fix-up loads before its stores, the register rows reused)
 it took 87 registers for sm_90; as 64-channel chunks (which do not read the register
-rows) 72. On the H200 (benchmarks/RESULTS_prefill_exp.md, session 15 calls 1 and 2; µs,
+rows) 72. On the H200 (benchmarks/RESULTS.md; µs,
 row by row -> chunks): prefill 8192 ATTN 88.3 -> 80.1 (0.88 of copy, the store-only floor),
 16k sliding K 58.1 -> 54.8, the mixed 2048-token prompt + 255 decodes 34.3 -> 30.4,
 1024 decodes 32.3 -> 25.9 (the one-load tile: 23.1). 32-channel chunks (more round
@@ -39,7 +39,7 @@ as one ``[BLOCK_C, 4]`` tile and split into their columns in registers (``WTILE`
 ``rows_weight_tile``). Read as W strided ``[BLOCK_C]`` vectors they cost 16 scalar
 loads a thread and 114 registers for sm_90 instead of 86; with the tile, prefill 8192
 ATTN on the H200 went from 95.8 to 85.0 µs (0.83 of copy) and 16k sliding K from 78.8
-to 61.4 (benchmarks/RESULTS_prefill_exp.md, session 14). The kernel is sensitive to
+to 61.4 (benchmarks/RESULTS.md). The kernel is sensitive to
 registers: a cap of 80 on the row-by-row version (Triton's ``maxnreg``; spills) made it
 1.44x slower, loading the next row's map codes early (+16 registers) 1.11x slower.
 
@@ -54,7 +54,7 @@ first loads worse (arithmetic on the program id before the first loads always co
 about 1 µs a launch: a modulo 5-10 %, an add and a wrap 4-8 %, session 17); with the
 slot and map loads first the reversal cost 0.1-0.6 % on prefill and ran a prompt-first
 mixed batch (2048-token prompt, then 255 decodes) 4.7 % faster, in the experimental twin
-of this kernel (benchmarks/RESULTS_prefill_exp.md, session 20, call 4; the library
+of this kernel (benchmarks/RESULTS.md; the library
 compile: session 21). The slot and map loads first without the reversal cost 2-4 %, so
 the plain compile keeps its order. Also measured and dropped: spreading the decode tiles
 over the grid (12-15 % slower), two launches (decode rows, then prompt rows: their sum

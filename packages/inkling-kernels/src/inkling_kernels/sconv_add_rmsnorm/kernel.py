@@ -421,7 +421,7 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
                        num_requests: int | None = None, num_prefill_tokens: int | None = None) -> NormConfig:
     """Tile choice (no autotuning: the grid must depend on T alone): per size class the
     configuration that measured fastest on the H200 (main's kernel timed in the same
-    runs; benchmarks/RESULTS_sconv_add_rmsnorm.md, 2026-12-01 03:28 and 03:51 UTC).
+    runs; benchmarks/RESULTS.md).
 
     - T <= 16: split rows, every ``BLOCK_J``-channel chunk (:func:`_block_j`) of one
       head on its own program, two warps (decode 1: 3.53 µs, main's kernel 4.87;
@@ -437,7 +437,7 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
 
     The one-load tap (``NormConfig.tap_select``) stays opt-in: on the H200 it made this
     kernel 0.79x / 0.84x as fast at decode 64 / 256 and 0.93x at mixed 2048+255, 1.016x
-    at prefill 8192 (ATTN, 975B shapes; benchmarks/RESULTS_prefill_exp.md, session 12).
+    at prefill 8192 (ATTN, 975B shapes; benchmarks/RESULTS.md).
     """
     rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests, num_prefill_tokens)
     if rows is not None:
@@ -473,7 +473,7 @@ def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped:
     ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off.
 
     Tiles measured fastest on the H200 (975B ATTN shapes, bf16;
-    benchmarks/RESULTS_sconv_add_rmsnorm.md, session 19), µs against the tile kernel:
+    benchmarks/RESULTS.md), µs against the tile kernel:
 
     - with the norm, prompts only (``>= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST`` rows a
       request): 2 rows of 512 channels, four warps (prefill 8192: 151.8 against 200.3;

@@ -109,7 +109,7 @@ def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
     slots per program. The grid is (T * (W-1) / KEYS) x (T / SPAN) programs; those
     whose entries hold no pre-forward slot (most of a prefill) leave after one load,
     so long batches take wider key tiles and spans (fewer programs)."""
-    # Sweep on an H200 (benchmarks/bench_metadata_variants.py): 32x128x512 best or
+    # Sweep on an H200: 32x128x512 best or
     # within 3 % up to the 2303-token mixed batch, 128x64x1024 from 8192 tokens.
     if num_tokens <= 4096:
         keys, chunk, span = 32, 128, 512

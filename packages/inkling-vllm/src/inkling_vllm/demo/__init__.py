@@ -15,5 +15,5 @@ the demo. Modules (imported on demand):
   ``python -m inkling_vllm.demo.serve MODEL [options]``;
 - ``conv_memory_sim``: vLLM's own ``KVCacheManager`` driven with one conv-state group,
   every read row checked by an independent model of the conv's cache traffic
-  (``run_sim(SimConfig(...))``; ``scripts/conv_memory.py``, the manager tests).
+  (``run_sim(SimConfig(...))``; ``benchmarks/run.py conv-memory``, the manager tests).
 """

@@ -1,6 +1,6 @@
 """Drive vLLM's own ``KVCacheManager`` with a conv-state group and check every row.
 
-Used by the tests and by ``scripts/conv_memory.py``. A small scheduler loop stands in
+Used by the tests and by ``benchmarks/run.py conv-memory``. A small scheduler loop stands in
 for vLLM's (which forces synchronous scheduling on CPU): it calls
 ``KVCacheManager.allocate_slots`` as vLLM's scheduler does (admission gate on the
 first chunk, chunked prefill under a token budget, decode, n-gram-style drafts with

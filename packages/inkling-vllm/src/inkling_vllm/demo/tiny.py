@@ -37,7 +37,7 @@ Variants (same weights for a given seed):
   transformers-format copy of the same weights, saved by transformers itself, sits in
   the ``transformers-reference`` subfolder (:func:`reference_checkpoint`).
 
-Used by the tests, the main job and ``scripts/full_width_check.py``; imports
+Used by the tests, the main job and ``benchmarks/run.py full-width``; imports
 transformers/tokenizers lazily.
 """
 
@@ -172,7 +172,7 @@ def draw_weights(model: Any, gen: Any, *, unpadded_vocab: int | None = None) -> 
     1, a sharp unembedding) so greedy decoding has clear winners; with
     ``unpadded_vocab`` the unembedding rows past it are three times larger, so a
     model that keeps the padded logit columns changes its greedy tokens.
-    ``scripts/full_width_check.py`` draws the released layer widths with it."""
+    ``benchmarks/run.py full-width`` draws the released layer widths with it."""
     import torch
 
     def randn(shape: Any) -> torch.Tensor:
