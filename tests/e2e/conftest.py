@@ -31,8 +31,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "run_scenarios.py"
 #: per engine running alone; side by side each gets ``jobs`` times as long (the
-#: longest, the interpreted-Triton engine, took 160 s beside another on two cores;
-#: 1180 s before the norm kernels took many rows a program under the interpreter)
+#: longest, the interpreted-Triton engine, takes a few minutes beside another on two
+#: cores)
 ENGINE_TIMEOUT_S = 900
 #: tiny checkpoints the engines run on: "default" (transformers' format, every
 #: feature on), "padded" (the same with unpadded conv pages), "release" (the same

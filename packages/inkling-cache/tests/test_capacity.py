@@ -238,9 +238,9 @@ def test_live_tail_bound_holds_for_any_schedule(
 
 
 def test_live_tail_bound_covers_a_chunk_after_decode_tails() -> None:
-    # Found by the property test above (the bound used to assume no chunk tail follows a
-    # decode tail): a 1-token prompt, a 1-token step after it (a decode step: its tail
-    # reaches W - 1 + k = 2 rows back), then a 3-token step (no drafts). With 2 lookahead
+    # A chunk tail after a decode tail, as the property test above may draw it: a
+    # 1-token prompt, a 1-token step after it (a decode step: its tail reaches
+    # W - 1 + k = 2 rows back), then a 3-token step (no drafts). With 2 lookahead
     # slots and 1-row blocks the two live tails are rows 0-3 and 4-6: 7 blocks.
     from inkling_cache import tail_conv_live_blocks
 

@@ -365,7 +365,7 @@ def test_rows_rule_prompt_row_hint() -> None:
     """With the batch's ``num_prefill_tokens`` the rule goes by the share of prompt rows
     (>= half), not rows per request: the two cannot be told apart by T and the request
     count alone (2048 + 255 decodes and 114 x 9 speculative rows both bring 9 rows a
-    request; on the H200 the row kernel is 1.15x the tiles on the first, 0.92x on the
+    request; the row kernel is faster than the tiles on the first, slower on the
     second: benchmarks/RESULTS.md)."""
     import inkling_kernels.sconv.kernel as K
 

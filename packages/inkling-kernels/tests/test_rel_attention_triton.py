@@ -464,8 +464,8 @@ def test_default_bias_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU's decode tiling as measured on the H200 (132 SMs; checked without a
-    GPU): a few long requests fill exactly one wave of 3 register-capped programs on
+    """The GPU's decode tiling on a device of 132 SMs such as the H200 (checked
+    without a GPU): a few long requests fill exactly one wave of 3 register-capped programs on
     every SM (1 x 8 KV heads: 49 splits) with launch overlap; 2048 programs or more
     on a global layer 2 warps, on a sliding layer 4 below 4096."""
     import dataclasses

@@ -528,7 +528,7 @@ def test_split_config_checks() -> None:
 
 def test_interpreter_config_takes_many_rows_a_program(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the interpreter the default tiles hold INTERPRETER_ROWS rows above 16 rows
-    (the GPU's one row a program made the interpreted e2e engines 2-4x slower), and the
+    (the GPU's one row a program makes interpreted engines several times slower), and the
     GPU's split rows up to 16; the launcher picks them only under the interpreter."""
     from inkling_kernels._triton_common import INTERPRETER_ROWS, is_interpreter
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, interpreter_norm_config
@@ -560,7 +560,7 @@ def test_default_config_splits_small_batches() -> None:
 
 @pytest.mark.parametrize("heads,width", [(8, 512), (8, 768), (3, 20)])
 def test_default_config_per_size_class(heads: int, width: int) -> None:
-    """Default per size (H200 runs of 2026-12-01): split rows up to T = 16, main's exact
+    """Default per size (picked from H200 sweeps): split rows up to T = 16, main's exact
     configuration and path (one row a program, its tiles in a loop, re-read) for
     16 < T < 8192, the whole row in registers from 8192."""
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, main_norm_config

@@ -330,7 +330,7 @@ def test_prefix_hit_errors():
 def test_one_check_per_layer_launch(tap_map, unique_name, monkeypatch):
     """The step's batch is checked once when the runtime builds it; each layer launch
     on it then runs exactly one check (the kernels' check_conv_call): the layer and
-    the metadata lookup add none (they used to add a pass of their own)."""
+    the metadata lookup add none."""
     import sys
 
     from inkling_kernels import checks

@@ -271,7 +271,7 @@ def test_layers_pass_the_map_and_match_the_run_without_it(block_size, spy, uniqu
 
 def test_layer_refuses_a_batch_of_another_kernel_size(spy, unique_name):
     """The batch names its group's kernel size: a layer of another W is refused before
-    any launch (it used to skip the map silently); a matching batch hands its map on."""
+    any launch (never by skipping the map silently); a matching batch hands its map on."""
     owner = ConvStateOwner(make_layout(), unique_name())
     conv = InklingShortConv(32, 4, owner, Stream.V)
     torch.nn.init.normal_(conv.weight)

@@ -200,10 +200,8 @@ class PagedConvRuntime:
         The rows follow the order of ``chunks``; the results are the same in any order.
         Decode (and speculative) chunks all before the prompt chunks, as vLLM orders
         them, or all after them (the batch then says so, ``decodes_last``, and the row
-        kernel takes its tiles last to first) are the fast orders: on an H200 the conv of
-        a 2048-token prompt with 255 decodes takes 29.2-29.6 µs either way, 30.4-30.6
-        with the prompt first untold; decodes on both sides of a prompt get neither
-        (inkling-kernels' benchmarks/RESULTS.md).
+        kernel takes its tiles last to first) are the fast orders; decodes on both sides
+        of a prompt get neither (inkling-kernels' README, *Performance*).
 
         A step refused by validation changes nothing (no request, block or buffer).
         """

@@ -97,8 +97,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         # tap map resolves each row's taps wherever it sits), but the conv launches of a
         # mixed batch are faster with it: the row-register kernel's tiles with decode
         # rows take its slower load path, and started first they overlap the prompt's
-        # tiles instead of forming the launch's tail (H200, 2048-token prompt + 255
-        # decodes, ATTN: 30.4 µs prompt first, 29.1 decodes first).
+        # tiles instead of forming the launch's tail.
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         if not isinstance(kv_cache_spec, SlidingWindowSpec):
             raise TypeError(

@@ -162,8 +162,8 @@ def _reduce_scatter_columns(partial: torch.Tensor) -> torch.Tensor:
     element by element before the collective and again after it. Here the column
     blocks are laid out as row blocks instead (one copy of contiguous ``hidden / tp``
     runs), and the reduce-scatter along dim 0 returns the shard as it is; the
-    collective moves the same bytes (inkling-kernels' benchmarks/RESULTS.md
-    measures both)."""
+    collective moves the same bytes (inkling-kernels/benchmarks/RESULTS.md measures
+    both)."""
     tp = get_tensor_model_parallel_world_size()
     t, hidden = partial.shape
     blocks = partial.reshape(t, tp, hidden // tp).transpose(0, 1).reshape(tp * t, hidden // tp)
