@@ -178,6 +178,16 @@ def _live(owner_name: str, q: torch.Tensor) -> Optional[tuple[AttentionCacheOwne
     return owner, meta
 
 
+def key_split_bound(meta: RelAttentionMetadata, device: torch.device) -> Optional[int]:
+    """The host bound on the context lengths that tunes the Triton kernel's key split:
+    ``meta.max_seq_len``, except while a CUDA graph is captured. A captured launch
+    replays for every later batch of its size, so it takes the split the shapes alone
+    give (right for any context length)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    return meta.max_seq_len
+
+
 @torch.library.custom_op("inkling_model::paged_rel_attention", mutates_args=())
 def paged_rel_attention(
     q: torch.Tensor,
@@ -207,11 +217,7 @@ def paged_rel_attention(
 
         if meta.query_start_loc is not None and meta.seq_lens is not None:
             query_start, seq_lens = meta.query_start_loc, meta.seq_lens
-        # The host bound only tunes the key split. A captured CUDA graph replays its
-        # launch for every later batch of its size, so the capture takes the split
-        # the shapes alone give (any context length).
-        capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        extra["max_seq_len"] = None if capturing else meta.max_seq_len
+        extra["max_seq_len"] = key_split_bound(meta, q.device)
     else:
         attend, write = paged_rel_attention_op, write_kv
     write(k, v, key_cache, value_cache, meta.slot_mapping)

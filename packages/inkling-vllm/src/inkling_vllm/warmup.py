@@ -67,8 +67,8 @@ class WarmupBatch:
 
 
 def _sizes(limit: int) -> list[int]:
-    """1, 2, 3 and every ``2**k`` and ``3 * 2**k`` up to ``limit``, and ``limit``."""
-    out = {1, 2, 3, limit}
+    """1 to 16, every ``2**k`` and ``3 * 2**k`` up to ``limit``, and ``limit``."""
+    out = {*range(1, min(16, limit) + 1), limit}
     k = 1
     while k <= limit:
         out.update(s for s in (k, 3 * k) if s <= limit)
@@ -77,29 +77,38 @@ def _sizes(limit: int) -> list[int]:
 
 
 def candidate_batches(max_tokens: int, max_reqs: int, max_seq_len: int, decode_len: int = 1) -> list[WarmupBatch]:
-    """Batches spanning the shapes an engine serves: every size of :func:`_sizes`
-    (up to ``max_tokens``) as one prompt, as requests of 1, 8, 9 and 16 rows, as two
-    requests, as uniform decodes of ``decode_len`` rows, and as one prompt after one
-    decode or after as many decodes as it has rows (at most ``max_reqs - 1``); each with
-    the shortest context it allows and with contexts of every power of two from 64 to
-    ``max_seq_len`` (and ``max_seq_len``)."""
+    """Batches spanning the shapes an engine serves. Request counts: every count up to
+    66 (the attention's split rules look at exact small counts), then every ``2**k``
+    and ``3 * 2**k`` up to ``max_reqs``; rows per request: 1 to 17, then ``2**k``,
+    ``2**k + 1`` and ``3 * 2**k`` up to ``max_tokens``, with and without a remainder on
+    the last request; uniform decodes of ``decode_len`` rows; one prompt after one
+    decode or after as many decodes as it has rows. Each with the shortest context it
+    allows and with contexts of every ``2**k`` and ``3 * 2**k`` from 64 to
+    ``max_seq_len`` (and ``max_seq_len``): the key-split rule's thresholds lie between
+    them."""
     for name, value in (("max_tokens", max_tokens), ("max_reqs", max_reqs), ("max_seq_len", max_seq_len),
                         ("decode_len", decode_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    contexts = [s for s in _sizes(max_seq_len) if s >= 64 and s & (s - 1) == 0] + [max_seq_len]
-    out: set[WarmupBatch] = set()
+    contexts = [s for s in _sizes(max_seq_len) if s >= 64]
+    counts = sorted({*range(1, min(66, max_reqs) + 1), *(s for s in _sizes(max_reqs))})
+    per_request = sorted({*range(1, 18), *_sizes(max_tokens), *(s + 1 for s in _sizes(max_tokens))})
+    shapes: set[tuple[int, int, str]] = set()
+    for r in counts:
+        for q in per_request:
+            for t in (r * q, r * q + r - 1):
+                if r <= t <= max_tokens:
+                    shapes.add((t, r, "even"))
+        if r * decode_len <= max_tokens:
+            shapes.add((r * decode_len, r, "uniform"))
     for t in _sizes(max_tokens):
-        shapes = {(r, "even") for r in (1, 2, t, -(-t // 8), -(-t // 9), -(-t // 16)) if 1 <= r <= min(t, max_reqs)}
-        if t % decode_len == 0 and t // decode_len <= max_reqs:
-            shapes.add((t // decode_len, "uniform"))
-        if t >= 4:
-            shapes.update((d + 1, "mixed") for d in (1, min(max_reqs - 1, t // 2)) if 1 <= d <= t // 2)
-        for r, kind in shapes:
-            shortest = WarmupBatch(t, r, 1, kind).max_query_len
-            for s in {shortest, *contexts}:
-                if shortest <= s <= max_seq_len:
-                    out.add(WarmupBatch(t, r, s, kind))
+        shapes.update((t, d + 1, "mixed") for d in (1, min(max_reqs - 1, t // 2)) if t >= 4 and 1 <= d <= t // 2)
+    out: set[WarmupBatch] = set()
+    for t, r, kind in shapes:
+        shortest = WarmupBatch(t, r, 1, kind).max_query_len
+        for s in {shortest, *contexts}:
+            if shortest <= s <= max_seq_len:
+                out.add(WarmupBatch(t, r, s, kind))
     return sorted(out, key=_order)
 
 
@@ -109,13 +118,13 @@ def _order(b: WarmupBatch) -> tuple[int, int, int, str]:
 
 def conv_signature(batch: WarmupBatch) -> Hashable:
     """The conv kernels' shape class: their tile rules switch at powers of two of the
-    rows, the requests, the rows per request and the prompt rows (16-row tiles,
-    launches of >= 1024 rows with >= 8 rows a request, the <= 16-row norm path); the
-    two leading bits of the row count also separate vLLM's fused-MoE size buckets
-    (``2**k`` and ``3 * 2**(k-1)``)."""
-    t, r = batch.num_tokens, batch.num_reqs
+    rows and the prompt rows, at 8 and 16 rows per request and for launches of at most
+    16 rows; the two leading bits of the row count also separate vLLM's fused-MoE
+    size buckets (``2**k`` and ``3 * 2**(k-1)``)."""
+    t = batch.num_tokens
     lead = t >> max(0, t.bit_length() - 2)
-    return (t.bit_length(), lead, r.bit_length(), (t // r).bit_length(), batch.prompt_rows.bit_length(), min(t, 17))
+    per_request = min((t // batch.num_reqs).bit_length(), 5)
+    return (t.bit_length(), lead, per_request, batch.prompt_rows.bit_length(), min(t, 17))
 
 
 def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], Hashable]:

@@ -81,7 +81,8 @@ SCENARIOS: dict[str, tuple[list[list[int]], int, str]] = {
 }
 
 _BASE: dict[str, Any] = dict(disable_log_stats=False, max_model_len=1024, max_num_batched_tokens=64, max_num_seqs=16, seed=0,
-                             enable_prefix_caching=True, gpu_memory_utilization=0.3)
+                             enable_prefix_caching=True,
+                             kv_cache_memory_bytes=1 << 30)
 _FULL = ["batched", "chunked", "prefix", "same_step"]
 
 #: name -> (LLM keyword arguments, environment, scenarios).
@@ -294,29 +295,37 @@ def compare(record: dict[str, Any], reference: dict[str, Any], name: str) -> dic
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     reference = json.loads(Path(args.reference).read_text())
     names = args.engines or list(ENGINES)
-    results: dict[str, Any] = {"reference": args.reference, "engines": {}}
-    ok = True
-    for name in names:
+    results: dict[str, Any] = {"reference": args.reference, "device": _device(), "engines": {}}
+
+    def run(name: str) -> tuple[str, dict[str, Any] | None, str, float]:
         start = time.time()
         extra = ["--break-split"] if name.endswith("+break") else []
-        engine = name.removesuffix("+break")
-        rec, tail = _child(["engine", engine, args.checkpoint, *extra], timeout=args.timeout)
-        if rec is None:
-            results["engines"][name] = {"error": tail}
-            print(f"{name}: FAILED to run\n{tail}", flush=True)
-            ok = False
-            continue
-        for sc, data in rec["scenarios"].items():
-            data["parity"] = compare(data, reference, sc)
-        rec["wall_s"] = round(time.time() - start, 1)
-        results["engines"][name] = rec
-        verdicts = {sc: f"{d['parity']['identical']}/{d['parity']['sequences']}" for sc, d in rec["scenarios"].items()}
-        print(f"{name}: {verdicts} graphs={rec['cudagraph_mode']} replays={rec['graph_replays']} "
-              f"async={rec['async_scheduling']} conv={rec['conv_managers']} "
-              f"compiles={len(rec['compiles_after_startup'])} ({rec['wall_s']} s)", flush=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        rec, tail = _child(["engine", name.removesuffix("+break"), args.checkpoint, *extra], timeout=args.timeout)
+        return name, rec, tail, time.time() - start
+
+    ok = True
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        for name, rec, tail, wall in pool.map(run, names):
+            if rec is None:
+                results["engines"][name] = {"error": tail}
+                print(f"{name}: FAILED to run\n{tail}", flush=True)
+                ok = False
+                continue
+            for sc, data in rec["scenarios"].items():
+                data["parity"] = compare(data, reference, sc)
+            rec["wall_s"] = round(wall, 1)
+            results["engines"][name] = rec
+            verdicts = {sc: f"{d['parity']['identical']}/{d['parity']['sequences']}"
+                        for sc, d in rec["scenarios"].items()}
+            print(f"{name}: {verdicts} graphs={rec['cudagraph_mode']} replays={rec['graph_replays']} "
+                  f"async={rec['async_scheduling']} conv={rec['conv_managers']} warmed={rec['warmed_shape_classes']} "
+                  f"compiles={rec['compiles_after_startup']} startup={rec['startup_s']} s ({rec['wall_s']} s)",
+                  flush=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
     return 0 if ok else 1
 
 
@@ -547,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("reference")
     p.add_argument("out")
     p.add_argument("--engines", nargs="*", help=f"of {sorted(ENGINES)}; NAME+break: the deliberate break")
-    p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--parallel", type=int, default=1, help="engines at once (each takes a 1 GiB KV pool)")
     p = sub.add_parser("engine", help="(internal) one parity engine")
     p.add_argument("engine", choices=sorted(ENGINES))
     p.add_argument("checkpoint")

@@ -1,0 +1,287 @@
+"""CUDA-graph readiness of the plugin's backends and the start-up kernel warm-up,
+checked without a GPU: graph-support declarations, piecewise splitting ops, metadata
+in buffers of fixed address with no device sync, and the warm-up's shape coverage
+against the kernels' own tile rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+import inkling_kernels.rel_attention.kernel as rel_kernel
+from inkling_kernels.rel_attention.kernel import RelAttentionProblem
+from inkling_vllm import attention, conv_state, warmup
+from inkling_vllm.warmup import WarmupBatch, attention_signature, candidate_batches, conv_signature, warmup_batches
+
+
+def _config(max_tokens: int = 64, capture: list[int] | None = None, splitting: list[str] | None = None) -> Any:
+    return SimpleNamespace(
+        model_config=SimpleNamespace(dtype=torch.float32),
+        compilation_config=SimpleNamespace(static_forward_context={}, cudagraph_capture_sizes=capture or [],
+                                           splitting_ops=splitting),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+        speculative_config=None,
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+    )
+
+
+def _cm(lens: list[int], pad: int, seq_lens: list[int], slot_len: int | None = None, host_lens: bool = True) -> Any:
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    padded = qsl[-1] + pad
+    slots = torch.arange(100, 100 + (slot_len if slot_len is not None else padded), dtype=torch.int64)
+    cm = SimpleNamespace(
+        num_reqs=len(lens),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        max_seq_len=max(seq_lens),
+        num_actual_tokens=padded,
+        slot_mapping=slots,
+        block_table_tensor=torch.zeros(len(lens), 8, dtype=torch.int32),
+    )
+    if host_lens:
+        cm.seq_lens_cpu_upper_bound = torch.tensor(seq_lens, dtype=torch.int32)
+    return cm
+
+
+# --- declarations ---------------------------------------------------------------------
+def test_both_backends_declare_full_graphs_of_uniform_batches() -> None:
+    """vLLM keeps its default FULL_AND_PIECEWISE mode (full decode graphs, speculative
+    verification included) only if every group declares at least UNIFORM_BATCH."""
+    full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    window = SlidingWindowSpec(block_size=4, num_kv_heads=2, head_size=256, head_size_v=0,
+                               dtype=torch.float32, sliding_window=4)
+    for builder_cls, spec in ((attention.InklingRelAttentionMetadataBuilder, full),
+                              (conv_state.InklingSconvMetadataBuilder, window)):
+        support = builder_cls.get_cudagraph_support(None, spec)
+        assert support.value >= AttentionCGSupport.UNIFORM_BATCH.value, builder_cls.__name__
+
+
+def test_every_metadata_op_splits_piecewise_graphs() -> None:
+    """Piecewise graphs are captured without metadata: an op reading it must run
+    between the pieces, never inside one."""
+    import inkling_model  # noqa: F401  (registers the ops)
+
+    for op in attention.METADATA_OPS:
+        namespace, name = op.split("::")
+        assert hasattr(getattr(torch.ops, namespace), name), f"{op} is not a registered op"
+    config = _config(splitting=["vllm::unified_attention_with_output"])
+    attention.split_graphs_at_metadata_ops(config)
+    attention.split_graphs_at_metadata_ops(config)  # idempotent
+    ops = config.compilation_config.splitting_ops
+    assert ops[0] == "vllm::unified_attention_with_output"
+    assert ops[1:] == list(attention.METADATA_OPS)
+    # nothing split (eager, or compilation without splitting ops): left alone
+    empty = _config(splitting=None)
+    attention.split_graphs_at_metadata_ops(empty)
+    assert empty.compilation_config.splitting_ops is None
+
+
+def test_the_model_ops_that_read_metadata_are_all_listed() -> None:
+    """Every custom op the model registers that reads per-step metadata is a
+    splitting op (a new op left out would be captured as its no-metadata path)."""
+    import inkling_model.attention
+    import inkling_model.fused_norm
+    import inkling_model.sconv
+
+    registered = set()
+    for module in (inkling_model.sconv, inkling_model.fused_norm, inkling_model.attention):
+        for value in vars(module).values():
+            name = getattr(value, "_qualname", None)  # torch.library.CustomOpDef
+            if isinstance(name, str) and name.startswith("inkling_model::"):
+                registered.add(name)
+    assert registered == set(attention.METADATA_OPS)
+
+
+# --- persistent buffers, no sync ------------------------------------------------------
+def test_attention_metadata_keeps_its_addresses_across_steps() -> None:
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    builder = attention.InklingRelAttentionMetadataBuilder(spec, ["a"], _config(max_tokens=64), torch.device("cpu"))
+    # vLLM's slot mapping covering the padded batch: a view of it
+    cm = _cm([1, 1, 1], 1, [5, 9, 3])
+    meta = builder.build(0, cm)
+    assert meta.slot_mapping.data_ptr() == cm.slot_mapping.data_ptr()
+    assert meta.query_start_loc.data_ptr() == cm.query_start_loc.data_ptr()
+    assert meta.seq_lens.data_ptr() == cm.seq_lens.data_ptr()
+    # a shorter one: copied into the builder's own buffer, pad rows -1, same address each step
+    first = builder.build(0, _cm([1, 1, 1], 5, [5, 9, 3], slot_len=3)).slot_mapping
+    second_cm = _cm([2, 1], 4, [7, 2], slot_len=3)
+    second = builder.build(0, second_cm).slot_mapping
+    assert first.data_ptr() == second.data_ptr()
+    assert second.tolist() == [100, 101, 102, -1, -1, -1, -1]
+
+
+def test_attention_builder_reads_host_lengths_without_a_device_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    builder = attention.InklingRelAttentionMetadataBuilder(spec, ["a"], _config(), torch.device("cpu"))
+    cm = _cm([3, 1], 0, [10, 4])
+    calls = []
+    original = torch.Tensor.to
+
+    def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self is cm.seq_lens or self._base is cm.seq_lens:
+            calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    meta = builder.build(0, cm)
+    assert meta.seq_lens_cpu.tolist() == [10, 4]
+    assert calls == []  # the device lengths were never copied
+    # a runner without the host field falls back to the copy (same values)
+    assert builder.build(0, _cm([3, 1], 0, [10, 4], host_lens=False)).seq_lens_cpu.tolist() == [10, 4]
+
+
+def test_captured_attention_ignores_the_host_length_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph replays its launch for every later batch of its size: the key split of
+    a captured launch must not depend on the capture step's context lengths."""
+    from inkling_model.attention import key_split_bound
+
+    meta = SimpleNamespace(max_seq_len=77)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert key_split_bound(meta, torch.device("cuda")) is None
+    assert key_split_bound(meta, torch.device("cpu")) == 77
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert key_split_bound(meta, torch.device("cuda")) == 77
+
+
+# --- warm-up shape coverage -----------------------------------------------------------
+PROBLEMS = [
+    RelAttentionProblem(1, 1, 64, 8, 128, 16, 1024, 16, 0.1, None, (64, 0.1)),  # global, released widths
+    RelAttentionProblem(1, 1, 64, 16, 128, 16, 512, 16, 0.1, 512, (64, 0.1)),  # sliding
+]
+
+
+@pytest.fixture
+def h200(monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    """The tile rules as on a 132-SM GPU (they read the SM count)."""
+    monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
+    return torch.device("cuda")
+
+
+def _random_batches(rng: random.Random, n: int, max_tokens: int, max_reqs: int, max_len: int) -> list[WarmupBatch]:
+    out = []
+    for _ in range(n):
+        t = rng.choice([rng.randint(1, 64), rng.randint(1, max_tokens)])
+        kind = rng.choice(["even", "mixed", "uniform"])
+        if kind == "mixed" and t >= 4:
+            r = rng.randint(2, min(max_reqs, t // 2 + 1))
+        elif kind == "uniform":
+            r = min(t, max_reqs)
+            t = r
+        else:
+            kind, r = "even", rng.randint(1, min(t, max_reqs))
+        shortest = WarmupBatch(t, r, 1, kind).max_query_len
+        s = rng.choice([shortest, rng.randint(shortest, max_len)])
+        out.append(WarmupBatch(t, r, s, kind))
+    return out
+
+
+@pytest.mark.parametrize("limits", [(8192, 256, 8448), (64, 16, 1024), (2048, 128, 32768)])
+def test_warmup_covers_every_attention_config_of_random_batches(h200: torch.device, limits: tuple[int, ...]) -> None:
+    """Every relative-attention tile config (the kernels' compile-time values) that a
+    served batch can get is one some warm-up forward gets."""
+    max_tokens, max_reqs, max_len = limits
+    signature = attention_signature(PROBLEMS, h200)
+    chosen = warmup_batches(candidate_batches(max_tokens, max_reqs, max_len), signature)
+    warmed = {signature(b) for b in chosen}
+    rng = random.Random(sum(limits))
+    missing = [b for b in _random_batches(rng, 3000, max_tokens, max_reqs, max_len) if signature(b) not in warmed]
+    assert not missing, f"{len(missing)} batches with configs no warm-up forward compiles, e.g. {missing[:3]}"
+
+
+def test_coverage_check_fails_when_warmup_drops_long_contexts(h200: torch.device) -> None:
+    """The coverage test can fail: without the long-context candidates, decode batches
+    over long contexts get key splits nothing warmed."""
+    signature = attention_signature(PROBLEMS, h200)
+    short_only = [b for b in candidate_batches(8192, 256, 8448) if b.seq_len == b.max_query_len]
+    warmed = {signature(b) for b in warmup_batches(short_only, signature)}
+    long_decode = WarmupBatch(1, 1, 8192, "uniform")
+    assert signature(long_decode) not in warmed
+
+
+def test_warmup_batches_are_one_per_class_and_valid(h200: torch.device) -> None:
+    signature = attention_signature(PROBLEMS, h200)
+    cands = candidate_batches(8192, 256, 8448, decode_len=4)
+    chosen = warmup_batches(cands, signature)
+    keys = [(signature(b), conv_signature(b), b.kind == "uniform") for b in chosen]
+    assert len(keys) == len(set(keys))
+    assert len(chosen) < len(cands) / 2  # deduplicated
+    for b in chosen:
+        assert 1 <= b.num_reqs <= min(b.num_tokens, 256)
+        assert b.max_query_len <= b.seq_len <= 8448
+        if b.kind == "uniform":
+            assert b.num_tokens == 4 * b.num_reqs
+    # every conv shape class of the sizes served is warmed too
+    conv_classes = {conv_signature(b) for b in chosen}
+    for t in (1, 5, 16, 17, 300, 1024, 1100, 8192):
+        assert conv_signature(WarmupBatch(t, 1, t)) in conv_classes
+
+
+@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(max_reqs=-1), dict(decode_len=True)])
+def test_candidate_batches_refuses_bad_limits(bad: dict[str, Any]) -> None:
+    args = dict(max_tokens=64, max_reqs=8, max_seq_len=128, decode_len=1, **{})
+    args.update(bad)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        candidate_batches(**args)
+
+
+# --- the hook -------------------------------------------------------------------------
+def test_hook_runs_after_vllms_own_warmup_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    calls: list[str] = []
+    fake = types.ModuleType("vllm.v1.worker.gpu_worker")
+    fake.kernel_warmup = lambda worker: calls.append("vllm")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_worker", fake)
+    import vllm.v1.worker
+
+    monkeypatch.setattr(vllm.v1.worker, "gpu_worker", fake, raising=False)
+    monkeypatch.setattr(warmup, "warm_up_kernels", lambda runner: calls.append(f"inkling:{runner}"))
+    assert warmup.install_warmup_hook()
+    assert warmup.install_warmup_hook()  # idempotent: wrapped once
+    fake.kernel_warmup(SimpleNamespace(model_runner="R"))  # type: ignore[attr-defined]
+    assert calls == ["vllm", "inkling:R"]
+
+
+def test_warmup_skips_what_is_not_the_plugins_model_on_cuda() -> None:
+    runner = SimpleNamespace(device=torch.device("cpu"), get_model=lambda: None)
+    assert warmup.warm_up_kernels(runner) == 0
+    runner = SimpleNamespace(device=torch.device("cuda"), get_model=lambda: torch.nn.Linear(1, 1))
+    assert warmup.warm_up_kernels(runner) == 0
+
+
+def test_warmup_runs_one_dummy_forward_per_class(monkeypatch: pytest.MonkeyPatch, h200: torch.device) -> None:
+    """With the plugin's model: one eager dummy forward per chosen batch, metadata
+    forced, the request count set through max_num_seqs and restored."""
+    from inkling_vllm.model import InklingForCausalLM
+
+    model = object.__new__(InklingForCausalLM)
+    monkeypatch.setattr(warmup, "_attention_problems", lambda m: PROBLEMS)
+    sched = SimpleNamespace(max_num_seqs=16)
+    runs: list[tuple[int, int, dict[str, Any]]] = []
+
+    def dummy_run(num_tokens: int, **kwargs: Any) -> None:
+        runs.append((num_tokens, sched.max_num_seqs, kwargs))
+
+    runner = SimpleNamespace(device=h200, get_model=lambda: model, scheduler_config=sched, max_num_tokens=64,
+                             max_model_len=1024, uniform_decode_query_len=1, _dummy_run=dummy_run)
+    n = warmup.warm_up_kernels(runner)
+    expected = warmup_batches(candidate_batches(64, 16, 1024, 1), attention_signature(PROBLEMS, h200))
+    assert n == len(expected) == len(runs) == runner._inkling_warmed
+    assert sched.max_num_seqs == 16
+    for batch, (tokens, reqs, kw) in zip(expected, runs):
+        assert (tokens, reqs) == (batch.num_tokens, batch.num_reqs)
+        assert kw["force_attention"] and kw["profile_seq_lens"] == batch.seq_len
+        assert kw["uniform_decode"] == (batch.kind == "uniform")
+        assert kw["create_mixed_batch"] == (batch.kind == "mixed")
+        assert str(kw["cudagraph_runtime_mode"]).endswith("NONE")
