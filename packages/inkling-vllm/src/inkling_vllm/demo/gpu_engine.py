@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 VOCAB_LO, VOCAB_HI = 3, 272  # the tiny model's real token ids (bytes; no specials)
@@ -265,11 +266,22 @@ _COUNTERS = ("vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:spec_decode
              "vllm:spec_decode_num_accepted_tokens")
 
 
-def _child(argv: list[str], timeout: float) -> tuple[dict[str, Any] | None, str]:
+def _child(argv: list[str], timeout: float, log: Path | None = None) -> tuple[dict[str, Any] | None, str]:
+    """Run one engine in a fresh process; its result and the tail of its output (the
+    whole output goes to ``log`` when given)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run([sys.executable, "-m", "inkling_vllm.demo.gpu_engine", *argv], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    tail = (proc.stdout + proc.stderr)[-3000:]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "inkling_vllm.demo.gpu_engine", *argv], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        stderr = (exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")) + "\nTIMEOUT"
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(stdout + "\n--- stderr ---\n" + stderr)
+    tail = (stdout + stderr)[-3000:]
+    proc = SimpleNamespace(stdout=stdout)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):]), tail
@@ -304,7 +316,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
     def run(name: str) -> tuple[str, dict[str, Any] | None, str, float]:
         start = time.time()
         extra = ["--break-split"] if name.endswith("+break") else []
-        rec, tail = _child(["engine", name.removesuffix("+break"), args.checkpoint, *extra], timeout=args.timeout)
+        log = Path(args.logs) / f"{name}.log" if args.logs else None
+        rec, tail = _child(["engine", name.removesuffix("+break"), args.checkpoint, *extra], args.timeout, log)
         return name, rec, tail, time.time() - start
 
     ok = True
@@ -478,8 +491,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"device": _device(), "cases": {}}
     for graphs in args.graphs:
+        log = Path(args.logs) / f"bench-graphs-{graphs}.log" if args.logs else None
         rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps)],
-                           timeout=args.timeout)
+                           args.timeout, log)
         results["cases"][f"graphs-{graphs}"] = rec if rec is not None else {"error": tail}
         print(tail if rec is None else f"graphs {graphs}: done", flush=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
@@ -557,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("--engines", nargs="*", help=f"of {sorted(ENGINES)}; NAME+break: the deliberate break")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--logs", help="folder for each engine's full output")
     p.add_argument("--parallel", type=int, default=1, help="engines at once (each takes a 1 GiB KV pool)")
     p = sub.add_parser("engine", help="(internal) one parity engine")
     p.add_argument("engine", choices=sorted(ENGINES))
@@ -568,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="/tmp/inkling-bench-model")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--timeout", type=float, default=400)
+    p.add_argument("--logs", help="folder for each engine's full output")
     p = sub.add_parser("bench-engine", help="(internal) one bench engine")
     p.add_argument("graphs", choices=["on", "off"])
     p.add_argument("--workdir", required=True)
