@@ -285,3 +285,33 @@ def test_warmup_runs_one_dummy_forward_per_class(monkeypatch: pytest.MonkeyPatch
         assert kw["uniform_decode"] == (batch.kind == "uniform")
         assert kw["create_mixed_batch"] == (batch.kind == "mixed")
         assert str(kw["cudagraph_runtime_mode"]).endswith("NONE")
+
+
+def test_warmup_on_the_second_generation_runner(monkeypatch: pytest.MonkeyPatch, h200: torch.device) -> None:
+    """vLLM's ``vllm.v1.worker.gpu`` runner: rows spread evenly over ``max_num_reqs``
+    requests, contexts through ``context_len``; batches it cannot form are left out."""
+    from inkling_vllm.model import InklingForCausalLM
+
+    model = object.__new__(InklingForCausalLM)
+    monkeypatch.setattr(warmup, "_attention_problems", lambda m: PROBLEMS)
+    runs: list[tuple[int, int, bool, int]] = []
+
+    class Runner:
+        device, max_num_reqs, max_num_tokens, max_model_len, decode_query_len = h200, 16, 64, 1024, 4
+
+        def get_model(self) -> Any:
+            return model
+
+        def _dummy_run(self, num_tokens: int, *args: Any, uniform_decode: bool = False, context_len: int = 0,
+                       skip_eplb: bool = False, **kwargs: Any) -> None:
+            runs.append((num_tokens, self.max_num_reqs, uniform_decode, context_len))
+
+    runner = Runner()
+    n = warmup.warm_up_kernels(runner)
+    assert n == len(runs) > 0 and runner.max_num_reqs == 16
+    for tokens, reqs, uniform, context in runs:
+        if uniform:
+            assert tokens == 4 * reqs
+        else:
+            assert tokens % reqs == 0
+        assert 0 <= context and context + tokens // reqs <= 1024

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -178,22 +179,47 @@ def _attention_problems(model: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _max_num_seqs(scheduler_config: Any, value: int) -> Iterator[None]:
-    """vLLM's dummy runs spread their rows over ``min(rows, max_num_seqs)`` requests."""
-    saved = scheduler_config.max_num_seqs
-    scheduler_config.max_num_seqs = value
+def _request_limit(owner: Any, attribute: str, value: int) -> Iterator[None]:
+    """vLLM's dummy runs spread their rows over ``min(rows, limit)`` requests."""
+    saved = getattr(owner, attribute)
+    setattr(owner, attribute, value)
     try:
         yield
     finally:
-        scheduler_config.max_num_seqs = saved
+        setattr(owner, attribute, saved)
+
+
+def _runs_v2(runner: Any) -> bool:
+    """vLLM's second-generation GPU model runner (``vllm.v1.worker.gpu``): its dummy
+    runs take a context length and spread rows evenly; it cannot run a mixed batch."""
+    return "context_len" in inspect.signature(runner._dummy_run).parameters
+
+
+def _dummy_forward(runner: Any, batch: WarmupBatch) -> None:
+    from vllm.config import CUDAGraphMode
+
+    if _runs_v2(runner):
+        with _request_limit(runner, "max_num_reqs", batch.num_reqs):
+            runner._dummy_run(batch.num_tokens, uniform_decode=batch.kind == "uniform", skip_eplb=True,
+                              context_len=batch.seq_len - batch.max_query_len)
+        return
+    with _request_limit(runner.scheduler_config, "max_num_seqs", batch.num_reqs):
+        runner._dummy_run(
+            batch.num_tokens,
+            cudagraph_runtime_mode=CUDAGraphMode.NONE,
+            force_attention=True,
+            uniform_decode=batch.kind == "uniform",
+            create_mixed_batch=batch.kind == "mixed",
+            skip_eplb=True,
+            remove_lora=False,
+            profile_seq_lens=batch.seq_len,
+        )
 
 
 def warm_up_kernels(runner: Any) -> int:
     """Run one eager dummy forward of the Inkling model per shape class (see the
     module docstring) on vLLM's GPU model runner; returns the forwards run (0 when the
     model is not the plugin's Inkling or the device is not CUDA)."""
-    from vllm.config import CUDAGraphMode
-
     from .model import InklingForCausalLM
 
     if runner.device.type != "cuda" or not isinstance(runner.get_model(), InklingForCausalLM):
@@ -201,25 +227,16 @@ def warm_up_kernels(runner: Any) -> int:
     problems = _attention_problems(runner.get_model())
     if not problems:
         return 0
-    sched = runner.scheduler_config
-    decode_len = int(getattr(runner, "uniform_decode_query_len", 1) or 1)
-    candidates = candidate_batches(
-        int(runner.max_num_tokens), int(sched.max_num_seqs), int(runner.max_model_len), decode_len
-    )
+    v2 = _runs_v2(runner)
+    max_reqs = int(runner.max_num_reqs if v2 else runner.scheduler_config.max_num_seqs)
+    decode_len = int(getattr(runner, "decode_query_len", 0) or getattr(runner, "uniform_decode_query_len", 1) or 1)
+    candidates = candidate_batches(int(runner.max_num_tokens), max_reqs, int(runner.max_model_len), decode_len)
+    if v2:  # its dummy runs share rows evenly (remainder spread over the last requests)
+        candidates = [b for b in candidates if b.kind != "mixed" and (b.kind == "uniform" or b.num_tokens % b.num_reqs == 0)]
     batches = warmup_batches(candidates, attention_signature(problems, runner.device))
     start = time.perf_counter()
     for batch in batches:
-        with _max_num_seqs(sched, batch.num_reqs):
-            runner._dummy_run(
-                batch.num_tokens,
-                cudagraph_runtime_mode=CUDAGraphMode.NONE,
-                force_attention=True,
-                uniform_decode=batch.kind == "uniform",
-                create_mixed_batch=batch.kind == "mixed",
-                skip_eplb=True,
-                remove_lora=False,
-                profile_seq_lens=batch.seq_len,
-            )
+        _dummy_forward(runner, batch)
     runner._inkling_warmed = len(batches)
     logger.info("Inkling kernel warm-up: %d shape classes (of %d candidate batches) in %.1f s",
                 len(batches), len(candidates), time.perf_counter() - start)

@@ -108,15 +108,19 @@ def cmd_reference(args: argparse.Namespace) -> int:
     from .tiny import reference_checkpoint
 
     ref = HfReference(reference_checkpoint(Path(args.checkpoint)))
-    out: dict[str, Any] = {}
+    target = Path(args.out)
+    out: dict[str, Any] = json.loads(target.read_text()) if target.exists() else {}
     for name, (ps, max_tokens, _) in SCENARIOS.items():
         start = time.time()
-        tokens = [ref.greedy(p, max_tokens) for p in ps]
-        # teacher-forced logprobs of prompt + greedy tokens (the bfloat16 bound)
-        logprobs = [ref.token_logprobs(p + t) for p, t in zip(ps, tokens)]
-        out[name] = {"tokens": tokens, "logprobs": logprobs}
+        rec = out.setdefault(name, {})
+        if "tokens" not in rec:
+            rec["tokens"] = [ref.greedy(p, max_tokens) for p in ps]
+        if "logprobs" not in rec:  # teacher-forced, of prompt + greedy tokens (the bfloat16 bound)
+            rec["logprobs"] = [ref.token_logprobs(p + t) for p, t in zip(ps, rec["tokens"])]
+        if "margins" not in rec:  # top-1 minus top-2 logit at each greedy step: near-ties
+            rec["margins"] = [ref.greedy_margins(p, t) for p, t in zip(ps, rec["tokens"])]
+        target.write_text(json.dumps(out))
         print(f"reference {name}: {len(ps)} prompts in {time.time() - start:.1f} s", flush=True)
-    Path(args.out).write_text(json.dumps(out))
     return 0
 
 
@@ -137,9 +141,11 @@ class Counters:
         def replay(graph: Any) -> Any:
             from vllm.forward_context import get_forward_context, is_forward_context_available
 
-            mode = "other"
+            # piecewise graphs replay inside the model's forward (a forward context);
+            # vLLM's GPU model runner replays full graphs around it (none)
+            mode = "FULL"
             if is_forward_context_available():
-                mode = str(getattr(get_forward_context(), "cudagraph_runtime_mode", "other")).split(".")[-1]
+                mode = str(getattr(get_forward_context(), "cudagraph_runtime_mode", "FULL")).split(".")[-1]
             counters.replays[mode] = counters.replays.get(mode, 0) + 1
             return original(graph)
 
@@ -224,6 +230,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
     """One engine (a child of ``parity``): its scenarios, as JSON on stdout's last line."""
     kwargs, env, names = ENGINES[args.engine]
     os.environ.update(env)
+    if kwargs.get("dtype", "float32") == "float32":
+        os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # no TF32 in Triton dots (vLLM's fused MoE)
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -231,10 +239,12 @@ def cmd_engine(args: argparse.Namespace) -> int:
     counters = Counters()
     from vllm import LLM
 
-    if args.break_split:  # the deliberate break: conv ops captured inside piecewise graphs
-        from .. import attention
+    if args.break_persistent:
+        # the deliberate break: a fresh slot-mapping tensor every step, so a captured
+        # graph keeps writing K/V through the capture step's slots
+        from ..attention import InklingRelAttentionMetadataBuilder as builder
 
-        attention.METADATA_OPS = (attention.ATTENTION_OP,)
+        builder._padded_slots = lambda self, slots, n: slots[:n].clone()  # type: ignore[method-assign]
     settings = {**_BASE, "dtype": "float32", **kwargs}
     started = time.time()
     llm = LLM(model=args.checkpoint, **settings)
@@ -294,7 +304,12 @@ def compare(record: dict[str, Any], reference: dict[str, Any], name: str) -> dic
     ref = reference[name]
     got = record["tokens"]
     same = sum(1 for a, b in zip(got, ref["tokens"]) if list(a) == list(b))
-    out = {"sequences": len(ref["tokens"]), "identical": same}
+    out: dict[str, Any] = {"sequences": len(ref["tokens"]), "identical": same, "differ_at": []}
+    for i, (a, b) in enumerate(zip(got, ref["tokens"])):
+        k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if k is not None:  # where, and transformers' top-1 minus top-2 logit there
+            margin = ref["margins"][i][k] if "margins" in ref else None
+            out["differ_at"].append({"sequence": i, "position": k, "reference_margin": margin})
     if "logprobs" in record:
         worst, first_diverge = 0.0, []
         for lp, rlp, a, b in zip(record["logprobs"], ref["logprobs"], got, ref["tokens"]):
@@ -315,7 +330,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
     def run(name: str) -> tuple[str, dict[str, Any] | None, str, float]:
         start = time.time()
-        extra = ["--break-split"] if name.endswith("+break") else []
+        extra = ["--break-persistent"] if name.endswith("+break") else []
         log = Path(args.logs) / f"{name}.log" if args.logs else None
         rec, tail = _child(["engine", name.removesuffix("+break"), args.checkpoint, *extra], args.timeout, log)
         return name, rec, tail, time.time() - start
@@ -343,7 +358,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 
 # --- throughput at released widths ---------------------------------------------------
-def bench_config(vocab: int = 32768) -> dict[str, Any]:
+def bench_config(vocab: int = 32768, smoke: bool = False) -> dict[str, Any]:
     """A release-layout ``config.json`` at the released layer widths, 4 layers:
     dense-sliding, dense-global, MoE-sliding, MoE-global. Hidden 6144; 64 query heads
     of 128; 8 KV heads on global layers, 16 on sliding ones (window 512); ``d_rel``
@@ -364,6 +379,11 @@ def bench_config(vocab: int = 32768) -> dict[str, Any]:
         "gate_activation": "sigmoid", "norm_after_topk": True, "inference_moe_w13_interleaved": True,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "dtype": "bfloat16",
     }
+    if smoke:  # the same model, small (checks the harness on any machine)
+        text.update(vocab_size=512, unpadded_vocab_size=448, hidden_size=256, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, swa_num_attention_heads=4, swa_num_key_value_heads=2,
+                    swa_head_dim=64, sliding_window_size=32, rel_extent=64, intermediate_size=128,
+                    dense_intermediate_size=512)
     return {"model_type": "inkling_mm_model", "architectures": ["InklingForConditionalGeneration"],
             "dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "text_config": text,
             "vision_config": {"patch_size": 2, "temporal_patch_size": 2, "num_hidden_layers": 3, "num_channels": 1},
@@ -416,17 +436,26 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     counters = Counters()
     folder = Path(args.workdir)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(bench_config()))
+    config = bench_config(smoke=args.smoke)
+    (folder / "config.json").write_text(json.dumps(config))
+    import shutil
+
+    # vLLM's Inkling renderer needs a tokenizer; the prompts are token ids and nothing
+    # is detokenized, so a small one does
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(args.tokenizer) / name, folder / name)
+    prompt_len, cases = (256, [(1, 64), (4, 128)]) if args.smoke else (8192, DECODE_CASES)
     graphs = args.graphs == "on"
     started = time.time()
-    llm = LLM(model=str(folder), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=8192 + 256, max_num_seqs=256, max_num_batched_tokens=8192,
-              enable_prefix_caching=False, gpu_memory_utilization=0.85, enforce_eager=not graphs, seed=0)
+    llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16",
+              max_model_len=prompt_len + 256, max_num_seqs=256, max_num_batched_tokens=prompt_len,
+              enable_prefix_caching=False, enforce_eager=not graphs, seed=0, disable_log_stats=False,
+              **({"kv_cache_memory_bytes": 1 << 30} if args.smoke else {"gpu_memory_utilization": 0.85}))
     startup = time.time() - started
     counters.arm()
     engine = llm.llm_engine
     rng = random.Random(0)
-    vocab = bench_config()["text_config"]["unpadded_vocab_size"]
+    vocab = config["text_config"]["unpadded_vocab_size"]
     out: dict[str, Any] = {"graphs": args.graphs, "startup_s": round(startup, 1), "decode": [], "prefill": {}}
     seq = [0]
 
@@ -436,23 +465,24 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
             seq[0] += 1
             rid = f"r{seq[0]}"
             engine.add_request(rid, {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]},
-                               SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+                               SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                              detokenize=False))
             ids.append(rid)
         return ids
 
     # prefill: 8k prompts one after another (each step one whole prompt), and TTFT
     ttft = []
     for _ in range(4):
-        add(1, 8192, 1)
+        add(1, prompt_len, 1)
         t0 = time.perf_counter()
         _step_until(engine, lambda: not engine.has_unfinished_requests())
         ttft.append(time.perf_counter() - t0)
     ttft = ttft[1:]
-    out["prefill"] = {"prompt": 8192, "ttft_ms_median": 1e3 * statistics.median(ttft),
-                      "tokens_per_s": 8192 / statistics.median(ttft)}
-    print(f"prefill 8k: TTFT {out['prefill']['ttft_ms_median']:.1f} ms", flush=True)
-    for conc, ctx in DECODE_CASES:
-        ids = add(conc, ctx, 10_000)
+    out["prefill"] = {"prompt": prompt_len, "ttft_ms_median": 1e3 * statistics.median(ttft),
+                      "tokens_per_s": prompt_len / statistics.median(ttft)}
+    print(f"prefill {prompt_len}: TTFT {out['prefill']['ttft_ms_median']:.1f} ms", flush=True)
+    for conc, ctx in cases:
+        add(conc, ctx, 200)
         # prefill them all, then a few decode steps to settle
         produced: dict[str, int] = {}
 
@@ -464,18 +494,19 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
                 break
             for o in engine.step():
                 if o.outputs and len(o.outputs[0].token_ids) > 0:
-                    produced[o.request_id] = 1
+                    produced[o.request_id] = 1  # (vLLM may suffix the ids it was given)
         _step_until(engine, lambda: False, limit=5)
         steps = _step_until(engine, lambda: False, limit=args.steps)
         case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps)}
         case["tokens_per_s"] = conc / (case["step_ms_median"] / 1e3)
-        if conc in (64, 256) and ctx == 1024:
+        if (conc in (64, 256) and ctx == 1024) or args.smoke:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
                 _step_until(engine, lambda: False, limit=10)
-                torch.cuda.synchronize()
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
             case["profile"] = _busy_share(prof)
-        engine.abort_request(ids)
+        engine.abort_request(list(produced))
         _step_until(engine, lambda: not engine.has_unfinished_requests(), limit=50)
         out["decode"].append(case)
         print(f"decode {conc} x {ctx}: {case['step_ms_median']:.2f} ms/step, {case['tokens_per_s']:.0f} tok/s "
@@ -492,7 +523,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"device": _device(), "cases": {}}
     for graphs in args.graphs:
         log = Path(args.logs) / f"bench-graphs-{graphs}.log" if args.logs else None
-        rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps)],
+        rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
+                            "--tokenizer", args.tokenizer,
+                            *(["--smoke"] if args.smoke else [])],
                            args.timeout, log)
         results["cases"][f"graphs-{graphs}"] = rec if rec is not None else {"error": tail}
         print(tail if rec is None else f"graphs {graphs}: done", flush=True)
@@ -548,7 +581,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 lines.append(f"| {name} | failed | | | |")
                 continue
             p = rec["prefill"]
-            lines.append(f"| {name} | prefill 8k (TTFT) | {p['ttft_ms_median']:.1f} | {p['tokens_per_s']:.0f} | |")
+            lines.append(f"| {name} | prefill {p['prompt']} (TTFT) | {p['ttft_ms_median']:.1f} | {p['tokens_per_s']:.0f} | |")
             for c in rec["decode"]:
                 prof = c.get("profile", {})
                 share = f"{prof['outside_kernels']:.1%}" if "outside_kernels" in prof else ""
@@ -576,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("engine", help="(internal) one parity engine")
     p.add_argument("engine", choices=sorted(ENGINES))
     p.add_argument("checkpoint")
-    p.add_argument("--break-split", action="store_true")
+    p.add_argument("--break-persistent", action="store_true")
     p = sub.add_parser("bench", help="throughput at the released layer widths")
     p.add_argument("out")
     p.add_argument("--graphs", nargs="*", default=["on", "off"], choices=["on", "off"])
@@ -584,8 +617,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--logs", help="folder for each engine's full output")
+    p.add_argument("--smoke", action="store_true", help="a small model and short runs (any machine)")
+    p.add_argument("--tokenizer", required=True, help="a folder with tokenizer.json (the tiny checkpoint's)")
     p = sub.add_parser("bench-engine", help="(internal) one bench engine")
     p.add_argument("graphs", choices=["on", "off"])
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--smoke", action="store_true")
     p.add_argument("--workdir", required=True)
     p.add_argument("--steps", type=int, default=20)
     p = sub.add_parser("report", help="Markdown tables of parity / bench JSON")
