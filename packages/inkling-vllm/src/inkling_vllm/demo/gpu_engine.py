@@ -331,7 +331,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
     def run(name: str) -> tuple[str, dict[str, Any] | None, str, float]:
         start = time.time()
         extra = ["--break-persistent"] if name.endswith("+break") else []
-        log = Path(args.logs) / f"{name}.log" if args.logs else None
+        log = Path(args.logs) / f"{name.replace('+', '-')}.log" if args.logs else None
         rec, tail = _child(["engine", name.removesuffix("+break"), args.checkpoint, *extra], args.timeout, log)
         return name, rec, tail, time.time() - start
 
