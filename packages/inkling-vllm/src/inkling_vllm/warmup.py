@@ -120,12 +120,13 @@ def _order(b: WarmupBatch) -> tuple[int, int, int, str]:
 def conv_signature(batch: WarmupBatch) -> Hashable:
     """The conv kernels' shape class: their tile rules switch at powers of two of the
     rows and the prompt rows, at 8 and 16 rows per request and for launches of at most
-    16 rows; the two leading bits of the row count also separate vLLM's fused-MoE
-    size buckets (``2**k`` and ``3 * 2**(k-1)``)."""
+    16 rows; the two leading bits of the row count and its divisibility by 16 also
+    separate vLLM's fused-MoE size buckets (``2**k`` and ``3 * 2**(k-1)``) and Triton's
+    integer specialisations."""
     t = batch.num_tokens
     lead = t >> max(0, t.bit_length() - 2)
     per_request = min((t // batch.num_reqs).bit_length(), 5)
-    return (t.bit_length(), lead, per_request, batch.prompt_rows.bit_length(), min(t, 17))
+    return (t.bit_length(), lead, t % 16 == 0, per_request, batch.prompt_rows.bit_length(), min(t, 17))
 
 
 def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], Hashable]:
@@ -200,8 +201,9 @@ def _dummy_forward(runner: Any, batch: WarmupBatch) -> None:
 
     if _runs_v2(runner):
         with _request_limit(runner, "max_num_reqs", batch.num_reqs):
+            # is_profile: run eager (never replay or capture a graph for the size)
             runner._dummy_run(batch.num_tokens, uniform_decode=batch.kind == "uniform", skip_eplb=True,
-                              context_len=batch.seq_len - batch.max_query_len)
+                              is_profile=True, context_len=batch.seq_len - batch.max_query_len)
         return
     with _request_limit(runner.scheduler_config, "max_num_seqs", batch.num_reqs):
         runner._dummy_run(

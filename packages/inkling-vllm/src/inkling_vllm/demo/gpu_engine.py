@@ -92,7 +92,7 @@ ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
     "eager": ({"enforce_eager": True}, {}, _FULL),
     "window": ({}, {"INKLING_CONV_STATE": "window"}, _FULL),
     "sync": ({"async_scheduling": False}, {}, _FULL),
-    "preempt": ({"num_gpu_blocks_override": 48}, {}, ["preemption"]),
+    "preempt": ({"num_gpu_blocks_override": 48, "max_model_len": 512}, {}, ["preemption"]),
     "spec": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
                                      "prompt_lookup_min": 2, "prompt_lookup_max": 4}}, {}, ["spec", "batched"]),
     "window-spec": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
