@@ -146,51 +146,6 @@ def test_prefill_token_hint_travels_through_the_ops() -> None:
     torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
 
 
-@pytest.mark.parametrize("value", [1, 0, None, "yes"])
-def test_bad_decodes_last_hint(value: Any) -> None:
-    """``SconvBatch.decodes_last`` must be a bool; the message names the helper that
-    tells it."""
-    with pytest.raises(TypeError, match="decodes_last must be a bool.*decodes_follow_prompts"):
-        _batch(_base(), decodes_last=value)
-
-
-def test_decodes_last_hint_travels_through_the_ops() -> None:
-    """``op_args`` / ``split_op_args`` keep ``decodes_last`` (checked again in the fake
-    implementation: opcheck), and the op takes it (here the CPU reference, which ignores
-    it; the row kernel's reversed compile is checked in test_fused_sconv.py and
-    test_sconv_kv.py, interpreted)."""
-    kw = _base()
-    for flag in (False, True):
-        back, rest = SconvBatch.split_op_args((*_batch(kw, decodes_last=flag).op_args(), "rest"), check=True)
-        assert back.decodes_last is flag and rest == ("rest",)
-        assert ("decodes_last" in repr(back)) == flag
-    outs = []
-    for flag in (False, True):
-        cache = kw["cache"].clone()
-        outs.append((fused_sconv(kw["x"], kw["weight"], cache, _batch(kw, decodes_last=flag),
-                                 kw["stream_offset"], kw["stream_width"]), cache))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    args = (kw["x"], kw["weight"], kw["cache"], *_batch(kw, decodes_last=True).op_args(), kw["stream_offset"],
-            kw["stream_width"], kw["activation"], kw["residual"])
-    torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
-
-
-def test_decodes_follow_prompts() -> None:
-    """True only when the batch holds both prompt and decode requests (the threshold of
-    prefill_token_count) and no prompt comes after a decode; a bad threshold raises."""
-    from inkling_kernels import decodes_follow_prompts
-
-    assert decodes_follow_prompts([2048] + [1] * 255)
-    assert not decodes_follow_prompts([1] * 255 + [2048])
-    assert not decodes_follow_prompts([2048, 1, 40]) and decodes_follow_prompts([40, 2048, 1, 8, 16])
-    assert not decodes_follow_prompts([2048]) and not decodes_follow_prompts([1, 4]) and not decodes_follow_prompts([])
-    assert decodes_follow_prompts([9, 8], decode_max_rows=8) and not decodes_follow_prompts([9, 8])
-    assert decodes_follow_prompts(torch.tensor([40, 0, 1])) and not decodes_follow_prompts([40, 0])
-    for bad in (0, True, 2.5):
-        with pytest.raises(ValueError, match="decode_max_rows"):
-            decodes_follow_prompts([1], decode_max_rows=bad)
-
-
 def test_prefill_token_count() -> None:
     """Rows of the requests with more than ``decode_max_rows`` rows (default 16: up to 15
     drafts are speculative verifications); a bad threshold raises."""

@@ -6,8 +6,7 @@ Public API:
 - :data:`SUPPORTED_DTYPES` — the activation / cache dtypes of every sconv op;
 - :class:`SconvBatch` — the step's per-token metadata, built and validated once per
   step and KV-cache group, handed to every conv launch; :func:`prefill_token_count`
-  counts its ``num_prefill_tokens`` hint and :func:`decodes_follow_prompts` tells its
-  ``decodes_last`` hint;
+  counts its ``num_prefill_tokens`` hint;
 - :func:`fused_sconv`, :func:`fused_sconv_add_rmsnorm` — the conv ops, on a batch;
   :func:`fused_sconv_add` — the conv + residual add without the norm (a tp > 1 shard);
   :func:`fused_sconv_kv` — the K and V convs of a layer in one launch;
@@ -27,7 +26,7 @@ PyTorch twins in ``_reference_common.py``.
 """
 
 from ._dispatch import uses_triton
-from .batch import PREFILL_MIN_ROWS, SconvBatch, decodes_follow_prompts, prefill_token_count
+from .batch import PREFILL_MIN_ROWS, SconvBatch, prefill_token_count
 from .checks import ACTIVATION_DTYPES as SUPPORTED_DTYPES
 from .gathered_rmsnorm import gathered_rms_norm, gathered_rms_norm_ref
 from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
@@ -49,7 +48,6 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "SconvBatch",
     "causal_conv_ref",
-    "decodes_follow_prompts",
     "fused_sconv",
     "fused_sconv_add",
     "fused_sconv_add_ref",
