@@ -59,8 +59,7 @@ from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_unfit, rows_
 
 __all__ = [
     "MAP_MIN_WORK", "PREFILL_SHARE", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig",
-    "choose_config", "fused_sconv_triton", "launch_conv_streams", "rows_batch",
-    "launch_fused_sconv",
+    "choose_config", "fused_sconv_triton", "rows_batch",
 ]
 
 

@@ -76,8 +76,6 @@ __all__ = [
     "choose_norm_config",
     "interpreter_norm_config",
     "row_loop_config",
-    "launch_sconv_add",
-    "launch_sconv_add_rmsnorm",
     "sconv_add_rmsnorm_triton",
     "sconv_add_triton",
 ]

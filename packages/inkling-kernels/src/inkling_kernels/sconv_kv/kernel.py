@@ -23,7 +23,7 @@ from ..batch import SconvBatch
 from ..checks import SconvProblem, check_kv_call
 from ..sconv.kernel import ConvStream, SconvConfig, launch_conv_streams
 
-__all__ = ["fused_sconv_kv_triton", "launch_fused_sconv_kv"]
+__all__ = ["fused_sconv_kv_triton"]
 
 
 def launch_fused_sconv_kv(

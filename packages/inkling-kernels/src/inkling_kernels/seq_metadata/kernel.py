@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ..checks import check_seq_metadata_args
 
-__all__ = ["launch_sconv_seq_metadata", "sconv_seq_metadata_triton"]
+__all__ = ["sconv_seq_metadata_triton"]
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_actual_tokens", "num_padded_tokens", "top_step"])

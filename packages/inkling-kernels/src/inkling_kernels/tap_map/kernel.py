@@ -35,7 +35,7 @@ from .._triton_common import match_rows, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import check_tap_map_call
 
-__all__ = ["hazard_tiles", "launch_sconv_tap_map", "sconv_tap_map_triton"]
+__all__ = ["hazard_tiles", "sconv_tap_map_triton"]
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
