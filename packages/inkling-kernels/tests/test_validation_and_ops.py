@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_ref, fused_sconv_vllm
+from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_ref
 
 from _sconv_world import PagedWorld
 
@@ -28,7 +28,6 @@ def _base() -> dict[str, Any]:
 
 
 BATCH_FIELDS = ("positions", "block_table", "seq_idx", "slot_mapping", "query_start", "block_size")
-LOOSE = ["x", "weight", "cache", *BATCH_FIELDS[:-1], "stream_offset", "stream_width", "block_size"]
 
 
 def _batch(kw: dict[str, Any], **extra: Any) -> SconvBatch:
@@ -36,10 +35,8 @@ def _batch(kw: dict[str, Any], **extra: Any) -> SconvBatch:
 
 
 def _call(fn: Callable[..., torch.Tensor], kw: dict[str, Any]) -> torch.Tensor:
-    """Call a conv entry point: the drop-in with loose metadata, the others on a batch
-    (built here, so that the batch's own checks count as the call's)."""
-    if fn is fused_sconv_vllm:
-        return fn(*[kw[n] for n in LOOSE], kw["activation"], kw["residual"])
+    """Call a conv entry point on a batch (built here, so that the batch's own checks
+    count as the call's)."""
     return fn(kw["x"], kw["weight"], kw["cache"], _batch(kw), kw["stream_offset"], kw["stream_width"],
               activation=kw["activation"], residual=kw["residual"])
 
@@ -88,7 +85,7 @@ KW_BAD: list[tuple[str, str, Any, type[Exception], str]] = [
 def _impls() -> list[Callable[..., torch.Tensor]]:
     from inkling_kernels.sconv.kernel import fused_sconv_triton
 
-    return [fused_sconv, fused_sconv_ref, fused_sconv_triton, fused_sconv_vllm]
+    return [fused_sconv, fused_sconv_ref, fused_sconv_triton]
 
 
 @pytest.mark.parametrize("name,key,mutate,exc,msg", BAD, ids=[b[0] for b in BAD])
