@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from inkling_cache import ConvStateLayout, Stream
 from inkling_kernels import (
     SconvBatch,
-    decodes_follow_prompts,
     fused_sconv,
     fused_sconv_add,
     fused_sconv_add_rmsnorm,
@@ -238,7 +237,6 @@ class Step:
     qs: torch.Tensor
     tap_map: torch.Tensor
     prefill: Optional[int]
-    decodes_last: bool
 
     @property
     def loose(self) -> tuple[torch.Tensor, ...]:
@@ -246,8 +244,7 @@ class Step:
 
     @functools.cached_property
     def batch(self) -> SconvBatch:
-        return SconvBatch(*self.loose, block_size=N, kernel_size=W, num_prefill_tokens=self.prefill,
-                          decodes_last=self.decodes_last)
+        return SconvBatch(*self.loose, block_size=N, kernel_size=W, num_prefill_tokens=self.prefill)
 
     @functools.cached_property
     def mapped(self) -> SconvBatch:
@@ -284,7 +281,7 @@ def build_steps(env: Env, requests: list[tuple[int, int]], num_sets: int) -> tup
         news = [n for _, n in requests]
         step = Step(torch.cat(pos).to(dev), table.to(dev), torch.cat(seq).to(dev), torch.cat(slots).to(dev),
                     torch.cat(qs).to(dev), torch.empty(row0, W - 1, dtype=torch.int64, device=dev),
-                    prefill_token_count(news), decodes_follow_prompts(news))
+                    prefill_token_count(news))
         sconv_tap_map(step.batch, step.tap_map)
         steps.append(step)
     return num_blocks, steps

@@ -88,7 +88,6 @@ class Batch:
     block_size: int = 4
     kernel_size: int = 4
     num_prefill_tokens: int | None = None  # the batch's prompt-row hint (kernel choice only)
-    decodes_last: bool = False  # the batch's order hint (the row kernel's tile order only)
 
     def sconv(self, *, tap_map: torch.Tensor | None = None) -> SconvBatch:
         """The step's :class:`SconvBatch` (validated), optionally with a tap map."""
@@ -96,7 +95,7 @@ class Batch:
             positions=self.positions, block_table=self.block_table, seq_idx=self.seq_idx,
             slot_mapping=self.slot_mapping, query_start=self.query_start,
             block_size=self.block_size, kernel_size=self.kernel_size, tap_map=tap_map,
-            num_prefill_tokens=self.num_prefill_tokens, decodes_last=self.decodes_last,
+            num_prefill_tokens=self.num_prefill_tokens,
         )
 
 

@@ -109,18 +109,26 @@ def test_weights_and_epilogue(impl: str, weight_dtype: str, weight_3d: bool,
     world.run(batch, 2, impl, activation=activation, residual=residual)
 
 
+def small_scan(monkeypatch: pytest.MonkeyPatch, scan: int) -> None:
+    """The map-less kernel's hazard scan in chunks of ``scan`` slots (its default is
+    sized to the tile: at least 16, so small test batches would scan in one chunk)."""
+    import inkling_kernels.sconv.kernel as K
+
+    monkeypatch.setattr(K, "_scan_chunk", lambda cfg, taps_p2: scan)
+
+
 @needs_interpreter
-def test_tile_configs() -> None:
+def test_tile_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Explicit tiles: several requests per tile, channel tiles straddling the stream
     width (masked lanes), and a scan chunk smaller than T."""
     from inkling_kernels.sconv.kernel import SconvConfig
 
-    for i, cfg in enumerate([
-        SconvConfig(block_t=16, block_c=8, num_warps=1, scan=4),
-        SconvConfig(block_t=4, block_c=16, num_warps=1, scan=8),
-        SconvConfig(block_t=32, block_c=4, num_warps=2, scan=32),
-        SconvConfig(block_t=4, block_c=16, num_warps=2, scan=8, pdl=True),  # (a launch option: no effect here)
+    for i, (cfg, scan) in enumerate([
+        (SconvConfig(block_t=16, block_c=8, num_warps=1), 4),
+        (SconvConfig(block_t=4, block_c=16, num_warps=1), 8),
+        (SconvConfig(block_t=32, block_c=4, num_warps=2), 32),
     ]):
+        small_scan(monkeypatch, scan)
         rng = random.Random(20 + i)
         world = PagedWorld(dtype=torch.float32, seed=20 + i)
         batch = world.make_batch(_trace(world, "mixed", rng), num_pad=3)
@@ -246,57 +254,44 @@ def test_rows_kernel_unfit() -> None:
                            config=SconvConfig(block_t=8, block_c=8, num_warps=1, rows=True), auto_map=False)
 
 
-def test_tap_select_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tap_select_default() -> None:
     """``fused_sconv``'s mapped launches of >= 1024 rows and >= ROWS_TOKENS_PER_REQUEST rows a request (a
     known bound on the requests), over a multiple of 256 channels, take the row-register
     kernel (8 x 256, two warps; the K+V launch too); other mapped one-stream launches of
     ``T * C >= MAP_MIN_WORK`` take 16-row tiles with one load a tap; smaller and map-less
     launches, the two-stream (K+V) launch and ``fused_sconv_add``'s mirrored tiles keep
-    the two-load tiles, and no ``fused_sconv_add_rmsnorm`` tiling takes either.
-    ``INKLING_KERNELS_SCONV_ROWS=0`` turns the row kernel off,
-    ``INKLING_KERNELS_TAP_SELECT=0`` the one-load tiles."""
+    the two-load tiles, and no ``fused_sconv_add_rmsnorm`` tiling takes either."""
     from inkling_kernels.sconv.kernel import MAP_MIN_WORK, ROWS_TOKENS_PER_REQUEST, SconvConfig, choose_config
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
 
     shapes = [(8192, 8, 768, True), (256, 8, 768, True), (256, 1, 768, True), (8192, 8, 128, True),
               (8192, 8, 768, False), (64, 8, 768, True), (1024, 8, 128, True), (2048, 16, 32, True),
               (4096, 2, 200, True), (16384, 16, 128, True), (2303, 8, 768, True), (4096, 16, 128, True)]
-    monkeypatch.setenv("INKLING_KERNELS_TAP_SELECT", "0")
-    monkeypatch.setenv("INKLING_KERNELS_SCONV_ROWS", "0")
-    base = {shape: choose_config(*shape) for shape in shapes}
+    base = {shape: choose_config(*shape, one_load=False) for shape in shapes}  # the two-load tiles
     assert not any(c.tap_select or c.rows for c in base.values())
-    for tap_select, rows in ((None, None), ("1", "1"), ("1", "0"), ("0", "1")):
-        for name, value in (("INKLING_KERNELS_TAP_SELECT", tap_select), ("INKLING_KERNELS_SCONV_ROWS", rows)):
-            if value is None:
-                monkeypatch.delenv(name)
-            else:
-                monkeypatch.setenv(name, value)
-        one_load_on, rows_on = tap_select != "0", rows != "0"
-        counts = {"rows": 0, "one-load": 0}
-        row_cfg = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
-        for (t, h, w, mapped), cfg in base.items():
-            got = choose_config(t, h, w, mapped)
-            assert choose_config(t, h, w, mapped, one_load=False) == cfg
-            add = choose_add_config(t, h, w, mapped)
-            assert not add.tap_select and (add.block_t, add.num_warps) == (cfg.block_t, cfg.num_warps)
-            tiles = _one_load_or(cfg, t, h, w, one_load_on and mapped and t * h * w >= MAP_MIN_WORK)
-            assert got == tiles  # no request bound: never the row kernel
-            per = ROWS_TOKENS_PER_REQUEST
-            few, many = max(1, t // per), t // per + 1  # requests: enough rows each, or fewer
-            if mapped and rows_on and t >= 1024 and h * w % 256 == 0:
-                counts["rows"] += 1
-                assert choose_config(t, h, w, mapped, num_requests=few) == row_cfg
-                assert choose_config(t, h, w, mapped, one_load=False, num_requests=1) == row_cfg
-                assert choose_config(t, h, w, mapped, rows=False, num_requests=1) == tiles
-            else:
-                assert choose_config(t, h, w, mapped, num_requests=few) == tiles
-            assert choose_config(t, h, w, mapped, num_requests=many) == tiles
-            assert choose_config(t, h, w, mapped, one_load=False, num_requests=many) == cfg
-            counts["one-load"] += tiles != cfg
-        assert counts == ({"rows": 7, "one-load": 9} if rows_on and one_load_on else
-                          {"rows": 7, "one-load": 0} if rows_on else {"rows": 0, "one-load": 9})
-        for t in (1, 64, 256, 8192):
-            assert not choose_norm_config(t, 8, 768).tap_select
+    counts = {"rows": 0, "one-load": 0}
+    row_cfg = SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
+    for (t, h, w, mapped), cfg in base.items():
+        got = choose_config(t, h, w, mapped)
+        add = choose_add_config(t, h, w, mapped)
+        assert not add.tap_select and (add.block_t, add.num_warps) == (cfg.block_t, cfg.num_warps)
+        tiles = _one_load_or(cfg, t, h, w, mapped and t * h * w >= MAP_MIN_WORK)
+        assert got == tiles  # no request bound: never the row kernel
+        per = ROWS_TOKENS_PER_REQUEST
+        few, many = max(1, t // per), t // per + 1  # requests: enough rows each, or fewer
+        if mapped and t >= 1024 and h * w % 256 == 0:
+            counts["rows"] += 1
+            assert choose_config(t, h, w, mapped, num_requests=few) == row_cfg
+            assert choose_config(t, h, w, mapped, one_load=False, num_requests=1) == row_cfg
+            assert choose_config(t, h, w, mapped, rows=False, num_requests=1) == tiles
+        else:
+            assert choose_config(t, h, w, mapped, num_requests=few) == tiles
+        assert choose_config(t, h, w, mapped, num_requests=many) == tiles
+        assert choose_config(t, h, w, mapped, one_load=False, num_requests=many) == cfg
+        counts["one-load"] += tiles != cfg
+    assert counts == {"rows": 7, "one-load": 9}
+    for t in (1, 64, 256, 8192):
+        assert not choose_norm_config(t, 8, 768).tap_select
 
 
 def _one_load_or(two_load: object, t: int, h: int, w: int, on: bool) -> object:
@@ -321,7 +316,6 @@ def test_tap_select_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     import inkling_kernels.sconv.kernel as K
 
     grids = _count_row_launches(monkeypatch)
-    monkeypatch.delenv("INKLING_KERNELS_TAP_SELECT", raising=False)
     cfg = K.choose_config(1024, 8, 128, True, num_requests=145)
     assert cfg.tap_select and not cfg.rows
     monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 128)
@@ -365,8 +359,7 @@ def test_rows_rule_prompt_row_hint() -> None:
     """With the batch's ``num_prefill_tokens`` the rule goes by the share of prompt rows
     (>= half), not rows per request: the two cannot be told apart by T and the request
     count alone (2048 + 255 decodes and 114 x 9 speculative rows both bring 9 rows a
-    request; the row kernel is faster than the tiles on the first, slower on the
-    second: benchmarks/RESULTS.md)."""
+    request; the row kernel wins on the first and loses on the second)."""
     import inkling_kernels.sconv.kernel as K
 
     def rows(t: int, r: int, prefill: int | None) -> bool:
@@ -388,12 +381,10 @@ def test_rows_hint_reaches_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     rows are mostly one prompt's takes the row kernel with it and the tiles without it;
     a batch of 8-row speculative requests the reverse; every launch against the
     reference and the cache oracle (``ROWS_MIN_TOKENS`` lowered to 64 for the
-    interpreter). The mixed batch (its prompt first) also carries ``decodes_last``,
-    which reaches the row kernel's launch as its ``REVERSE`` compile."""
+    interpreter)."""
     import inkling_kernels.sconv.kernel as K
-    from inkling_kernels import decodes_follow_prompts
 
-    calls = _count_row_launches(monkeypatch, keyword="REVERSE")
+    calls = _count_row_launches(monkeypatch)
     monkeypatch.setattr(K, "ROWS_MIN_TOKENS", 64)
     world = PagedWorld(num_heads=2, head_size=128, streams=((0, 128),), dtype=torch.bfloat16, num_blocks=300, seed=8)
     rng = random.Random(8)
@@ -406,60 +397,18 @@ def test_rows_hint_reaches_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
                 world.add_request(rid0 + i, history)
             batch = world.make_batch([(rid0 + i, n) for i, (_, n) in enumerate(plan)])
             batch.num_prefill_tokens = hint
-            batch.decodes_last = decodes_follow_prompts(n for _, n in plan)
-            assert batch.decodes_last == (plan is mixed)
             before = len(calls)
             world.run(batch, 0, "triton_map")
             took_rows = len(calls) > before
             assert took_rows == (hint is not None if plan is mixed else hint is None), (plan is mixed, hint)
-            assert [rev for _, rev in calls[before:]] == [plan is mixed] * took_rows
 
 
-@needs_interpreter
-@pytest.mark.parametrize("decodes", ["decode", "spec", "mixed"])
-def test_rows_kernel_decodes_last(decodes: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``SconvBatch.decodes_last`` (the decode rows after the prompt rows): the row kernel
-    takes its tiles last to first, with its slot and map loads first (``REVERSE``), on
-    explicit tiles (the default: test_rows_hint_reaches_the_launch), against the
-    reference and the cache oracle on every stream its tiles divide; the hint is told
-    from the batch order (``decodes_follow_prompts``), and a wrong one (decodes first)
-    changes no result."""
-    import inkling_kernels.sconv.kernel as K
-    from inkling_kernels import decodes_follow_prompts
-    from inkling_kernels.sconv.kernel import SconvConfig
-
-    seen = count_launches(monkeypatch, K, "_rows_sconv_kernel", keyword="REVERSE")
-    for i, (bt, bc, nw, sub) in enumerate(ROWS_CONFIGS[:2]):
-        monkeypatch.setattr(K, "ROWS_LOAD_PATH_CHANNELS", sub)
-        for prompts_first in (True, False):
-            seed = 500 + 13 * i + 2 * ["decode", "spec", "mixed"].index(decodes) + prompts_first
-            rng = random.Random(seed)
-            world = PagedWorld(dtype=torch.bfloat16, seed=seed, num_blocks=120)
-            prompts = [(len(world.reqs) + j, rng.randint(40, 70)) for j in range(2)]
-            for rid, _ in prompts:
-                world.add_request(rid, rng.randint(0, 9))
-            tail = _trace(world, decodes, rng)
-            items = prompts + tail if prompts_first else tail + prompts
-            batch = world.make_batch(items, num_pad=rng.randint(0, 3))
-            # (the default threshold would call the trace's 3-row requests decodes too)
-            assert decodes_follow_prompts((n for _, n in items), decode_max_rows=9) == prompts_first
-            batch.decodes_last = True  # (told for the decodes-first batch too: it must not matter)
-            batch.num_prefill_tokens = sum(n for _, n in prompts)
-            for s, (_, width) in enumerate(world.streams):
-                if world.H * width % bc == 0:
-                    before = len(seen)
-                    world.run(batch, s, "triton_map", config=SconvConfig(block_t=bt, block_c=bc, num_warps=nw,
-                                                                         rows=True))
-                    assert [rev for _, rev in seen[before:]] == [True]
-
-
-def _count_row_launches(monkeypatch: pytest.MonkeyPatch, keyword: str | None = None) -> list[tuple]:
-    """The row kernel on by default, and a list that records each of its launches' grid
-    (and with ``keyword``, that launch argument: :func:`count_launches`)."""
+def _count_row_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """A list that records the grid of each launch of the row kernel
+    (:func:`count_launches`)."""
     import inkling_kernels.sconv.kernel as K
 
-    monkeypatch.delenv("INKLING_KERNELS_SCONV_ROWS", raising=False)
-    return count_launches(monkeypatch, K, "_rows_sconv_kernel", keyword)
+    return count_launches(monkeypatch, K, "_rows_sconv_kernel")
 
 
 def _rows_rule_batch(world: PagedWorld, rng: random.Random) -> Batch:
@@ -520,7 +469,7 @@ def test_multi_step(impl: str) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("hit", [12, 13], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
-def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool) -> None:
+def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/design.md §3.2: request A computes a prompt; request B, the same prompt, hits
     A's first blocks (registered as cached when allocated) and computes the rest in
     the same call. B's pre-forward taps name slots that A writes in this call; they
@@ -529,11 +478,12 @@ def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool) -> None:
     alignment of the hit on every path (an unaligned hit shares A's partial block)."""
     from inkling_kernels.sconv.kernel import SconvConfig
 
+    small_scan(monkeypatch, 8)
     world = PagedWorld(dtype=torch.bfloat16, block_size=4, num_blocks=40, seed=99)
     batch = world.prefix_hit_batch(hit, hit_first)
     for s in range(len(world.streams)):
         # Small tiles, so A's and B's rows sit in different programs.
-        cfg = SconvConfig(block_t=4, block_c=8, num_warps=1, scan=8)
+        cfg = SconvConfig(block_t=4, block_c=8, num_warps=1)
         world.run(batch, s, impl, config=cfg if impl != "reference" else None)
 
 

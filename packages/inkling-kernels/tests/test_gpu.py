@@ -5,7 +5,6 @@ Run on a GPU machine:  python -m pytest -q packages/inkling-kernels/tests/test_g
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -101,9 +100,6 @@ def _conv(path: str, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor,
         return fused_sconv_triton(x, weight, cache, _batch(meta, n), off, width, auto_map=False)
     if path == "rows":  # the row-register kernel, forced (the default only above 1024 rows)
         return fused_sconv_triton(x, weight, cache, _gpu_map(meta, n), off, width, config=ROWS_CONFIG)
-    if path == "rows-rev":  # ... its reversed compile (the batch told its decodes come last)
-        batch = dataclasses.replace(_gpu_map(meta, n), decodes_last=True)
-        return fused_sconv_triton(x, weight, cache, batch, off, width, config=ROWS_CONFIG)
     batch = _gpu_map(meta, n) if path == "map" else _batch(meta, n)
     return fused_sconv(x, weight, cache, batch, off, width)
 
@@ -132,12 +128,11 @@ def test_inkling_shapes_vs_reference(
 ONE_LOAD_TILES = [(16, 128, 4), (4, 128, 2), (1, 128, 1)]
 
 
-def _config_vs_reference(shape: tuple, cfg: SconvConfig, seed: int, decodes_last: bool = False) -> None:
+def _config_vs_reference(shape: tuple, cfg: SconvConfig, seed: int, prompts_first: bool = False) -> None:
     """``fused_sconv_triton`` with ``cfg`` on the step's GPU map, Inkling shape ``shape``
     (bf16, N 16), a mixed batch (prompts, decodes, spec, chunks, pad rows): against the
-    reference and the cache, bit for bit. ``decodes_last``: the batch's requests of more
-    than 16 rows first, and the batch saying so (``SconvBatch.decodes_last``)."""
-    from inkling_kernels import decodes_follow_prompts
+    reference and the cache, bit for bit. ``prompts_first``: the batch's requests of more
+    than 16 rows first."""
     from inkling_kernels.sconv.kernel import fused_sconv_triton
 
     _, heads, head_size, off, width = shape
@@ -145,15 +140,13 @@ def _config_vs_reference(shape: tuple, cfg: SconvConfig, seed: int, decodes_last
     world = PagedWorld(num_heads=heads, head_size=head_size, block_size=16, streams=((off, width),),
                        dtype=torch.bfloat16, num_blocks=160, page_pad=64, seed=rng.randint(0, 999))
     items = _mixed(world, rng, scale=2)
-    if decodes_last:
+    if prompts_first:
         items.sort(key=lambda item: item[1] <= 16)  # (stable: prompts, then decodes, each shuffled)
-        assert decodes_follow_prompts(n for _, n in items)
     batch = world.make_batch(items, num_pad=5)
     storage, cache = _gpu_copy(world)
     meta = [batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start]
     mapped = _gpu_map(meta, 16)
-    out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache,
-                             dataclasses.replace(mapped, decodes_last=decodes_last), off, width, config=cfg)
+    out = fused_sconv_triton(batch.x[0].cuda(), world.weights[0].cuda(), cache, mapped, off, width, config=cfg)
     torch.cuda.synchronize()
     ref = world.run(batch, 0, "reference")
     torch.testing.assert_close(out.cpu(), ref, **TOL[torch.bfloat16])
@@ -183,17 +176,11 @@ def test_rows_kernel_vs_reference(shape: tuple, tile: tuple[int, int, int], case
     _config_vs_reference(shape, cfg, case_seed("rows", shape[0], *tile) % 10_000)
 
 
-@pytest.mark.parametrize("int64", [False, True], ids=["int32", "int64"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
-def test_rows_kernel_decodes_last_vs_reference(shape: tuple, int64: bool, case_seed: Callable[..., int],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The row-register kernel's reversed compile (``SconvBatch.decodes_last``: tiles
-    last to first, slot and map loads first) on a batch whose decodes follow its
-    prompts, with int32 and int64 cache offsets."""
-    import inkling_kernels.sconv.kernel as sconv_kernel
-
-    monkeypatch.setattr(sconv_kernel, "ROWS_OFFSET32_LIMIT", 0 if int64 else 2**31)
-    _config_vs_reference(shape, ROWS_CONFIG, case_seed("rows-rev", shape[0], int64) % 10_000, decodes_last=True)
+def test_rows_kernel_prompts_first_vs_reference(shape: tuple, case_seed: Callable[..., int]) -> None:
+    """The row-register kernel on a batch whose decodes follow its prompts (their
+    load-path tiles last in the grid)."""
+    _config_vs_reference(shape, ROWS_CONFIG, case_seed("rows-prompts-first", shape[0]) % 10_000, prompts_first=True)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
@@ -274,22 +261,20 @@ class _GraphSetup:
         return graph, static_out
 
 
-@pytest.mark.parametrize("mapped", [False, True, "rows", "rows-rev"], ids=["no-map", "map", "rows", "rows-rev"])
+@pytest.mark.parametrize("mapped", [False, True, "rows"], ids=["no-map", "map", "rows"])
 def test_cuda_graph_replay_with_changing_metadata(mapped: bool | str) -> None:
     """Capture one launch with static buffers; replay it over different batches
     (different request mixes, pad rows) written into those buffers. With ``mapped``
     the graph holds the tap-map build too (two launches) before the conv; "rows": the
-    row-register kernel after it; "rows-rev": its reversed compile (``decodes_last``)."""
+    row-register kernel after it."""
     from inkling_kernels.sconv.kernel import fused_sconv_triton
 
     rng = random.Random(7)
     g = _GraphSetup(heads=8, seed=7)
     st, width = g.st, g.width
-    if mapped in ("rows", "rows-rev"):
+    if mapped == "rows":
         graph, static_out = g.capture(
-            lambda batch: fused_sconv_triton(st["x"], g.weight, g.cache,
-                                             dataclasses.replace(batch, decodes_last=mapped == "rows-rev"),
-                                             g.off, width, config=ROWS_CONFIG),
+            lambda batch: fused_sconv_triton(st["x"], g.weight, g.cache, batch, g.off, width, config=ROWS_CONFIG),
             True)
     else:
         graph, static_out = g.capture(
@@ -342,7 +327,7 @@ def _hazard_case(prompt_len: int, hit: int, b_first: bool, seed: int = 0, device
                 off=off, width=width, n=n, expected=expected, pre_slots=pre_slots)
 
 
-@pytest.mark.parametrize("path", PATHS + ["rows", "rows-rev"])
+@pytest.mark.parametrize("path", PATHS + ["rows"])
 @pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
 @pytest.mark.parametrize("prompt_len,hit,launches", [(1024, 512, 200), (8192, 4096, 100), (1024, 513, 200),
                                                     (128, 64, 200), (128, 65, 200), (128, 66, 200)])
@@ -351,8 +336,7 @@ def test_same_step_hazard_many_launches(b_first: bool, prompt_len: int, hit: int
     """Hits of 512/4096 tokens are block-aligned (what engines produce); 513 is not:
     every path is exact at any alignment (one hazard rule). The 128-token prompts
     (T <= 256) take the map-less kernel's one-chunk scan; the 8192 + 4096-row launch
-    takes the row-register kernel by default ("auto", "map"), all of them with "rows"
-    (and its reversed compile with "rows-rev")."""
+    takes the row-register kernel by default ("auto", "map"), all of them with "rows"."""
     case = _hazard_case(prompt_len, hit, b_first)
     d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
     expected = d["expected"]
@@ -402,8 +386,8 @@ KV_STREAMS = ((0, 128), (128, 128))
 def _kv_conv(path: str, qkv: torch.Tensor, q_cols: int, world: PagedWorld, cache: torch.Tensor,
              meta: list[torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One fused_sconv_kv launch on GPU copies: the map-less kernel (forced), the public
-    op without a map (auto) or on the batch carrying the step's map, or the row kernel's
-    reversed compile (rows-rev)."""
+    op without a map (auto) or on the batch carrying the step's map, or the row kernel
+    (rows, one launch for K and V)."""
     from inkling_kernels import fused_sconv_kv
     from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
 
@@ -412,9 +396,8 @@ def _kv_conv(path: str, qkv: torch.Tensor, q_cols: int, world: PagedWorld, cache
     weights = (world.weights[0].cuda(), world.weights[1].cuda())
     if path == "no-map":
         return fused_sconv_kv_triton(k, v, *weights, cache, _batch(meta, n), 0, 128, 128, auto_map=False)
-    if path == "rows-rev":  # the row kernel's reversed compile (SconvBatch.decodes_last), one launch for K and V
-        batch = dataclasses.replace(_gpu_map(meta, n), decodes_last=True)
-        return fused_sconv_kv_triton(k, v, *weights, cache, batch, 0, 128, 128, config=ROWS_CONFIG)
+    if path == "rows":  # the row kernel, forced: one launch for K and V
+        return fused_sconv_kv_triton(k, v, *weights, cache, _gpu_map(meta, n), 0, 128, 128, config=ROWS_CONFIG)
     batch = _gpu_map(meta, n) if path == "map" else _batch(meta, n)
     return fused_sconv_kv(k, v, *weights, cache, batch, 0, 128, 128)
 
@@ -498,7 +481,7 @@ def test_kv_cuda_graph_replay_with_changing_metadata(mapped: bool | str) -> None
         assert torch.equal(bits(storage.cpu()), bits(world.storage)), f"cache differs at step {step}"
 
 
-@pytest.mark.parametrize("path", PATHS + ["rows-rev"])
+@pytest.mark.parametrize("path", PATHS + ["rows"])
 @pytest.mark.parametrize("b_first", [True, False], ids=["B-first", "A-first"])
 @pytest.mark.parametrize("hit", [512, 513], ids=["aligned", "unaligned"])
 def test_kv_same_step_hazard_many_launches(b_first: bool, hit: int, path: str) -> None:

@@ -73,16 +73,16 @@ def _run(w: World, config: RelAttentionConfig | None = None, *, device_meta: boo
 # --- small worlds: interpreter on CPU, compiled on GPU ------------------------------
 
 
-@pytest.mark.parametrize("variant", ["band", "table-split", "diag-split"])
+@pytest.mark.parametrize("variant", ["band", "band-split", "diag-split"])
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_matches_reference(layer: str, variant: str) -> None:
-    seed = 2000 + 31 * list(LAYERS).index(layer) + {"band": 0, "table-split": 7, "diag-split": 13}[variant]
+    seed = 2000 + 31 * list(LAYERS).index(layer) + {"band": 0, "band-split": 7, "diag-split": 13}[variant]
     if variant == "band":  # [2, nb, N, Hkv, Dh] views, one split, tiles span pages
         w = build_world(seed=seed, mix=MIX, layer=layer, group=2, n=16)
         cfg = _cfg(2, block_n=32, near_block_n=16)
-    elif variant == "table-split":  # [nb, 2, N, Hkv, Dh] views, N = 3, keys split 3 ways, precomputed bias table
+    elif variant == "band-split":  # [nb, 2, N, Hkv, Dh] views, N = 3, keys split 3 ways
         w = build_world(seed=seed, mix=MIX, layer=layer, group=2, n=3, layout="split1")
-        cfg = _cfg(2, block_n=16, splits=3, bias="table")
+        cfg = _cfg(2, block_n=16, splits=3)
     else:  # block-diagonal bias MMA; N = 5 (tiles across pages), near tiles half the far ones, 2 splits
         w = build_world(seed=seed, mix=MIX, layer=layer, group=2, n=5)
         cfg = _cfg(2, block_n=32, splits=2, bias="diag", near_block_n=16)
@@ -155,27 +155,19 @@ def test_launch_options_pdl_and_register_cap() -> None:
     _check_close(got.cpu(), w.reference(), torch.float32, f"seed {seed} pdl + register cap")
 
 
-def _tickets_zero() -> bool:
-    from inkling_kernels.rel_attention import kernel
-
-    return all(int(b.count_nonzero()) == 0 for b in kernel._TICKETS.values())
-
-
 @pytest.mark.parametrize(
-    ("fused", "flat", "splits", "group", "layer"),
-    [(True, True, 3, 4, "global_log"), (True, False, 7, 2, "sliding_small"), (False, True, 5, 4, "global_log"),
-     (True, True, 2, 1, "global_plain")],
-    ids=["fused-flat-s3-g4", "fused-s7-g2-sliding", "2launch-flat-s5-g4", "fused-flat-s2-g1"],
+    ("flat", "splits", "group", "layer"),
+    [(True, 3, 4, "global_log"), (False, 7, 2, "sliding_small"), (True, 5, 4, "global_log"),
+     (True, 2, 1, "global_plain")],
+    ids=["flat-s3-g4", "s7-g2-sliding", "flat-s5-g4", "flat-s2-g1"],
 )
-def test_split_combine_single_launch(fused: bool, flat: bool, splits: int, group: int, layer: str) -> None:
-    """Key splits (any count, not only powers of two) merged by the last split of each
-    query block and KV head in the same launch (``fused_combine``), or by the second
-    launch: against the reference, on a batch whose blocks use 1..splits splits (long
-    decode, spec verify, prefill, pad rows). The ticket counters must be back at zero
-    after the call, and a second call on the same counters with other contexts (other
-    split counts per block) must be right too."""
+def test_split_combine(flat: bool, splits: int, group: int, layer: str) -> None:
+    """Key splits (any count, not only powers of two) merged by the combine launch:
+    against the reference, on a batch whose blocks use 1..splits splits (long decode,
+    spec verify, prefill, pad rows); a second call with other contexts (other split
+    counts per block) must be right too."""
     seed = 2170 + splits + 10 * group
-    cfg = _cfg(group, block_n=16 if CUDA else 8, splits=splits, fused_combine=fused, flat_grid=flat)
+    cfg = _cfg(group, block_n=16 if CUDA else 8, splits=splits, flat_grid=flat)
     for step, mix in enumerate(([(61, 1), (30, 4), (0, 9), (7, 1)], [(13, 1), (70, 4), (2, 9), (44, 1)])):
         w = build_world(seed=seed + step, mix=mix, layer=layer, group=group, n=4)
         want = w.reference()
@@ -183,8 +175,7 @@ def test_split_combine_single_launch(fused: bool, flat: bool, splits: int, group
         out = torch.full_like(d.q, float("nan"))
         got = _run(d, cfg, out=out)
         assert torch.equal(got[w.num_rows:].cpu(), torch.zeros_like(want[w.num_rows:])), f"seed {seed}: pad rows"
-        _check_close(got.cpu(), want, torch.float32, f"seed {seed + step} fused {fused} splits {splits}")
-        assert _tickets_zero(), f"seed {seed + step}: ticket counters not reset"
+        _check_close(got.cpu(), want, torch.float32, f"seed {seed + step} splits {splits}")
 
 
 @pytest.mark.parametrize("n", [1, 64], ids=["N1", "N64"])
@@ -292,11 +283,11 @@ def test_validation(case: tuple[str, str, Any, type[Exception], str]) -> None:
 def test_validation_base_is_valid_and_config_checks() -> None:
     prob = check_paged_rel_attention_triton_args(**_small_kw())
     assert (prob.num_reqs, prob.num_q_heads, prob.num_kv_heads, prob.block_size) == (2, 4, 2, 4)
-    for bad in (dict(block_q=3), dict(block_n=0), dict(bias="dense"), dict(num_stages=0), dict(near_block_n=32),
-                dict(pdl=1)):
+    for bad in (dict(block_q=3), dict(block_n=0), dict(bias="dense"), dict(bias="table"), dict(num_stages=0),
+                dict(near_block_n=32), dict(pdl=1)):
         with pytest.raises(ValueError):
             RelAttentionConfig(**{**dict(block_q=4, block_n=16), **bad})
-    for mode in ("band", "table", "diag"):
+    for mode in ("band", "diag"):
         assert RelAttentionConfig(block_q=4, block_n=16, bias=mode).bias == mode
     kw = _small_kw()
     with pytest.raises(TypeError, match="RelAttentionConfig"):
@@ -464,14 +455,13 @@ def test_default_bias_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU's decode tiling on a device of 132 SMs such as the H200 (checked
-    without a GPU): a few long requests fill exactly one wave of 3 register-capped programs on
+    """The GPU's decode tiling on a device of 132 SMs (checked without a GPU): a few
+    long requests fill exactly one wave of 3 register-capped programs on
     every SM (1 x 8 KV heads: 49 splits) with launch overlap; 2048 programs or more
     on a global layer 2 warps, on a sliding layer 4 below 4096."""
     import dataclasses
 
     monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
-    monkeypatch.delenv("INKLING_KERNELS_PDL", raising=False)
     cuda = torch.device("cuda")
     one = choose_rel_attention_config(_problem(1, 1, 8), cuda, 32768)
     assert (one.num_splits, one.flat_grid, one.pdl, one.max_registers) == (49, True, True, 160), one
@@ -501,11 +491,11 @@ def test_gpu_975b_shapes(name: str) -> None:
     got = paged_rel_attention_triton(*w.args(), **w.kwargs(), out=torch.full_like(w.q, float("nan")))
     _compare_big(got, want, w, f"seed {seed} {name}")
     assert torch.equal(w.page.view(torch.int16), before.view(torch.int16)), f"seed {seed}: cache changed"
-    if name in ("mixed", "decode-1x32k"):  # the other bias mode and a forced split, same batch
-        cfg = RelAttentionConfig(block_q=2 if name != "mixed" else 8, block_n=64, num_splits=4, bias="table",
+    if name in ("mixed", "decode-1x32k"):  # a forced split, same batch
+        cfg = RelAttentionConfig(block_q=2 if name != "mixed" else 8, block_n=64, num_splits=4,
                                  num_warps=4, num_stages=2)
         alt = paged_rel_attention_triton(*w.args(), **w.kwargs(), config=cfg)
-        _compare_big(alt, want, w, f"seed {seed} {name} table/split")
+        _compare_big(alt, want, w, f"seed {seed} {name} split")
     # the other near-tile bias on the default tiling (band <-> diag), and on prefill
     # shapes diag with 16 queries a tile (MMA depth 256) and both modes on 32-key near tiles
     prob = check_paged_rel_attention_triton_args(*w.args(), 1.0 / w.q.shape[2], w.window, w.log_scaling, None,
@@ -522,67 +512,6 @@ def test_gpu_975b_shapes(name: str) -> None:
         alt = paged_rel_attention_triton(*w.args(), **w.kwargs(), config=cfg,
                                          out=torch.full_like(w.q, float("nan")))
         _compare_big(alt, want, w, f"seed {seed} {name} bias {tag}")
-
-
-@gpu
-@pytest.mark.parametrize("warm", [True, False], ids=["stream-warm", "stream-cold"])
-def test_gpu_fused_split_graph_replay(warm: bool) -> None:
-    """Long-context decode with the keys split (default tiling with ``fused_combine``:
-    one launch, the last split merges) captured in a CUDA graph and replayed with other contexts (other
-    split counts per block), then run eagerly again: the ticket counters must reset
-    themselves in every launch. ``warm``: the capture stream ran the op before (its
-    persistent counters); cold: the graph gets its own zeroed counters."""
-    seed = 3300 + warm
-    mix_a = [(32000, 1), (9000, 1), (500, 1), (20000, 1)]
-    mix_b = [(7000, 1), (31000, 1), (16000, 1), (3, 1)]
-    wa = big_world(mix_a, hkv=8, n=16, seed=seed, num_pad=3)
-    wb = big_world(mix_b, hkv=8, n=16, seed=seed + 1, num_pad=3)
-    page = torch.cat([wa.page, wb.page])
-    kv = page.unflatten(-1, (2, 128)).transpose(1, 2)
-    kc, vc = kv[..., 0, :], kv[..., 1, :]
-    table_b = wb.block_table + wa.page.shape[0]
-    width = max(wa.block_table.shape[1], table_b.shape[1])
-    tables = [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in (wa.block_table, table_b)]
-    q, r, pos = wa.q.clone(), wa.r.clone(), wa.positions.clone()
-    bt, qsl, sl = tables[0].clone(), wa.qsl_cpu.cuda(), wa.sl_cpu.cuda()
-    out = torch.empty_like(q)
-    prob = check_paged_rel_attention_triton_args(q, r, wa.rel_proj, kc, vc, pos, bt, qsl, sl, 1.0 / 128, None,
-                                                 wa.log_scaling, None, 1 << 24)
-    default = choose_rel_attention_config(prob, q.device, 32768)
-    assert default.num_splits > 2 and default.flat_grid, default
-    cfg = RelAttentionConfig(**{**default.__dict__, "fused_combine": True})  # opt-in single launch
-
-    def step() -> None:
-        paged_rel_attention_triton(q, r, wa.rel_proj, kc, vc, pos, bt, qsl, sl, **wa.kwargs(), out=out,
-                                   config=cfg)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    if warm:
-        with torch.cuda.stream(stream):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        step()
-    for i, (w, table) in enumerate(((wb, tables[1]), (wa, tables[0]), (wb, tables[1]))):
-        q.copy_(w.q)
-        r.copy_(w.r)
-        pos.copy_(w.positions)
-        bt.copy_(table)
-        qsl.copy_(w.qsl_cpu)
-        sl.copy_(w.sl_cpu)
-        out.fill_(float("nan"))
-        if i < 2:
-            graph.replay()
-        else:
-            step()  # eager on the default stream after the replays
-        want = paged_rel_attention(w.q, w.r, wa.rel_proj, w.key_cache, w.value_cache, w.positions,
-                                   w.block_table, w.qsl_cpu, w.sl_cpu, **wa.kwargs())
-        _compare_big(out, want, w, f"seed {seed} fused graph replay {i}")
-    torch.cuda.synchronize()
-    assert _tickets_zero(), "ticket counters not reset"
 
 
 @gpu

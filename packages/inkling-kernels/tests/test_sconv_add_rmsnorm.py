@@ -231,9 +231,9 @@ CONFIGS = (
     NormConfig(block_t=4, block_h=1, block_j=16, num_warps=2, scan=4),  # 2 j-chunks a head, tiny scan
     NormConfig(block_t=2, block_h=2, block_j=32, num_warps=1, scan=8),  # the whole row, masked j
     NormConfig(block_t=1, block_h=4, block_j=8, num_warps=1, scan=256),  # masked heads
-    NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, scan=4, row_loop=True),  # main's path, 2 j-tiles
+    NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, scan=4, row_loop=True),  # the row loop, 2 j-tiles
     NormConfig(block_t=1, block_h=1, block_j=16, num_warps=2, rows=True),  # row-register kernel, 3 chunks a row
-    NormConfig(block_t=8, block_h=1, block_j=8, num_warps=1, rows=True, norm_unroll=2),  # 6 chunks, 8 rows
+    NormConfig(block_t=8, block_h=1, block_j=8, num_warps=1, rows=True),  # 6 chunks, 8 rows
 )
 
 
@@ -257,7 +257,7 @@ def test_kernel_matches_reference_and_unfused_sequence(dtype: torch.dtype, seed:
 
 
 # ``tap_select``: one load a tap (the row of d or the cache slot, picked per row), on
-# each of the kernel's paths: chunks in registers, main's row loop, split rows.
+# each of the kernel's paths: chunks in registers, the row loop, split rows.
 ONE_LOAD_CONFIGS = (
     NormConfig(block_t=4, block_h=1, block_j=16, num_warps=2, scan=4, tap_select=True),
     NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, scan=4, row_loop=True, tap_select=True),
@@ -453,7 +453,7 @@ def test_validation_errors(change, error, match) -> None:
     [
         NormConfig(block_t=2, block_h=2, block_j=8, num_warps=1, scan=8),  # a half head group, masked j
         NormConfig(block_t=1, block_h=1, block_j=32, num_warps=1, scan=4),  # one head a tile
-        NormConfig(block_t=2, block_h=2, block_j=8, num_warps=1, scan=8, row_loop=True),  # main's path, masked
+        NormConfig(block_t=2, block_h=2, block_j=8, num_warps=1, scan=8, row_loop=True),  # the row loop, masked
     ],
 )
 def test_odd_head_count_and_width(config: NormConfig) -> None:
@@ -528,7 +528,7 @@ def test_split_config_checks() -> None:
 
 def test_interpreter_config_takes_many_rows_a_program(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the interpreter the default tiles hold INTERPRETER_ROWS rows above 16 rows
-    (the GPU's one row a program makes interpreted engines several times slower), and the
+    (the GPU's one row a program would make the interpreted e2e engines much slower), and the
     GPU's split rows up to 16; the launcher picks them only under the interpreter."""
     from inkling_kernels._triton_common import INTERPRETER_ROWS, is_interpreter
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, interpreter_norm_config
@@ -560,19 +560,18 @@ def test_default_config_splits_small_batches() -> None:
 
 @pytest.mark.parametrize("heads,width", [(8, 512), (8, 768), (3, 20)])
 def test_default_config_per_size_class(heads: int, width: int) -> None:
-    """Default per size (picked from H200 sweeps): split rows up to T = 16, main's exact
-    configuration and path (one row a program, its tiles in a loop, re-read) for
-    16 < T < 8192, the whole row in registers from 8192."""
-    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, main_norm_config
+    """Default per size: split rows up to T = 16, the row loop (one row a program, its
+    tiles in a loop, re-read) for 16 < T < 8192, the whole row in registers from 8192."""
+    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_norm_config, row_loop_config
 
-    block_j = min(1 << (width - 1).bit_length(), 1024)  # main's choose_norm_config, written out
+    block_j = min(1 << (width - 1).bit_length(), 1024)  # row_loop_config, written out
     block_h = max(1, min(1 << (heads - 1).bit_length(), 4096 // block_j))
     elems = block_h * block_j
-    main_cfg = NormConfig(block_t=1, block_h=block_h, block_j=block_j,
+    loop_cfg = NormConfig(block_t=1, block_h=block_h, block_j=block_j,
                           num_warps=4 if elems >= 2048 else 2 if elems >= 512 else 1, row_loop=True)
-    assert main_norm_config(heads, width) == main_cfg
+    assert row_loop_config(heads, width) == loop_cfg
     for t in (17, 64, 256, 1024, 2048, 2303, 8191):
-        assert choose_norm_config(t, heads, width) == main_cfg
+        assert choose_norm_config(t, heads, width) == loop_cfg
     for t in (1, 16):
         cfg = choose_norm_config(t, heads, width)
         assert not cfg.row_loop and cfg.num_warps == 2 and (cfg.split > 1 or heads * width <= 256)
@@ -667,12 +666,12 @@ def test_row_kernel_config_errors(config: NormConfig, match: str) -> None:
         run_kernel(tr, clone_cache(tr.cache), config, mapped=True)
 
 
-def test_default_config_takes_the_row_kernel_for_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_config_takes_the_row_kernel_for_prompts() -> None:
     """The heuristic's row-register tiles: mapped launches of >= 1024 rows and >= 8 rows
     a request, or (with the batch's ``num_prefill_tokens`` hint) at least half their rows
     in prompts; prompts only (>= 32 rows a request): 2 rows x 512 channels, 4 warps;
     mixed: 1 row x 256, 2 warps; decode-heavy, map-less or unknown request counts: the
-    tile kernel; ``INKLING_KERNELS_SCONV_ROWS=0``: never. Without the norm
+    tile kernel. Without the norm
     (``fused_sconv_add``): 4 rows x 256 on prompts only, else 2 rows x 256."""
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
 
@@ -693,6 +692,3 @@ def test_default_config_takes_the_row_kernel_for_prompts(monkeypatch: pytest.Mon
     assert not choose_norm_config(8192, 8, 768, False, 1).rows  # no map
     assert not choose_norm_config(8192, 8, 768, True, None).rows  # request count unknown
     assert not choose_norm_config(8192, 3, 20, True, 1).rows  # 60 channels: no 256-channel chunks
-    monkeypatch.setenv("INKLING_KERNELS_SCONV_ROWS", "0")
-    assert not choose_norm_config(8192, 8, 768, True, 1).rows
-    assert not choose_add_config(8192, 1, 768, True, 4, 1).rows

@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from inkling_kernels import SconvBatch, fused_sconv_kv, fused_sconv_kv_ref, sconv_tap_map
-from inkling_kernels.sconv import kernel as sconv_kernel
 from inkling_kernels.sconv.kernel import SconvConfig
 from inkling_kernels.sconv_kv.kernel import fused_sconv_kv_triton
 
-from _sconv_world import IMPLS, PagedWorld, count_launches, needs_interpreter
-from test_fused_sconv import _count_row_launches, _long_prompts, _rows_rule_batch, _trace
+from _sconv_world import IMPLS, PagedWorld, needs_interpreter
+from test_fused_sconv import _count_row_launches, _long_prompts, _rows_rule_batch, _trace, small_scan
 
-# Small tiles: several programs per batch, channel tiles narrower than a head.
-SMALL = SconvConfig(block_t=4, block_c=8, num_warps=1, scan=8)
+# Small tiles: several programs per batch, channel tiles narrower than a head (with
+# the map-less hazard scan in 8-slot chunks: small_scan).
+SMALL = SconvConfig(block_t=4, block_c=8, num_warps=1)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -55,8 +55,10 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layouts_and_epilogues(impl: str, layout: str) -> None:
+def test_layouts_and_epilogues(impl: str, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = LAYOUTS[layout]
+    if "tiles" in spec:
+        small_scan(monkeypatch, 8)
     world = PagedWorld(dtype=torch.bfloat16, seed=11, **spec.get("world", {}))
     batch = world.make_batch(_trace(world, "mixed", random.Random(11)), num_pad=2)
     config = spec.get("tiles") if impl != "reference" else None
@@ -66,10 +68,11 @@ def test_layouts_and_epilogues(impl: str, layout: str) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("hit", [12, 13], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("hit_first", [True, False], ids=["B-first", "A-first"])
-def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool) -> None:
+def test_same_step_prefix_hit(impl: str, hit: int, hit_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same-step hazard (docs/design.md §3.2) in both request orders: B's
     pre-forward K and V slots, written by A in this very launch, are NaN before it;
     both streams must read A's rows (one launch inserts both streams, then convolves)."""
+    small_scan(monkeypatch, 8)
     world = PagedWorld(dtype=torch.bfloat16, block_size=4, num_blocks=40, seed=99)
     batch = world.prefix_hit_batch(hit, hit_first)
     world.run_kv(batch, impl, config=SMALL if impl != "reference" else None)
@@ -106,27 +109,6 @@ def test_rows_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         world.run_kv(_rows_rule_batch(world, random.Random(7)), "triton_map", v_copy=v_copy)
         assert [g[2] for g in grids] == launches
         grids.clear()
-
-
-@needs_interpreter
-def test_rows_kernel_decodes_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A K+V launch of the row kernel on a batch whose decodes follow its prompts
-    (``SconvBatch.decodes_last``: its tiles last to first, ``REVERSE``), one launch for
-    both streams: both outputs and the cache against the references."""
-    from inkling_kernels import decodes_follow_prompts
-
-    seen = count_launches(monkeypatch, sconv_kernel, "_rows_sconv_kernel", keyword="REVERSE")
-    rng = random.Random(17)
-    world = PagedWorld(dtype=torch.bfloat16, block_size=4, num_blocks=120, seed=17)
-    prompts = [(j, rng.randint(40, 70)) for j in range(2)]
-    for rid, _ in prompts:
-        world.add_request(rid, rng.randint(0, 9))
-    items = prompts + _trace(world, "mixed", rng)
-    batch = world.make_batch(items, num_pad=2)
-    batch.decodes_last = decodes_follow_prompts((n for _, n in items), decode_max_rows=9)
-    assert batch.decodes_last
-    world.run_kv(batch, "triton_map", config=SconvConfig(block_t=8, block_c=8, num_warps=1, rows=True))
-    assert [(grid[2], rev) for grid, rev in seen] == [(2, True)]
 
 
 @needs_interpreter

@@ -127,7 +127,8 @@ ADVERSARIAL_CONFIGS = [(2, 8, 1, 0), (2, 8, 1, 8), (1, 16, 1, 0), (4, 32, 1, 0)]
 @pytest.mark.parametrize("tiles", ADVERSARIAL_CONFIGS, ids=["one-chunk", "chunked-scan", "2-heads", "4-heads"])
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_fused_with_map_adversarial(seed: int, dtype: torch.dtype, tiles: tuple[int, int, int, int]) -> None:
+def test_fused_with_map_adversarial(seed: int, dtype: torch.dtype, tiles: tuple[int, int, int, int],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """fused_sconv (Triton, interpreted), with the map and without it, == the
     reference op, for any same-step hit (block-aligned or not)."""
     from inkling_kernels.sconv.kernel import SconvConfig, fused_sconv_triton
@@ -144,7 +145,11 @@ def test_fused_with_map_adversarial(seed: int, dtype: torch.dtype, tiles: tuple[
     mapped = sconv_tap_map_triton(batch, torch.empty(rows, w - 1, dtype=torch.int64))
     ref_cache = cache.clone()
     ref = fused_sconv_ref(x, weight, ref_cache, batch, 4, width, activation="silu")
-    cfg = SconvConfig(block_t=tiles[0], block_c=tiles[1], num_warps=tiles[2], scan=tiles[3])
+    cfg = SconvConfig(block_t=tiles[0], block_c=tiles[1], num_warps=tiles[2])
+    if tiles[3]:
+        import inkling_kernels.sconv.kernel as K
+
+        monkeypatch.setattr(K, "_scan_chunk", lambda cfg, taps_p2: tiles[3])
     for b in (mapped, batch):
         out = torch.full_like(x, float("nan"))
         tri_cache = cache.clone()

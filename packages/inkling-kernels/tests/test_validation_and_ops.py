@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_ref, fused_sconv_vllm
+from inkling_kernels import SconvBatch, fused_sconv, fused_sconv_ref
 
 from _sconv_world import PagedWorld
 
@@ -28,7 +28,6 @@ def _base() -> dict[str, Any]:
 
 
 BATCH_FIELDS = ("positions", "block_table", "seq_idx", "slot_mapping", "query_start", "block_size")
-LOOSE = ["x", "weight", "cache", *BATCH_FIELDS[:-1], "stream_offset", "stream_width", "block_size"]
 
 
 def _batch(kw: dict[str, Any], **extra: Any) -> SconvBatch:
@@ -36,10 +35,8 @@ def _batch(kw: dict[str, Any], **extra: Any) -> SconvBatch:
 
 
 def _call(fn: Callable[..., torch.Tensor], kw: dict[str, Any]) -> torch.Tensor:
-    """Call a conv entry point: the drop-in with loose metadata, the others on a batch
-    (built here, so that the batch's own checks count as the call's)."""
-    if fn is fused_sconv_vllm:
-        return fn(*[kw[n] for n in LOOSE], kw["activation"], kw["residual"])
+    """Call a conv entry point on a batch (built here, so that the batch's own checks
+    count as the call's)."""
     return fn(kw["x"], kw["weight"], kw["cache"], _batch(kw), kw["stream_offset"], kw["stream_width"],
               activation=kw["activation"], residual=kw["residual"])
 
@@ -88,7 +85,7 @@ KW_BAD: list[tuple[str, str, Any, type[Exception], str]] = [
 def _impls() -> list[Callable[..., torch.Tensor]]:
     from inkling_kernels.sconv.kernel import fused_sconv_triton
 
-    return [fused_sconv, fused_sconv_ref, fused_sconv_triton, fused_sconv_vllm]
+    return [fused_sconv, fused_sconv_ref, fused_sconv_triton]
 
 
 @pytest.mark.parametrize("name,key,mutate,exc,msg", BAD, ids=[b[0] for b in BAD])
@@ -144,51 +141,6 @@ def test_prefill_token_hint_travels_through_the_ops() -> None:
     args = (kw["x"], kw["weight"], kw["cache"], *_batch(kw, num_prefill_tokens=2).op_args(), kw["stream_offset"],
             kw["stream_width"], kw["activation"], kw["residual"])
     torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
-
-
-@pytest.mark.parametrize("value", [1, 0, None, "yes"])
-def test_bad_decodes_last_hint(value: Any) -> None:
-    """``SconvBatch.decodes_last`` must be a bool; the message names the helper that
-    tells it."""
-    with pytest.raises(TypeError, match="decodes_last must be a bool.*decodes_follow_prompts"):
-        _batch(_base(), decodes_last=value)
-
-
-def test_decodes_last_hint_travels_through_the_ops() -> None:
-    """``op_args`` / ``split_op_args`` keep ``decodes_last`` (checked again in the fake
-    implementation: opcheck), and the op takes it (here the CPU reference, which ignores
-    it; the row kernel's reversed compile is checked in test_fused_sconv.py and
-    test_sconv_kv.py, interpreted)."""
-    kw = _base()
-    for flag in (False, True):
-        back, rest = SconvBatch.split_op_args((*_batch(kw, decodes_last=flag).op_args(), "rest"), check=True)
-        assert back.decodes_last is flag and rest == ("rest",)
-        assert ("decodes_last" in repr(back)) == flag
-    outs = []
-    for flag in (False, True):
-        cache = kw["cache"].clone()
-        outs.append((fused_sconv(kw["x"], kw["weight"], cache, _batch(kw, decodes_last=flag),
-                                 kw["stream_offset"], kw["stream_width"]), cache))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    args = (kw["x"], kw["weight"], kw["cache"], *_batch(kw, decodes_last=True).op_args(), kw["stream_offset"],
-            kw["stream_width"], kw["activation"], kw["residual"])
-    torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
-
-
-def test_decodes_follow_prompts() -> None:
-    """True only when the batch holds both prompt and decode requests (the threshold of
-    prefill_token_count) and no prompt comes after a decode; a bad threshold raises."""
-    from inkling_kernels import decodes_follow_prompts
-
-    assert decodes_follow_prompts([2048] + [1] * 255)
-    assert not decodes_follow_prompts([1] * 255 + [2048])
-    assert not decodes_follow_prompts([2048, 1, 40]) and decodes_follow_prompts([40, 2048, 1, 8, 16])
-    assert not decodes_follow_prompts([2048]) and not decodes_follow_prompts([1, 4]) and not decodes_follow_prompts([])
-    assert decodes_follow_prompts([9, 8], decode_max_rows=8) and not decodes_follow_prompts([9, 8])
-    assert decodes_follow_prompts(torch.tensor([40, 0, 1])) and not decodes_follow_prompts([40, 0])
-    for bad in (0, True, 2.5):
-        with pytest.raises(ValueError, match="decode_max_rows"):
-            decodes_follow_prompts([1], decode_max_rows=bad)
 
 
 def test_prefill_token_count() -> None:

@@ -179,21 +179,8 @@ def test_step_counts_the_prompt_rows_for_the_kernels():
     runtime = PagedConvRuntime(64, 4, 4, max_num_tokens=64, max_blocks_per_req=64)
     step = runtime.step([("a", 0, 20), ("b", 0, 3), ("c", 0, 17), ("d", 0, 16)], pad_to=60)
     assert step.metadata.num_prefill_tokens == 37
-    assert not step.metadata.decodes_last  # (a decode of 3 rows before a prompt)
     step = runtime.step([("a", 20, 1), ("b", 3, 16), ("c", 17, 1)])
-    assert step.metadata.num_prefill_tokens == 0 and not step.metadata.decodes_last
-
-
-def test_step_tells_the_kernels_when_decodes_follow_prompts():
-    """A step whose decode requests (at most 16 rows) come after its prompt requests
-    says so (``decodes_last``: the row kernel's tile order), in the caller's order."""
-    runtime = PagedConvRuntime(64, 4, 4, max_num_tokens=64, max_blocks_per_req=64)
-    step = runtime.step([("a", 0, 20), ("c", 0, 17)])
-    assert step.metadata.num_prefill_tokens == 37 and not step.metadata.decodes_last  # (no decodes)
-    step = runtime.step([("d", 0, 30), ("a", 20, 1), ("c", 17, 2)])
-    assert step.metadata.num_prefill_tokens == 30 and step.metadata.decodes_last
-    step = runtime.step([("a", 21, 1), ("e", 0, 30), ("c", 19, 1)])
-    assert step.metadata.num_prefill_tokens == 30 and not step.metadata.decodes_last
+    assert step.metadata.num_prefill_tokens == 0
 
 
 def test_step_errors_and_rewind_rules():

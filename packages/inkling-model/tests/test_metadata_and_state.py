@@ -102,7 +102,6 @@ def test_builder_pads_a_short_slot_mapping_with_minus_one():
         (dict(num_reqs=-1), ValueError, "num_reqs"),
         (dict(num_prefill_tokens=9), ValueError, "num_prefill_tokens 9 exceeds the batch's 8 rows"),
         (dict(num_prefill_tokens=-1), ValueError, "num_prefill_tokens must be >= 0"),
-        (dict(decodes_last=1), TypeError, "decodes_last must be a bool"),
     ],
 )
 def test_builder_rejects_bad_input(kwargs, error, match):

@@ -248,13 +248,11 @@ def test_builder_asks_for_decodes_first(num_spec: int | None) -> None:
 @pytest.mark.parametrize("num_spec", [None, 3, 19])
 def test_builder_counts_prompt_rows(num_spec: int | None) -> None:
     """The batch's ``num_prefill_tokens`` (the kernels' hint): rows of the requests of
-    more rows than vLLM's decode threshold (1 + the draft tokens) and than 16; and its
-    ``decodes_last``: whether every decode request comes after every prompt request."""
+    more rows than vLLM's decode threshold (1 + the draft tokens) and than 16."""
     builder = conv_state.InklingSconvMetadataBuilder(_spec(), ["x"], fake_vllm_config(num_spec=num_spec, max_tokens=128),
                                                      torch.device("cpu"))
     decode_max = max(16, 1 + (num_spec or 0))
-    for lens, decodes_last in (([1, 16, 17, 20, 21, 4], False), ([21, 20, 17, 16, 4, 1], True),
-                               ([17, 20, 21], False)):
+    for lens in ([1, 16, 17, 20, 21, 4], [21, 20, 17, 16, 4, 1], [17, 20, 21]):
         qsl = [0]
         for n in lens:
             qsl.append(qsl[-1] + n)
@@ -264,9 +262,7 @@ def test_builder_counts_prompt_rows(num_spec: int | None) -> None:
             block_table_tensor=torch.zeros(len(lens), 4, dtype=torch.int32), positions=torch.arange(qsl[-1]),
         )
         batch = builder.build(0, cm)
-        assert batch.num_prefill_tokens == sum(n for n in lens if n > decode_max)
-        # (under 19 drafts 17 and 20 rows are verifications: [17, 20, 21] has a decode first)
-        assert batch.decodes_last == decodes_last, lens
+        assert batch.num_prefill_tokens == sum(n for n in lens if n > decode_max), lens
 
 
 def test_builder_refuses_other_specs() -> None:

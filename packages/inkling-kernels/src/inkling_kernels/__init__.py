@@ -6,12 +6,10 @@ Public API:
 - :data:`SUPPORTED_DTYPES` — the activation / cache dtypes of every sconv op;
 - :class:`SconvBatch` — the step's per-token metadata, built and validated once per
   step and KV-cache group, handed to every conv launch; :func:`prefill_token_count`
-  counts its ``num_prefill_tokens`` hint and :func:`decodes_follow_prompts` tells its
-  ``decodes_last`` hint;
+  counts its ``num_prefill_tokens`` hint;
 - :func:`fused_sconv`, :func:`fused_sconv_add_rmsnorm` — the conv ops, on a batch;
   :func:`fused_sconv_add` — the conv + residual add without the norm (a tp > 1 shard);
   :func:`fused_sconv_kv` — the K and V convs of a layer in one launch;
-  :func:`fused_sconv_vllm` — the drop-in with vLLM's in-tree signature;
 - :func:`gathered_rms_norm` — the RMSNorm of rows all-gathered in per-rank pieces
   (tp > 1), reading the pieces where the all-gather put them;
 - :func:`sconv_seq_metadata`, :func:`sconv_tap_map` — the per-step metadata ops;
@@ -27,11 +25,11 @@ PyTorch twins in ``_reference_common.py``.
 """
 
 from ._dispatch import uses_triton
-from .batch import PREFILL_MIN_ROWS, SconvBatch, decodes_follow_prompts, prefill_token_count
+from .batch import PREFILL_MIN_ROWS, SconvBatch, prefill_token_count
 from .checks import ACTIVATION_DTYPES as SUPPORTED_DTYPES
 from .gathered_rmsnorm import gathered_rms_norm, gathered_rms_norm_ref
 from .rel_attention import paged_rel_attention, rel_attention_ref, write_kv
-from .sconv import causal_conv_ref, fused_sconv, fused_sconv_ref, fused_sconv_vllm
+from .sconv import causal_conv_ref, fused_sconv, fused_sconv_ref
 from .sconv_add_rmsnorm import (
     fused_sconv_add,
     fused_sconv_add_ref,
@@ -49,7 +47,6 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "SconvBatch",
     "causal_conv_ref",
-    "decodes_follow_prompts",
     "fused_sconv",
     "fused_sconv_add",
     "fused_sconv_add_ref",
@@ -58,7 +55,6 @@ __all__ = [
     "fused_sconv_kv",
     "fused_sconv_kv_ref",
     "fused_sconv_ref",
-    "fused_sconv_vllm",
     "gathered_rms_norm",
     "gathered_rms_norm_ref",
     "paged_rel_attention",

@@ -15,7 +15,7 @@ import triton.language as tl
 
 __all__ = [
     "INTERPRETER_ROWS", "decode_tap_codes", "is_interpreter", "last_writers", "match_last_writer", "match_rows",
-    "pdl_default", "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps", "rows_default", "tap_select_default",
+    "pdl_launch", "pdl_supported", "pow2_ceil", "resolve_taps",
 ]
 
 
@@ -26,8 +26,8 @@ def is_interpreter() -> bool:
 
 #: Rows a program in the row-wise norm kernels' default tiles under the interpreter.
 #: It runs a launch's programs one after another in Python, so its time grows with
-#: their number; the GPU tilings (one row a program, or a row over several programs)
-#: made the e2e engines on the interpreter spend 70-87 % of their time in those kernels.
+#: their number: the GPU tilings (one row a program, or a row over several programs)
+#: would make an engine on the interpreter spend most of its time in those kernels.
 INTERPRETER_ROWS = 16
 
 
@@ -35,29 +35,6 @@ def pdl_supported(dev: torch.device) -> bool:
     """Programmatic dependent launch (``launch_pdl`` and ``griddepcontrol``) is
     available: compiled CUDA on SM 9.0 or newer."""
     return dev.type == "cuda" and not is_interpreter() and _major_capability(dev.index) >= 9
-
-
-def pdl_default() -> bool:
-    """Whether the default tilings may use programmatic dependent launch: yes unless
-    ``INKLING_KERNELS_PDL=0`` (read at each choice; an escape hatch for stacks whose
-    CUDA graphs or profilers mishandle it, and the benchmarks' off switch)."""
-    return os.environ.get("INKLING_KERNELS_PDL", "1") != "0"
-
-
-def tap_select_default() -> bool:
-    """Whether ``fused_sconv``'s default tiling may take the one-load tap
-    (``SconvConfig.tap_select``) for its large mapped launches: yes unless
-    ``INKLING_KERNELS_TAP_SELECT=0`` (read at each choice; the benchmarks' off switch and
-    an escape hatch). The two-stream launch (``fused_sconv_kv``) and the add/norm kernels
-    never take it by default: on the H200 it made them slower (``choose_config``)."""
-    return os.environ.get("INKLING_KERNELS_TAP_SELECT", "1") != "0"
-
-
-def rows_default() -> bool:
-    """Whether ``fused_sconv``'s default tiling may take the row-register kernel
-    (``SconvConfig.rows``) for its prefill-sized mapped launches: yes unless
-    ``INKLING_KERNELS_SCONV_ROWS=0`` (read at each choice; the benchmarks' off switch)."""
-    return os.environ.get("INKLING_KERNELS_SCONV_ROWS", "1") != "0"
 
 
 def pdl_launch(pdl: bool, dev: torch.device) -> dict[str, bool]:

@@ -24,7 +24,7 @@ import torch
 
 from .checks import check_batch, check_tap_map_buffer
 
-__all__ = ["OP_SCHEMA", "PREFILL_MIN_ROWS", "SconvBatch", "decodes_follow_prompts", "prefill_token_count"]
+__all__ = ["OP_SCHEMA", "PREFILL_MIN_ROWS", "SconvBatch", "prefill_token_count"]
 
 #: :func:`prefill_token_count`'s default: requests of more rows than this count as prompts
 #: (two of the row kernel's 8-row tiles: a request of at most 16 rows keeps at least half
@@ -42,24 +42,6 @@ def prefill_token_count(query_lens: Iterable[int], decode_max_rows: int = PREFIL
     return sum(n for n in (int(q) for q in query_lens) if n > decode_max_rows)
 
 
-def decodes_follow_prompts(query_lens: Iterable[int], decode_max_rows: int = PREFILL_MIN_ROWS) -> bool:
-    """:attr:`SconvBatch.decodes_last` of a step: whether it holds prompt rows and
-    decode rows (requests of more than ``decode_max_rows`` rows, as in
-    :func:`prefill_token_count`, and of 1 to ``decode_max_rows`` rows) and every decode
-    request comes after every prompt request, from each request's row count in batch
-    order. Requests of no rows (padding) are ignored."""
-    _check_decode_max_rows(decode_max_rows)
-    seen_decode = seen_prompt = False
-    for n in (int(q) for q in query_lens):
-        if n > decode_max_rows:
-            if seen_decode:
-                return False  # a prompt after a decode
-            seen_prompt = True
-        elif n > 0:
-            seen_decode = True
-    return seen_prompt and seen_decode
-
-
 def _check_decode_max_rows(decode_max_rows: object) -> None:
     if isinstance(decode_max_rows, bool) or not isinstance(decode_max_rows, int) or decode_max_rows < 1:
         raise ValueError(f"decode_max_rows must be an int >= 1, got {decode_max_rows!r}")
@@ -68,7 +50,7 @@ def _check_decode_max_rows(decode_max_rows: object) -> None:
 #: The batch's arguments in every sconv custom op's schema, in :meth:`SconvBatch.op_args` order.
 OP_SCHEMA = (
     "Tensor positions, Tensor block_table, Tensor seq_idx, Tensor slot_mapping, Tensor query_start, "
-    "Tensor? tap_map, SymInt block_size, SymInt? kernel_size, SymInt? num_prefill_tokens, bool decodes_last"
+    "Tensor? tap_map, SymInt block_size, SymInt? kernel_size, SymInt? num_prefill_tokens"
 )
 
 
@@ -99,16 +81,6 @@ class SconvBatch:
             short speculative requests the tiles), never for the result.
             :func:`inkling_kernels.prefill_token_count` counts it from the requests'
             row counts. ``None``: the choice goes by rows per request.
-        decodes_last: the batch holds prompt rows and decode rows, and its decode
-            requests all come after its prompt requests (a host-side hint, never for the
-            result; :func:`inkling_kernels.decodes_follow_prompts` tells it from the
-            requests' row counts). The row-register kernel of ``fused_sconv`` and
-            ``fused_sconv_kv`` then takes its row tiles last to first, so the decode
-            rows' tiles, which wait on memory round trips, start first rather than
-            trail the launch (the fused add/norm kernels ignore it). The vLLM plugin
-            orders decodes first, so it sets it only on steps that hold no decode
-            before a prompt and some after (rare).
-
     Construction validates every field (:func:`inkling_kernels.checks.check_batch`);
     the batch is immutable afterwards.
     """
@@ -123,7 +95,6 @@ class SconvBatch:
     tap_map: Optional[torch.Tensor] = None
     num_actual_tokens: Optional[int] = None
     num_prefill_tokens: Optional[int] = None
-    decodes_last: bool = False
 
     def __post_init__(self) -> None:
         check_batch(self)
@@ -162,11 +133,10 @@ class SconvBatch:
         """The batch as the custom ops take it (their schema lists these, in this
         order, right after the op's own tensors): ``positions, block_table, seq_idx,
         slot_mapping, query_start, tap_map, block_size, kernel_size,
-        num_prefill_tokens, decodes_last``."""
+        num_prefill_tokens``."""
         return (
             self.positions, self.block_table, self.seq_idx, self.slot_mapping,
             self.query_start, self.tap_map, self.block_size, self.kernel_size, self.num_prefill_tokens,
-            self.decodes_last,
         )
 
     @classmethod
@@ -175,20 +145,18 @@ class SconvBatch:
         arguments)`` from the arguments that follow the op's own tensors. Unchecked
         (they came from a valid batch) unless ``check`` (fake implementations, tracing)."""
         (positions, block_table, seq_idx, slot_mapping, query_start, tap_map, block_size, kernel_size,
-         num_prefill_tokens, decodes_last) = args[:10]
+         num_prefill_tokens) = args[:9]
         values = dict(
             positions=positions, block_table=block_table, seq_idx=seq_idx, slot_mapping=slot_mapping,
             query_start=query_start, block_size=block_size, kernel_size=kernel_size, tap_map=tap_map,
             num_actual_tokens=None, num_prefill_tokens=num_prefill_tokens,
-            decodes_last=decodes_last,
         )
         batch = cls(**values) if check else cls._unchecked(**values)
-        return batch, tuple(args[10:])
+        return batch, tuple(args[9:])
 
     def __repr__(self) -> str:
         tap = "none" if self.tap_map is None else "yes"
         prefill = "" if self.num_prefill_tokens is None else f", prefill_rows={self.num_prefill_tokens}"
-        prefill += ", decodes_last" if self.decodes_last else ""
         return (
             f"SconvBatch(T={self.num_tokens}, reqs={self.block_table.shape[0]}, "
             f"N={self.block_size}, W={self.kernel_size}, tap_map={tap}{prefill}, device={self.device})"

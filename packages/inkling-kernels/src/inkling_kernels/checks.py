@@ -150,11 +150,6 @@ def check_batch(batch: SconvBatch) -> None:
     ):
         if value is not None and need_int(name, value, 0) > num_tokens:
             raise ValueError(f"{name} {value} exceeds the batch's {num_tokens} rows: {hint}")
-    if not isinstance(batch.decodes_last, bool):
-        raise TypeError(
-            f"decodes_last must be a bool, got {type(batch.decodes_last).__name__}: "
-            "inkling_kernels.decodes_follow_prompts tells it from the requests' row counts"
-        )
 
 
 def check_tap_map_call(batch: object, tap_map_out: object) -> int:

@@ -149,7 +149,6 @@ class SconvMetadataBuilder:
         block_size: int,
         positions: torch.Tensor,
         num_prefill_tokens: int | None = None,
-        decodes_last: bool = False,
     ) -> SconvBatch:
         """Build the batch of one forward (validated once, here).
 
@@ -173,10 +172,6 @@ class SconvMetadataBuilder:
                 on the host (``inkling_kernels.prefill_token_count`` of the requests'
                 row counts): a hint for the kernel choice of prefill-sized launches
                 (``SconvBatch.num_prefill_tokens``), never for the result.
-            decodes_last: whether the step's decode requests all follow its prompt
-                requests (``inkling_kernels.decodes_follow_prompts`` of the requests' row
-                counts, in batch order): a hint for the row kernel's tile order
-                (``SconvBatch.decodes_last``), never for the result.
 
         Returns:
             A batch whose ``seq_idx``/``query_start`` (and ``tap_map``) are views of
@@ -233,7 +228,6 @@ class SconvMetadataBuilder:
             kernel_size=self.kernel_size,
             num_actual_tokens=num_actual_tokens,
             num_prefill_tokens=num_prefill_tokens,
-            decodes_last=decodes_last,
         )
         sconv_seq_metadata(  # checks query_start_loc and the counts
             query_start_loc,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from inkling_cache import BlockAllocator, BlockTables, OutOfBlocksError, ScheduledChunk, StepLayout, StepPlan
-from inkling_kernels import decodes_follow_prompts, prefill_token_count
+from inkling_kernels import prefill_token_count
 
 from .metadata import SconvMetadata, SconvMetadataBuilder
 from .state import ConvStateOwner
@@ -199,9 +199,8 @@ class PagedConvRuntime:
 
         The rows follow the order of ``chunks``; the results are the same in any order.
         Decode (and speculative) chunks all before the prompt chunks, as vLLM orders
-        them, or all after them (the batch then says so, ``decodes_last``, and the row
-        kernel takes its tiles last to first) are the fast orders; decodes on both sides
-        of a prompt get neither (inkling-kernels' README, *Performance*).
+        them, is the fast order: the row kernel's tiles that wait on memory (decode
+        rows) then start with the launch rather than trail it.
 
         A step refused by validation changes nothing (no request, block or buffer).
         """
@@ -260,8 +259,6 @@ class PagedConvRuntime:
             num_padded,
             block_size=self.block_size,
             positions=self.positions_buffer[:num_padded],
-            # the kernels' hints: rows of the requests of more than 16 rows (prompts), and
-            # whether the decodes follow them (the caller's order is kept)
+            # the kernels' hint: rows of the requests of more than 16 rows (prompts)
             num_prefill_tokens=prefill_token_count(query_lens),
-            decodes_last=decodes_follow_prompts(query_lens),
         )

@@ -38,7 +38,7 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from inkling_cache import ConvStateLayout, conv_page_without_padding
-from inkling_kernels import PREFILL_MIN_ROWS, SUPPORTED_DTYPES, decodes_follow_prompts, prefill_token_count
+from inkling_kernels import PREFILL_MIN_ROWS, SUPPORTED_DTYPES, prefill_token_count
 from inkling_model import (
     ConvStateOwner,
     RelAttentionMetadata,
@@ -133,7 +133,7 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
         num_reqs = int(cm.num_reqs)
         num_actual = int(cm.query_start_loc_cpu[num_reqs])
         num_padded = padded_token_count(cm, num_actual)
-        prefill_rows, decodes_last = self._prompt_hints(cm, num_reqs)
+        prefill_rows = self._prompt_hints(cm, num_reqs)
         return self._builder.build(
             cm.query_start_loc,
             self._slots_without_null_block(cm.slot_mapping),
@@ -144,19 +144,17 @@ class InklingSconvMetadataBuilder(AttentionMetadataBuilder[SconvMetadata]):  # t
             block_size=self._block_size,
             positions=_positions(cm, num_reqs, num_actual, num_padded),
             num_prefill_tokens=prefill_rows,
-            decodes_last=decodes_last,
         )
 
-    def _prompt_hints(self, cm: CommonAttentionMetadata, num_reqs: int) -> tuple[int, bool]:
-        """The kernels' hints (``SconvBatch.num_prefill_tokens`` and ``decodes_last``):
-        rows of the requests of more rows than a decode or a speculative verification
-        brings (vLLM's decode threshold, 1 + the draft tokens, and at least the kernels'
-        default of 16), and whether the decodes follow those requests (vLLM orders them
-        first, so rarely), from the host copy of the request offsets."""
+    def _prompt_hints(self, cm: CommonAttentionMetadata, num_reqs: int) -> int:
+        """The kernels' hint (``SconvBatch.num_prefill_tokens``): rows of the requests
+        of more rows than a decode or a speculative verification brings (vLLM's decode
+        threshold, 1 + the draft tokens, and at least the kernels' default of 16), from
+        the host copy of the request offsets."""
         qsl = cm.query_start_loc_cpu[: num_reqs + 1]
         decode_max = max(PREFILL_MIN_ROWS, int(self.reorder_batch_threshold or 1))
         query_lens = (qsl[1:] - qsl[:-1]).tolist()
-        return prefill_token_count(query_lens, decode_max), decodes_follow_prompts(query_lens, decode_max)
+        return prefill_token_count(query_lens, decode_max)
 
     def _slots_without_null_block(self, slot_mapping: torch.Tensor) -> torch.Tensor:
         """``slot_mapping`` with every slot in the null block set to -1 (a view of a

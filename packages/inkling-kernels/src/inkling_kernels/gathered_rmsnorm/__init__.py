@@ -16,7 +16,7 @@ from .._dispatch import uses_triton
 from ..checks import check_gathered_rms_norm_args
 from .reference import gathered_rms_norm_ref
 
-__all__ = ["check_gathered_rms_norm_args", "gathered_rms_norm", "gathered_rms_norm_ref"]
+__all__ = ["gathered_rms_norm", "gathered_rms_norm_ref"]
 
 
 @torch.library.custom_op("inkling::gathered_rms_norm", mutates_args=())

@@ -4,8 +4,8 @@ Grid ``(cdiv(T, BLOCK_T),)``: a program owns ``BLOCK_T`` rows and loads each row
 ``tp`` pieces (``shards[r, t, :]``, contiguous) as ``BLOCK_S``-wide chunks in one
 unrolled pass (all loads in flight together: a decode step's single row would
 otherwise wait for each chunk in turn), adds up the squares lane by lane (fp32; one
-cross-lane reduction a row: one per chunk cost ~0.3 µs each at decode), then normalises
-the chunks it kept in registers into the contiguous output row. A row is read once. Rounding as
+cross-lane reduction a row, not one per chunk), then normalises the chunks it kept in
+registers into the contiguous output row. A row is read once. Rounding as
 :func:`inkling_kernels.sconv_add_rmsnorm.rms_norm_ref`: ``dt(w * dt(x * rstd))``.
 Nothing is allocated but the output and nothing syncs with the host: the launch replays
 under CUDA graphs.
@@ -63,9 +63,9 @@ class GatheredNormConfig:
 
 
 def choose_gathered_norm_config(width: int) -> GatheredNormConfig:
-    """One row a program, pieces in chunks of up to 2048 channels, four warps: the best
-    or within 4 % of the best of 11 tiles at every step size, tp 2 and tp 8 (H200,
-    benchmarks/RESULTS.md); the row count does not change the choice."""
+    """One row a program, pieces in chunks of up to 2048 channels, four warps (the
+    tile sweep is in benchmarks/RESULTS.md; the row count does not change the
+    choice)."""
     block_s = min(2048, pow2_ceil(width))
     return GatheredNormConfig(1, block_s, max(1, min(4, block_s // 256)))
 

@@ -38,9 +38,7 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   the tile's keys (zero outside ``0 <= d < extent``; ``rel_proj`` is small and stays
   in cache), and ``A @ B`` is the bias (fp32 accumulation, exact products for
   bf16/fp16 as in ``"band"``). The MMA is ``BLOCK_Q`` times deeper than the band's
-  and ``A`` stays in registers. ``"table"``: the launcher precomputes
-  ``rl = r @ rel_proj`` [T, Hq, E] in fp32 and the tile gathers from it (one fp32
-  load per score; memory ``T * Hq * E * 4`` bytes).
+  and ``A`` stays in registers.
 * **Softmax.** Online (running max and sum) in fp32, base 2; ``tau(p)`` (log
   scaling) multiplies each row's fp32 scores and bias, never the bf16 ``q``.
 * **Split KV** (flash-decoding). With ``num_splits > 1`` a query block with many
@@ -52,11 +50,7 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   the grid is flat, split fastest (``RelAttentionConfig.flat_grid``), the registers
   capped so that 3 programs fit on an SM, the splits sized to one whole wave of them,
   and the two launches overlap (programmatic dependent launch: the combine starts
-  while the split kernel finishes and waits for it on the device). Opt-in
-  ``fused_combine``: no second launch, the last split of each query block and KV
-  head (an atomic ticket in a persistent per-stream buffer, reset by that program)
-  merges the partials; measured slower on the H200 at many splits (see
-  ``benchmarks/RESULTS.md``), so off by default.
+  while the split kernel finishes and waits for it on the device).
 
 Query positions are derived from the metadata (request ``i``'s rows are positions
 ``seq_lens[i] - qlen_i ..`` in order, the contract of :func:`paged_rel_attention`);
@@ -71,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import is_interpreter, pdl_default, pdl_launch
+from .._triton_common import is_interpreter, pdl_launch
 from .paged import _check_caches, _float_tensor, _same_device, _tensor, check_write_kv_args
 from .reference import INDEX_DTYPES, check_log_scaling, check_scale, check_window
 
@@ -84,7 +78,7 @@ __all__ = [
     "write_kv_triton",
 ]
 
-BIAS_MODES = ("band", "table", "diag")
+BIAS_MODES = ("band", "diag")
 #: the default tiling takes ``bias="diag"`` only up to this MMA depth (block_q x d_rel
 #: rounded up): deeper, the bias MMA outweighs the QK one (head dim 128)
 DIAG_MAX_DEPTH = 128
@@ -107,18 +101,18 @@ def _mma(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _attend_tile(
     m_i, l_i, acc,
-    q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+    q, r_rows, qk_coef, b_coef, p_row,
     j0, k_lo, p_first, p_last, req, extent, window,
-    k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr,
+    k_ptr, v_ptr, bt_ptr, rp_ptr,
     max_blocks, stride_btr, stride_btc,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
-    stride_rlt, stride_rlh, stride_rpc, stride_rpe,
+    stride_rpc, stride_rpe,
     kvh,
     N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
+    BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
 ):
     """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
@@ -145,12 +139,7 @@ def _attend_tile(
     s = s * qk_coef[:, None]  # [BLOCK_M, BLOCK_N], log2 units
 
     if NEAR:
-        if BIAS_TABLE:
-            dist = p_row[:, None] - j[None, :]
-            ok = (dist >= 0) & (dist < extent) & kv_ok[None, :] & row_ok[:, None]
-            bias = tl.load(rl_ptr + rows64[:, None] * stride_rlt + heads[:, None] * stride_rlh + dist,
-                           mask=ok, other=0.0)
-        elif BIAS_DIAG:
+        if BIAS_DIAG:
             # r_rows is block-diagonal [BLOCK_M, BLOCK_Q * DR] (row of query qi holds its
             # r in columns qi * DR ..); B's block qi2 holds rel_proj's columns at the
             # distances of query qi2 to this tile's keys, so A @ B is the bias itself
@@ -199,18 +188,18 @@ def _attend_tile(
 def _key_loop(
     t0, t1, k_start,
     m_i, l_i, acc,
-    q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+    q, r_rows, qk_coef, b_coef, p_row,
     k_lo, p_first, p_last, req, extent, window,
-    k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr,
+    k_ptr, v_ptr, bt_ptr, rp_ptr,
     max_blocks, stride_btr, stride_btc,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
-    stride_rlt, stride_rlh, stride_rpc, stride_rpe,
+    stride_rpc, stride_rpe,
     kvh,
     N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
+    BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
 ):
     """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
@@ -218,69 +207,37 @@ def _key_loop(
         t = t0
         while t < t1:
             m_i, l_i, acc = _attend_tile(
-                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row,
                 k_start + t * BLOCK_N, k_lo, p_first, p_last, req, extent, window,
-                k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+                k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
-                stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+                stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
             )
             t += 1
     else:
         for t in range(t0, t1):
             m_i, l_i, acc = _attend_tile(
-                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok,
+                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row,
                 k_start + t * BLOCK_N, k_lo, p_first, p_last, req, extent, window,
-                k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+                k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
-                stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+                stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
             )
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _merge_partials(
-    m_i, l_i, acc, ws_ptr, wml_ptr, own, used, num_rows, rows64, heads, row_ok, offs_d,
-    NUM_Q_HEADS: tl.constexpr, BLOCK_M: tl.constexpr, DP: tl.constexpr, CH: tl.constexpr,
-):
-    """Fold the partial states of splits ``0 .. used - 1`` except ``own`` (already in
-    ``m_i, l_i, acc``) into it, ``CH`` splits per step (their loads in flight
-    together). Loads bypass L1 (``.cg``): other SMs wrote them during this launch."""
-    offs_s = tl.arange(0, CH)
-    s0 = used * 0
-    while s0 < used:  # (a while loop: the interpreter cannot range() over runtime ints)
-        s_idx = s0 + offs_s
-        ok = (s_idx < used) & (s_idx != own)
-        slot = (s_idx.to(tl.int64)[:, None] * num_rows + rows64[None, :]) * NUM_Q_HEADS + heads[None, :]
-        okm = ok[:, None] & row_ok[None, :]  # [CH, BLOCK_M]
-        m_s = tl.load(wml_ptr + slot * 2, mask=okm, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(wml_ptr + slot * 2 + 1, mask=okm, other=0.0, cache_modifier=".cg")
-        a_s = tl.load(ws_ptr + slot[:, :, None] * DP + offs_d[None, None, :], mask=okm[:, :, None], other=0.0,
-                      cache_modifier=".cg")  # [CH, BLOCK_M, DP]
-        m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
-        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w_own = tl.math.exp2(m_i - ref)
-        w_s = tl.math.exp2(m_s - ref[None, :])  # splits that saw nothing weigh 0
-        l_i = l_i * w_own + tl.sum(w_s * l_s, axis=0)
-        acc = acc * w_own[:, None] + tl.sum(w_s[:, :, None] * a_s, axis=0)
-        m_i = m_new
-        s0 += CH
     return m_i, l_i, acc
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_reqs", "max_blocks", "extent", "window"])
 def _rel_attention_kernel(
-    q_ptr, r_ptr, rp_ptr, rl_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr, nsp_ptr,
-    tk_ptr,
+    q_ptr, r_ptr, rp_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr, nsp_ptr,
     num_rows, num_reqs, max_blocks, extent, window,
     scale, ls_inv_floor, ls_alpha,
     stride_qt, stride_qh, stride_qd,
     stride_rt, stride_rh, stride_rc,
     stride_rpc, stride_rpe,
-    stride_rlt, stride_rlh,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
     stride_btr, stride_btc,
@@ -289,9 +246,8 @@ def _rel_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEAR_BN: tl.constexpr,
     DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
-    BIAS_TABLE: tl.constexpr, BIAS_DIAG: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
-    FUSED: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
-    NEAR_COST: tl.constexpr, COMBINE_CH: tl.constexpr,
+    BIAS_DIAG: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
+    MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -378,9 +334,7 @@ def _rel_attention_kernel(
     d_ok = offs_d < HEAD_DIM
     q = tl.load(q_ptr + rows64[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if BIAS_TABLE:
-        r_rows = q  # unused
-    elif BIAS_DIAG:
+    if BIAS_DIAG:
         # block-diagonal [BLOCK_M, BLOCK_Q * DR]: row (qi, hg) holds r[row, head] in the
         # columns qi * DR .. qi * DR + D_REL - 1, zeros elsewhere (built once, kept)
         offs_k = tl.arange(0, BLOCK_Q * DR)
@@ -411,22 +365,22 @@ def _rel_attention_kernel(
     acc = tl.zeros([BLOCK_M, DP], tl.float32)
     m_i, l_i, acc = _key_loop(
         t_begin, tl.minimum(t_end, t_far), k_start, m_i, l_i, acc,
-        q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok, k_lo, p_first, p_last, req, extent, window,
-        k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+        q, r_rows, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
-        stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+        stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
+        BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
     )
     # near tiles in steps of NEAR_BN keys (a narrower bias band: fewer registers)
     m_i, l_i, acc = _key_loop(
         tl.maximum(t_begin, t_far) * (BLOCK_N // NEAR_BN), t_end * (BLOCK_N // NEAR_BN), k_start, m_i, l_i, acc,
-        q, r_rows, qk_coef, b_coef, p_row, rows64, heads, row_ok, k_lo, p_first, p_last, req, extent, window,
-        k_ptr, v_ptr, bt_ptr, rl_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+        q, r_rows, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
-        stride_rlt, stride_rlh, stride_rpc, stride_rpe, kvh,
+        stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_TABLE, BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
+        BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
     )
 
     has = l_i > 0.0
@@ -443,34 +397,15 @@ def _rel_attention_kernel(
         split_m = split + rows * 0
         direct = (used_m == 1) & (split_m == 0)
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask & direct[:, None])
-        if not FUSED:
-            # how many splits the combine merges for these rows (1: none, out is final)
-            tl.store(nsp_ptr + rows64, used_m,
-                     mask=(rows < q_end) & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
+        # how many splits the combine merges for these rows (1: none, out is final)
+        tl.store(nsp_ptr + rows64, used_m,
+                 mask=(rows < q_end) & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
         # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
         part = row_ok & (split_m < used_m) & (used_m > 1)
         slot = (split.to(tl.int64) * num_rows + rows64) * NUM_Q_HEADS + heads
         tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], acc, mask=part[:, None])
         tl.store(wml_ptr + slot * 2, m_i, mask=part)
         tl.store(wml_ptr + slot * 2 + 1, l_i, mask=part)
-        if FUSED:
-            # single launch: the split that finishes last (a ticket per query block
-            # and KV head, in a persistent buffer) merges the others' partials into
-            # its own state and writes `out`; it then resets the ticket to 0, so the
-            # buffer is zero again at the end of every launch (CUDA-graph replays).
-            if (used > 1) & (split < used):
-                tl.debug_barrier()  # every thread's partial stores precede the release
-                tk = tk_ptr + pid_b.to(tl.int64) * (NUM_Q_HEADS // GROUP) + kvh
-                ticket = tl.atomic_add(tk, 1, sem="acq_rel", scope="gpu")
-                if ticket == used - 1:
-                    m_c, l_c, acc_c = _merge_partials(
-                        m_i, l_i, acc, ws_ptr, wml_ptr, split, used, num_rows, rows64, heads, row_ok, offs_d,
-                        NUM_Q_HEADS, BLOCK_M, DP, COMBINE_CH)
-                    has_c = l_c > 0.0
-                    o_c = acc_c / tl.where(has_c, l_c, 1.0)[:, None]
-                    o_c = tl.where(has_c[:, None], o_c, 0.0)
-                    tl.store(o_ptrs, o_c.to(out_ptr.dtype.element_ty), mask=o_mask)
-                    tl.atomic_xchg(tk, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -569,17 +504,14 @@ class RelAttentionConfig:
     tile, then a gather of each score's distance), ``"diag"`` (one MMA per tile: the
     rows' ``r`` as a block-diagonal matrix [tile rows, block_q * d_rel'] times the
     tile's ``rel_proj`` columns, d_rel' = d_rel rounded up to a power of two >= 16;
-    no gather, the MMA depth and the registers holding ``r`` grow with ``block_q``)
-    or ``"table"`` (``r @ rel_proj`` precomputed in fp32); a query block splits only into as many
+    no gather, the MMA depth and the registers holding ``r`` grow with ``block_q``);
+    a query block splits only into as many
     splits as give each at least ``min_split_tiles`` key tiles (one split: it writes
     its output directly). Tiles that need the bias or a mask (the last ``extent``
     keys before a query block, the diagonal, the window) are processed
     ``near_block_n`` keys at a time (default ``block_n``). Key splits divide a query
-    block's work counting a near tile as ``near_cost`` far tiles. ``fused_combine``
-    (split mode): the last split of each query block and KV head to finish merges
-    the partial results in the same launch (a ticket counter per block and head in
-    a persistent buffer that the merging program resets); off: a second launch
-    merges them. ``flat_grid`` (split mode): a 1-D grid, split fastest, query block
+    block's work counting a near tile as ``near_cost`` far tiles; in split mode a
+    second launch merges the partial results. ``flat_grid`` (split mode): a 1-D grid, split fastest, query block
     slowest (else ``(blocks, kv heads, splits)``). ``num_splits`` need not be a power
     of two. ``pdl`` (CUDA, SM 9.0+): programmatic dependent launch; each launch may
     start while the kernel before it in the stream finishes, and waits for it
@@ -597,7 +529,6 @@ class RelAttentionConfig:
     min_split_tiles: int = 4
     near_block_n: int | None = None
     near_cost: int = 4
-    fused_combine: bool = False
     flat_grid: bool = False
     pdl: bool = False
     max_registers: int | None = None
@@ -606,7 +537,7 @@ class RelAttentionConfig:
         mr = self.max_registers
         if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or not 24 <= mr <= 255):
             raise ValueError(f"RelAttentionConfig.max_registers must be None or an int in [24, 255], got {mr!r}")
-        for name in ("fused_combine", "flat_grid", "pdl"):
+        for name in ("flat_grid", "pdl"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RelAttentionConfig.{name} must be a bool, got {getattr(self, name)!r}")
         nb = self.near_block_n
@@ -739,10 +670,9 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-# decode with few long requests (measured on the H200,
-# 1 x 32k: 48.3 -> 42.7 us): the main kernel capped at DECODE_FEW_REGS registers a
-# thread (205 uncapped, 16 spilled at the cap) so that DECODE_FEW_PER_SM programs of 4
-# warps fit on an SM, and key splits for one whole wave of them
+# decode with few long requests: the main kernel capped at DECODE_FEW_REGS registers a
+# thread so that DECODE_FEW_PER_SM programs of 4 warps fit on an SM, and key splits for
+# one whole wave of them
 DECODE_FEW_REGS = 160
 DECODE_FEW_PER_SM = 65536 // (DECODE_FEW_REGS * 4 * 32)  # 3
 MAX_SPLITS = 128
@@ -767,7 +697,7 @@ def choose_rel_attention_config(
         block_n, warps, stages = 64, 2, 2
         target = 8 * _num_sms(device)
         decode = True
-    else:  # prefill, chunked prefill, mixed: 64 tile rows, 4 warps (measured on H200)
+    else:  # prefill, chunked prefill, mixed: 64 tile rows, 4 warps
         block_q, block_n, warps, stages = max(1, 64 // gp), 64, 4, 3
         target = 2 * _num_sms(device)
     blocks = max(min(reqs, t), -(-t // block_q))
@@ -777,9 +707,8 @@ def choose_rel_attention_config(
     few = False  # decode of a few long requests: flat grid, capped registers, pdl
     if decode and splits >= 16 and device.type == "cuda":
         # few long requests: the splits fill exactly one wave of DECODE_FEW_PER_SM
-        # programs on every SM (1 request x 8 KV heads on 132 SMs: 49 splits), flat
-        # grid. A second wave, or a wave with empty slots, is what cost before: uncapped
-        # (2 programs an SM) 32 splits took 48.3 us, 33 splits 44.6, 48 splits 58.0.
+        # programs on every SM, flat grid (a second wave, or a wave with empty slots,
+        # leaves SMs idle at the end)
         splits = max(2, min(MAX_SPLITS, DECODE_FEW_PER_SM * _num_sms(device) // (blocks * hkv)))
         few = True
         stages = 3
@@ -789,9 +718,7 @@ def choose_rel_attention_config(
     # Near tiles' bias: batches with many rows per request (prefill, chunked prefill,
     # mixed) get the block-diagonal MMA on whole-width near tiles when it is at most
     # as deep as the QK one (block_q * d_rel <= 128); otherwise, and for decode-like
-    # batches, the band (measured on the H200, benchmarks/RESULTS.md,
-    # session 9: Hkv 8 prefill 8k 5.18 -> 3.64 ms, mixed 2.78 -> 1.97; at Hkv 16 / 32
-    # the 256 / 512-deep diag took 2.2x / 3.3x the band's time; decode within +-10 %).
+    # batches, the band (deeper, the diag MMA outweighs the gather it saves).
     # The interpreter follows the same rule, so CPU runs take the GPU's code paths.
     near_bn = None
     if t <= 8 * reqs or block_q * max(16, _next_pow2(problem.d_rel)) > DIAG_MAX_DEPTH:
@@ -801,11 +728,9 @@ def choose_rel_attention_config(
     else:
         bias = "diag"
     if decode:
-        # measured on the H200: 2 warps once there are >= 2048 programs on global
-        # layers (256 x 8k: 2.08 ms, 4 warps 2.19), >= 4096 on sliding ones (every
-        # tile near; at 2 warps 255 registers and spills: 256 x 8k, window 512, 8 KV
-        # heads 0.211 ms, 4 warps 0.181; 16 KV heads 0.385, 4 warps 0.391); with
-        # fewer programs 4 warps, and 128-key tiles when the keys are not split
+        # 2 warps once there are >= 2048 programs on global layers, >= 4096 on
+        # sliding ones (every tile near: 2 warps spill there); with fewer programs 4
+        # warps, and 128-key tiles when the keys are not split
         programs = blocks * hkv * splits
         if programs < (4096 if problem.window is not None else 2048):
             warps = 4
@@ -813,42 +738,10 @@ def choose_rel_attention_config(
                 block_n = 128
     # few long requests: near tiles weigh 3 far ones in the split, launches overlap
     # (pdl), registers capped
-    few_kw = dict(near_cost=3, pdl=pdl_default(), max_registers=DECODE_FEW_REGS) if few else {}
+    few_kw = dict(near_cost=3, pdl=True, max_registers=DECODE_FEW_REGS) if few else {}
     return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
                               num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=few,
                               **few_kw)
-
-
-# Ticket counters of the fused combine, per (device, stream): int32 zeros that every
-# launch leaves at zero. Buffers are never freed (a CUDA graph captured on a stream
-# keeps the address of that stream's buffer), only replaced by larger ones.
-_TICKETS: dict[tuple[str, int], torch.Tensor] = {}
-_TICKETS_KEEP: list[torch.Tensor] = []
-
-
-def _ticket_buffer(dev: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters (at least ``count``) for a launch on the current stream.
-
-    Launches on one stream run in order, so they can share the counters; another
-    stream gets its own. During CUDA-graph capture a stream without a large enough
-    buffer (no eager call on it before) gets a fresh zeroed one that the graph owns
-    (its zeroing is captured with the launch) rather than a shared one. Replays of
-    graphs captured on one stream share that stream's buffer: do not run them at the
-    same time on two streams (or use ``fused_combine=False``)."""
-    if dev.type == "cuda":
-        key = (str(dev), torch.cuda.current_stream(dev).cuda_stream)
-        capturing = torch.cuda.is_current_stream_capturing()
-    else:
-        key, capturing = (str(dev), 0), False
-    buf = _TICKETS.get(key)
-    if buf is not None and buf.numel() >= count:
-        return buf
-    if capturing:
-        return torch.zeros(count, dtype=torch.int32, device=dev)
-    buf = torch.zeros(max(1024, _next_pow2(count)), dtype=torch.int32, device=dev)
-    _TICKETS[key] = buf
-    _TICKETS_KEEP.append(buf)
-    return buf
 
 
 def paged_rel_attention_triton(
@@ -918,7 +811,6 @@ def paged_rel_attention_triton(
     dr = max(16, _next_pow2(prob.d_rel))
     band = max(16, _next_pow2(block_q + near_bn - 1))
 
-    use_table = config.bias == "table"
     use_diag = config.bias == "diag"
     if q.dtype == torch.float32:
         dot_prec = "ieee"
@@ -928,19 +820,11 @@ def paged_rel_attention_triton(
         band_prec = "tf32"  # 16-bit x 16-bit products are exact in fp32: any precision
     else:
         band_prec = "ieee"
-    if use_table:
-        rl = torch.matmul(r.float(), rel_proj.float())  # [T, Hq, E] fp32
-    else:
-        rl = q  # unused
     num_blocks = -(-t_rows // block_q) + prob.num_reqs
-    fused = False
-    tickets = result  # unused
     if splits > 1:
         ws = torch.empty((splits, t_rows, prob.num_q_heads, dp), dtype=torch.float32, device=dev)
         wml = torch.empty((splits, t_rows, prob.num_q_heads, 2), dtype=torch.float32, device=dev)
-        if config.fused_combine:
-            tickets, fused = _ticket_buffer(dev, num_blocks * prob.num_kv_heads), True
-        nsp = result if fused else torch.empty((t_rows,), dtype=torch.int32, device=dev)
+        nsp = torch.empty((t_rows,), dtype=torch.int32, device=dev)
         if config.flat_grid:
             grid: tuple[int, ...] = (num_blocks * prob.num_kv_heads * splits,)
         else:
@@ -949,23 +833,18 @@ def paged_rel_attention_triton(
         ws = wml = nsp = result  # unused
         grid = (num_blocks, prob.num_kv_heads, 1)
     inv_floor, alpha = (0.0, 0.0) if prob.log_scaling is None else (1.0 / prob.log_scaling[0], prob.log_scaling[1])
-    block_m_dp = block_m * dp
-    combine_ch = 1
-    while combine_ch < 8 and 2 * combine_ch * block_m_dp <= 8192:
-        combine_ch *= 2
     kc, vc = key_cache, value_cache
     launch = pdl_launch(config.pdl, dev)
     main_launch = dict(launch)
     if config.max_registers is not None and dev.type == "cuda" and not is_interpreter():
         main_launch["maxnreg"] = config.max_registers
     _rel_attention_kernel[grid](
-        q, r, rel_proj, rl, kc, vc, block_table, qsl, sl, result, ws, wml, nsp, tickets,
+        q, r, rel_proj, kc, vc, block_table, qsl, sl, result, ws, wml, nsp,
         t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0,
         prob.scale, inv_floor, alpha,
         q.stride(0), q.stride(1), q.stride(2),
         r.stride(0), r.stride(1), r.stride(2),
         rel_proj.stride(0), rel_proj.stride(1),
-        rl.stride(0) if use_table else 0, rl.stride(1) if use_table else 0,
         kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
         vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
         block_table.stride(0), block_table.stride(1),
@@ -973,14 +852,14 @@ def paged_rel_attention_triton(
         NUM_Q_HEADS=prob.num_q_heads, GROUP=group, GP=gp, N=prob.block_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
         DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
-        LOG_SCALE=prob.log_scaling is not None, BIAS_TABLE=use_table, BIAS_DIAG=use_diag, NUM_SPLITS=splits,
-        FLAT=config.flat_grid and splits > 1, FUSED=fused,
-        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, COMBINE_CH=combine_ch,
+        LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, NUM_SPLITS=splits,
+        FLAT=config.flat_grid and splits > 1,
+        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost,
         INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
     )
-    if splits > 1 and not fused:
+    if splits > 1:
         sp = _next_pow2(splits)
         hb = 1  # heads per program: about 8K partial values in registers
         while hb < 16 and hb < prob.num_q_heads and 2 * hb * sp * dp <= 8192:

@@ -2,8 +2,6 @@
 paged cache, in one launch (docs/design.md §3).
 
 - :func:`fused_sconv` — the op, on a step's :class:`~inkling_kernels.SconvBatch`;
-- :func:`fused_sconv_vllm` — the drop-in with vLLM's in-tree signature (the metadata as
-  loose tensors); it builds the batch and calls :func:`fused_sconv`;
 - :mod:`.kernel` — the Triton kernel and its launcher; :mod:`.reference` — the fp32
   PyTorch reference (the CPU path) and ``causal_conv_ref``.
 
@@ -22,7 +20,7 @@ from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import SconvProblem, check_conv_call
 from .reference import causal_conv_ref, fused_sconv_ref, reference_fused_sconv
 
-__all__ = ["causal_conv_ref", "fused_sconv", "fused_sconv_ref", "fused_sconv_vllm"]
+__all__ = ["causal_conv_ref", "fused_sconv", "fused_sconv_ref"]
 
 
 def _interpreter_config(x: torch.Tensor) -> object:
@@ -101,34 +99,4 @@ def fused_sconv(
     check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
     return torch.ops.inkling.fused_sconv(
         x, weight, cache, *batch.op_args(), stream_offset, stream_width, activation, residual
-    )
-
-
-def fused_sconv_vllm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    cache: torch.Tensor,
-    positions: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_idx: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    query_start: torch.Tensor,
-    stream_offset: int,
-    stream_width: int,
-    block_size: int,
-    activation: Optional[str] = None,
-    residual: bool = True,
-) -> torch.Tensor:
-    """Drop-in for vLLM's in-tree ``fused_sconv`` (same positional signature), for
-    engines that call the kernel with loose metadata tensors: builds the
-    :class:`~inkling_kernels.SconvBatch` (validated) and calls :func:`fused_sconv`.
-    Dtypes as the kernel contract states them (positions and slot mapping int64;
-    block table, seq_idx and query start int32). Callers that launch the conv many
-    times per step should build the batch once and call :func:`fused_sconv`."""
-    batch = SconvBatch(
-        positions=positions, block_table=block_table, seq_idx=seq_idx,
-        slot_mapping=slot_mapping, query_start=query_start, block_size=block_size,
-    )
-    return fused_sconv(
-        x, weight, cache, batch, stream_offset, stream_width, activation=activation, residual=residual
     )

@@ -37,13 +37,11 @@ mostly prompt rows: :func:`rows_batch`) run another kernel, :mod:`.rows_kernel`
 (one launch for one stream or for K and V), whose programs keep their rows in registers
 and, inside a prompt, read no tap from memory.
 
-Which path runs (measured on an H200): without a map,
-the in-kernel prologue (block table + hazard search) costs more than building a map
-once for the call (two small launches) as soon as a launch moves about a million
-elements (``T * C >= MAP_MIN_WORK``: decode 256 x 6144 16.4 µs map-less vs 8.2 + 4.5
-with a map; prefill 8192 x 6144 153 vs 110.6 + 6.3), and less below (decode 64 x 6144
-6.2 vs 4.3 + 3.9; decode 1 2.8 vs 1.9 + 3.6). So a batch without a map takes the map-less
-kernel for small launches and builds a map for the call for large ones.
+Which path runs without a map: the in-kernel prologue (block table + hazard search)
+costs more than building a map once for the call (two small launches) as soon as a
+launch moves about a million elements (``T * C >= MAP_MIN_WORK``), and less below. So
+a batch without a map takes the map-less kernel for small launches and builds a map
+for the call for large ones.
 """
 
 from __future__ import annotations
@@ -54,17 +52,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import (
-    decode_tap_codes, match_last_writer, pdl_launch, pow2_ceil, resolve_taps, rows_default, tap_select_default,
-)
+from .._triton_common import decode_tap_codes, match_last_writer, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_unfit, rows_weight_tile
 
 __all__ = [
     "MAP_MIN_WORK", "PREFILL_SHARE", "ROWS_MIN_TOKENS", "ROWS_TOKENS_PER_REQUEST", "ConvStream", "SconvConfig",
-    "choose_config", "fused_sconv_triton", "launch_conv_streams", "rows_batch",
-    "launch_fused_sconv",
+    "choose_config", "fused_sconv_triton", "rows_batch",
 ]
 
 
@@ -73,8 +68,7 @@ def _mapless_taps(
     rows, rows64, rmask, pos, qs, table_ptr, seq_ptr, slot_ptr,
     num_tokens, num_slots, num_reqs, max_blocks, stride_table,
     N: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, BLOCK_T: tl.constexpr,
-    SCAN: tl.constexpr, HAZARD_SCAN: tl.constexpr, SLOT32: tl.constexpr,
-    EARLY_SCAN_LOADS: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    SCAN: tl.constexpr, SLOT32: tl.constexpr, EARLY_SCAN_LOADS: tl.constexpr, ONE_CHUNK: tl.constexpr,
 ):
     """Without a tap map: where each pre-forward tap comes from (the shared tap
     resolution, then the hazard rule: every usable pre-forward slot is looked up among
@@ -86,16 +80,15 @@ def _mapless_taps(
     other small batches): ``slot_mapping`` is one chunk, loaded once up front, and
     nothing branches on whether the tile has pre-forward taps (it nearly always has):
     the table load and the compare issue straight away."""
-    if HAZARD_SCAN:
-        srows = tl.arange(0, SCAN)
-        if EARLY_SCAN_LOADS:
-            # Small (decode) tiles: the first chunk(s) of the scan are issued before
-            # the metadata and block-table loads, hiding their latency.
-            sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
-            if ONE_CHUNK:
-                sval_next = sval  # (unused)
-            else:
-                sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
+    srows = tl.arange(0, SCAN)
+    if EARLY_SCAN_LOADS:
+        # Small (decode) tiles: the first chunk(s) of the scan are issued before
+        # the metadata and block-table loads, hiding their latency.
+        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
+        if ONE_CHUNK:
+            sval_next = sval  # (unused)
+        else:
+            sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
     seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1).to(tl.int64)
     # Column k of the [BLOCK_T, WP] tensors is the tap at distance k+1.
@@ -107,19 +100,18 @@ def _mapless_taps(
     )
     any_pre = tl.max(tl.max(pslot2, axis=1), axis=0) >= 0  # a usable pre-forward tap
     hit2 = tl.full([BLOCK_T, WP], -1, tl.int32)
-    if HAZARD_SCAN:
-        if not EARLY_SCAN_LOADS:
-            sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
-            if ONE_CHUNK:
-                sval_next = sval  # (unused)
-            else:
-                sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
+    if not EARLY_SCAN_LOADS:
+        sval = tl.load(slot_ptr + srows, mask=srows < num_tokens, other=-1)
         if ONE_CHUNK:
-            hit2 = _writer_rows(pslot2, sval, sval_next, srows, slot_ptr, num_tokens, num_slots,
-                                WP, BLOCK_T, SCAN, SLOT32, ONE_CHUNK)
-        elif any_pre:
-            hit2 = _writer_rows(pslot2, sval, sval_next, srows, slot_ptr, num_tokens, num_slots,
-                                WP, BLOCK_T, SCAN, SLOT32, ONE_CHUNK)
+            sval_next = sval  # (unused)
+        else:
+            sval_next = tl.load(slot_ptr + SCAN + srows, mask=SCAN + srows < num_tokens, other=-1)
+    if ONE_CHUNK:
+        hit2 = _writer_rows(pslot2, sval, sval_next, srows, slot_ptr, num_tokens, num_slots,
+                            WP, BLOCK_T, SCAN, SLOT32, ONE_CHUNK)
+    elif any_pre:
+        hit2 = _writer_rows(pslot2, sval, sval_next, srows, slot_ptr, num_tokens, num_slots,
+                            WP, BLOCK_T, SCAN, SLOT32, ONE_CHUNK)
     return slot, pslot2, hit2, any_pre
 
 
@@ -216,22 +208,14 @@ def _fused_sconv_kernel(
     SCAN: tl.constexpr,
     SILU: tl.constexpr,
     RESIDUAL: tl.constexpr,
-    HAZARD_SCAN: tl.constexpr,
     SLOT32: tl.constexpr,
     EARLY_SCAN_LOADS: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
     HPT: tl.constexpr,
     USE_MAP: tl.constexpr,
     STREAMS: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
     TAP_SELECT: tl.constexpr = False,
 ):
-    if USE_PDL:
-        # launched early (programmatic dependent launch): wait until the kernel before
-        # this one in the stream is done (it may write x, the cache or the map, or
-        # still read what this launch overwrites), then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     # Channel chunks vary fastest: the programs of one row block run together
     # (shared shifted-row reads in L2; a row block that scans never trails).
     pid_c = tl.program_id(0)
@@ -268,15 +252,14 @@ def _fused_sconv_kernel(
         slot, pslot2, hit2, any_pre = _mapless_taps(
             rows, rows64, rmask, pos, qs, table_ptr, seq_ptr, slot_ptr,
             num_tokens, num_slots, num_reqs, max_blocks, stride_table,
-            N, W, WP, BLOCK_T, SCAN, HAZARD_SCAN, SLOT32, EARLY_SCAN_LOADS, ONE_CHUNK,
+            N, W, WP, BLOCK_T, SCAN, SLOT32, EARLY_SCAN_LOADS, ONE_CHUNK,
         )
 
     # -- Main phase, per stream (two: the K+V launch of sconv_kv, sharing the tap
     # resolution above): one x tile, its slot store, W taps, fp32 accumulation.
-    # STREAMS == 1 compiles to the one-stream kernel as it was before the K+V launch
-    # existed (x rows contiguous: row stride = channels, no second stream's values
-    # live): the general form cost
-    # 4-9 % on small launches (benchmarks/RESULTS.md).
+    # STREAMS == 1 compiles to the plain one-stream kernel (x rows contiguous: row
+    # stride = channels, no second stream's values live): the general form is slower on
+    # small launches.
     for s in tl.static_range(STREAMS):
         if s == 0:
             xs_ptr, ws_ptr, outs_ptr = x_ptr, w_ptr, out_ptr
@@ -343,13 +326,12 @@ def _fused_sconv_kernel(
                         mask=from_cache[:, None] & cmask[None, :],
                         other=0.0,
                     ).to(tl.float32)
-                    if HAZARD_SCAN:
-                        hrow = tl.where(hit_k >= 0, hit_k, 0).to(tl.int64)
-                        tap += tl.load(
-                            xs_ptr + hrow[:, None] * sx + chan[None, :],
-                            mask=(hit_k >= 0)[:, None] & cmask[None, :],
-                            other=0.0,
-                        ).to(tl.float32)
+                    hrow = tl.where(hit_k >= 0, hit_k, 0).to(tl.int64)
+                    tap += tl.load(
+                        xs_ptr + hrow[:, None] * sx + chan[None, :],
+                        mask=(hit_k >= 0)[:, None] & cmask[None, :],
+                        other=0.0,
+                    ).to(tl.float32)
             acc += wv[None, :] * tap
 
         if SILU:
@@ -370,14 +352,6 @@ class SconvConfig:
     block_t: int
     block_c: int
     num_warps: int
-    scan: int = 0  # slot_mapping chunk of the hazard scan; 0: ~4k compares per step
-    # Benchmark-only switch: False skips the same-step hazard scan (incorrect under
-    # same-step prefix hits); used to measure the scan's cost.
-    hazard_scan: bool = True
-    # programmatic dependent launch (CUDA, SM 9.0+; ignored elsewhere): the launch may
-    # start while the kernel before it finishes and waits for it before touching
-    # memory, so only the launch latency overlaps
-    pdl: bool = False
     # mapped launches: one load a tap, its address picked per row (the x row or the
     # cache slot) instead of two masked loads (one of them always masked off). The
     # default of fused_sconv's mapped launches of T x C >= MAP_MIN_WORK (choose_config)
@@ -415,48 +389,36 @@ def rows_batch(num_tokens: int, num_requests: int | None, num_prefill_tokens: in
 def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
                   one_load: bool = True, rows: bool = True, num_requests: int | None = None,
                   num_prefill_tokens: int | None = None) -> SconvConfig:
-    """Heuristic tile choice per shape class (one config each: no autotuning),
-    from sweeps on an H200 (benchmarks/RESULTS.md).
+    """Heuristic tile choice per shape class (one config each: no autotuning; the
+    classes and tiles come from GPU sweeps, benchmarks/RESULTS.md).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
     a tap map), so tiles never straddle heads and no lanes idle.
 
-    With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` (1024) rows
-    whose batch is mostly prompt rows (:func:`rows_batch`: with the batch's
-    ``num_prefill_tokens`` hint, at least half its rows; without it, at least
-    ``ROWS_TOKENS_PER_REQUEST`` (8) rows per request, ``num_requests`` being at most this
-    many requests, ``None``: never), over a multiple of 256 channels, takes the
+    With a tap map (``mapped``), a launch of at least ``ROWS_MIN_TOKENS`` rows whose
+    batch is mostly prompt rows (:func:`rows_batch`: with the batch's
+    ``num_prefill_tokens`` hint, at least ``PREFILL_SHARE`` of its rows; without it, at
+    least ``ROWS_TOKENS_PER_REQUEST`` rows per request, ``num_requests`` being at most
+    this many requests, ``None``: never), over a multiple of 256 channels, takes the
     row-register kernel (``rows``: 8 rows x 256 channels, two warps, one launch for one
     stream or for K and V; :mod:`.rows_kernel`). Its tiles inside a prompt read no tap
     from memory; its tiles with decode rows or a request's first rows take a load path
-    of four round trips (64-channel chunks), so it wins while those tiles are a
-    minority. On the H200 (benchmarks/RESULTS.md),
-    against the one-load tile: faster on every prompt-dominated launch (prefill 8192
-    ATTN, 16k sliding K, prefill 1024 ATTN, prefill 2048 K, the TP 8 ATTN shard) and on
-    mixed batches of 2048 + 255 decodes (1.15x) and 1024 + 255 (1.07-1.08x, either
-    order; 0.80 of the rows in the prompt, 5 rows a request); level on 512 + 512
-    decodes (half the rows, 1.00x); slower on 1024 decodes (0.90x), speculative batches of 256 x 4, 128 x 8,
-    256 x 8 and 114 x 9 rows (0.92-0.97x: every tile holds a request's first rows). Rows
-    per request cannot tell 114 x 9 from 2048 + 255 (9 each); the prompt-row count can.
-    ``rows=False`` or ``INKLING_KERNELS_SCONV_ROWS=0`` keeps the tiles everywhere.
+    of a round trip per 64-channel chunk, so it wins while those tiles are a minority
+    (decode-heavy and speculative batches keep the tiles below). ``rows=False`` keeps
+    the tiles (the fallback when the row kernel cannot take a launch).
 
-    Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` (2^20) takes
-    16 x BLOCK_C tiles (four warps at 128 channels) whose taps are one load each (``tap_select``):
-    on the H200 1.05-1.19x faster than the two-load tiles below in every such case of
-    the sweep (decode 256 ATTN 4.87 µs hot; prefill 8192 ATTN 0.68 of copy;
-    benchmarks/RESULTS.md). ``one_load=False`` (the two-stream
-    ``fused_sconv_kv`` launch and ``fused_sconv_add``, whose tiles mirror these: both
-    measured slower with it in the layer benchmark) or ``INKLING_KERNELS_TAP_SELECT=0``
-    keeps the two-load tiles: small batches (decode, speculative verification) take 4
-    rows x 128 channels on two warps once there is enough work (T*C >= 300k), else one
-    row on one warp; large batches take 32 x 128 (8 x 128 below 16M elements) on four
-    warps.
+    Otherwise, with a tap map, a launch of ``T * C >= MAP_MIN_WORK`` takes 16 x
+    BLOCK_C tiles (four warps at 128 channels) whose taps are one load each
+    (``tap_select``). ``one_load=False`` (the two-stream ``fused_sconv_kv`` launch and
+    ``fused_sconv_add``, whose tiles mirror these and are slower with it) keeps the
+    two-load tiles: small batches (decode, speculative verification) take 4 rows x
+    BLOCK_C on two warps once there is enough work (T*C >= 300k), else one row on one
+    warp; large batches take 32 x BLOCK_C (8 x BLOCK_C below 16M elements) on four warps.
 
     Without a map the in-kernel prologue (block table + hazard search) dominates
     small batches: one or two rows per one-warp program spread the gathers, and a
     narrow power-of-two head (< 256 channels) shares its tile with the next heads, up
-    to 512 channels (decode 256 x K 128-channel heads: 7.2 -> 6.3 µs with 512); large
-    batches take ~2k-element tiles on four warps (eight warps measured far slower).
+    to 512 channels; large batches take ~2k-element tiles on four warps.
     """
     if stream_width % 32 == 0:
         block_c = min(256, stream_width & -stream_width)
@@ -465,18 +427,15 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
     work = num_tokens * num_heads * stream_width
     if mapped:
         if (rows and rows_batch(num_tokens, num_requests, num_prefill_tokens, ROWS_MIN_TOKENS)
-                and num_heads * stream_width % 256 == 0 and rows_default()):
+                and num_heads * stream_width % 256 == 0):
             return SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
         block_c = min(block_c, 128)
-        if one_load and work >= MAP_MIN_WORK and tap_select_default():
+        if one_load and work >= MAP_MIN_WORK:
             # 32-row tiles with the one-load tap were much slower (registers: an
             # address tile per tap); 16 rows keep the 16-byte vector loads.
             return SconvConfig(block_t=16, block_c=block_c, num_warps=max(1, min(4, 16 * block_c // 512)),
                                tap_select=True)
         if num_tokens <= 1024:
-            # (``pdl`` stays off: launched back to back it made this kernel 7-15 %
-            # faster, but in a layer whose other launches do not use it the layer
-            # was 0.1-0.2 µs slower; benchmarks/RESULTS.md)
             if work >= 300_000:
                 return SconvConfig(block_t=4, block_c=block_c, num_warps=2)
             return SconvConfig(block_t=1, block_c=block_c, num_warps=1)
@@ -505,7 +464,7 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
 
 
 #: Launches moving at least this many elements (T * C) without a tap map build one
-#: for the call (see the module docstring for the measurements).
+#: for the call (see the module docstring).
 MAP_MIN_WORK = 2**20
 #: Mapped launches of at least this many rows, and this many rows per request, take the
 #: row-register kernel by default (choose_config).
@@ -517,7 +476,7 @@ PREFILL_SHARE = 0.5
 #: Channels per chunk of the row-register kernel's load path (rows_kernel._load_path).
 ROWS_LOAD_PATH_CHANNELS = 64
 #: The row-register kernel computes cache offsets in int32 when every element of the
-#: cache lies below this offset (8 registers fewer for sm_90), else in int64.
+#: cache lies below this offset (fewer registers), else in int64.
 ROWS_OFFSET32_LIMIT = 2**31
 
 
@@ -586,7 +545,7 @@ def launch_conv_streams(
         cfg = choose_config(prob.num_tokens, prob.num_heads, stream_width, True, one_load=len(streams) == 1,
                             rows=False)
     taps_p2 = pow2_ceil(prob.kernel_size - 1)
-    scan = cfg.scan or _scan_chunk(cfg, taps_p2)
+    scan = _scan_chunk(cfg, taps_p2)
     if cfg.block_c & (cfg.block_c - 1) or cfg.block_t & (cfg.block_t - 1) or scan & (scan - 1):
         raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
     # A launch of at most SCAN rows scans slot_mapping as one chunk, sized to T.
@@ -620,14 +579,13 @@ def launch_conv_streams(
         WS=stream_width, N=batch.block_size, W=prob.kernel_size, WP=taps_p2,
         BLOCK_T=block_t, BLOCK_C=cfg.block_c, CHUNKS=chunks, SCAN=scan,
         SILU=activation == "silu", RESIDUAL=residual,
-        HAZARD_SCAN=cfg.hazard_scan, SLOT32=prob.num_slots < 2**31 - 1,
+        SLOT32=prob.num_slots < 2**31 - 1,
         EARLY_SCAN_LOADS=block_t * cfg.block_c <= 1024 or one_chunk,
         ONE_CHUNK=one_chunk, HPT=hpt,
         USE_MAP=tap_map is not None,
         STREAMS=len(streams),
         num_warps=cfg.num_warps,
         TAP_SELECT=cfg.tap_select,
-        **pdl_launch(cfg.pdl, cache.device),
     )
 
 
@@ -637,9 +595,7 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
     """The row-register kernel on a launch that :func:`.rows_kernel.rows_unfit` passed:
     one launch for one stream, or for two (K and V) whose rows share a stride and whose
     weights share their strides (so their layout, ``WTILE``; the grid's third axis picks
-    the stream), else a launch each. A batch whose decodes follow its prompts
-    (``SconvBatch.decodes_last``) takes the compile that runs the row tiles last to first
-    (``REVERSE``: the decode rows' tiles start first; :mod:`.rows_kernel`, tile order)."""
+    the stream), else a launch each."""
     if len(streams) == 2 and (streams[0].x.stride(0) != streams[1].x.stride(0)
                               or streams[0].weight2d.stride() != streams[1].weight2d.stride()):
         for st in streams:
@@ -659,9 +615,7 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
         OFF64=cache_max_offset(cache) >= ROWS_OFFSET32_LIMIT,
         x2_ptr=second.x, w2_ptr=second.weight2d, out2_ptr=second.out, stream_offset2=second.offset,
         STREAMS=len(streams),
-        REVERSE=batch.decodes_last,
         num_warps=cfg.num_warps,
-        **pdl_launch(cfg.pdl, cache.device),
     )
 
 

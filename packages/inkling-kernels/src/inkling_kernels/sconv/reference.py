@@ -28,7 +28,7 @@ from .._reference_common import pre_forward_slots, tap_sources
 from ..batch import SconvBatch
 from ..checks import SconvProblem, check_conv_call
 
-__all__ = ["causal_conv_ref", "fused_sconv_ref", "reference_fused_sconv"]
+__all__ = ["causal_conv_ref", "fused_sconv_ref"]
 
 
 def _activate(acc: torch.Tensor, activation: str | None) -> torch.Tensor:

@@ -7,7 +7,7 @@ Why a second kernel. A tile kernel (:mod:`.kernel`) loads its ``[BLOCK_T, BLOCK_
 tile, stores it into the rows' slots, then loads each tap: rows ``t - 1 .. t - 3``
 again, from L1/L2. The slot store may alias any load as far as the compiler knows, so
 those tap loads stay after it and each tile pays a second round trip; the extra loads
-also take issue slots. On the H200 that held prefill at 0.68 of the copy bandwidth.
+also take issue slots.
 
 Here a program owns ``ROWS`` consecutive rows of ``BLOCK_C`` channels and keeps them,
 and the ``W - 1`` rows before them, as separate ``[BLOCK_C]`` register vectors (one
@@ -20,50 +20,28 @@ the taps are register vectors or zero, and the program issues no load after its 
 ones. Otherwise (decode rows, a chunk's first rows, same-step writers) the tile takes
 the load path (:func:`_load_path`): ``[ROWS, SUB]`` channel chunks whose taps are one
 masked load each from the x row or cache slot the map names, loaded before the chunk's
-stores, so the tile waits a round trip per chunk (4 at 256 channels) rather than per
-row. Both paths give the same value for every row (fp32 accumulation in the same order
-as the tile kernel; the cache bit for bit).
+stores, so the tile waits a round trip per chunk rather than per row. Both paths give
+the same value for every row (fp32 accumulation in the same order as the tile kernel;
+the cache bit for bit).
 
 The kernel is bound by registers (occupancy), so the load path matters even to
-prompt-only launches: the register need is the larger of the two branches. Row by row
-(sessions 13-14: each row's fix-up loads before its stores, the register rows reused)
-it took 87 registers for sm_90; as 64-channel chunks (which do not read the register
-rows) 72. On the H200 (benchmarks/RESULTS.md; µs,
-row by row -> chunks): prefill 8192 ATTN 88.3 -> 80.1 (0.88 of copy, the store-only floor),
-16k sliding K 58.1 -> 54.8, the mixed 2048-token prompt + 255 decodes 34.3 -> 30.4,
-1024 decodes 32.3 -> 25.9 (the one-load tile: 23.1). 32-channel chunks (more round
-trips) and 128-channel chunks (95 registers) were slower on most cases.
+prompt-only launches: the register need is the larger of the two branches. The load
+path works in channel chunks, which do not read the register rows, rather than row by
+row, so those registers are free for the chunk tiles.
 
 The weights (``[C, W]``, each channel's taps contiguous: the model's layout) are read
 as one ``[BLOCK_C, 4]`` tile and split into their columns in registers (``WTILE``,
-``rows_weight_tile``). Read as W strided ``[BLOCK_C]`` vectors they cost 16 scalar
-loads a thread and 114 registers for sm_90 instead of 86; with the tile, prefill 8192
-ATTN on the H200 went from 95.8 to 85.0 µs (0.83 of copy) and 16k sliding K from 78.8
-to 61.4 (benchmarks/RESULTS.md). The kernel is sensitive to
-registers: a cap of 80 on the row-by-row version (Triton's ``maxnreg``; spills) made it
-1.44x slower, loading the next row's map codes early (+16 registers) 1.11x slower.
+``rows_weight_tile``): W strided ``[BLOCK_C]`` vectors would cost a scalar load per
+channel and tap and many more registers.
 
-Tile order. The grid takes the row tiles first to last (``pid_t = program_id(1)``),
-unless the batch says its decode rows come after its prompt rows
-(``SconvBatch.decodes_last``): then last to first (``REVERSE``), so the load-path tiles
-of the decode rows, which wait on round trips, start with the launch instead of
-trailing it (the decodes-first order the vLLM plugin serves gets this for free). The
-reversed compile issues the tile's slot and map loads before its x rows: reversing
-alone cost 5-13 % on every launch, prefill included, because ptxas then scheduled the
-first loads worse (arithmetic on the program id before the first loads always cost
-about 1 µs a launch: a modulo 5-10 %, an add and a wrap 4-8 %, session 17); with the
-slot and map loads first the reversal cost 0.1-0.6 % on prefill and ran a prompt-first
-mixed batch (2048-token prompt, then 255 decodes) 4.7 % faster, in the experimental twin
-of this kernel (benchmarks/RESULTS.md; the library
-compile: session 21). The slot and map loads first without the reversal cost 2-4 %, so
-the plain compile keeps its order. Also measured and dropped: spreading the decode tiles
-over the grid (12-15 % slower), two launches (decode rows, then prompt rows: their sum
-plus a boundary), an L2 prefetch of a load-path tile's cache tap lines (0.3 %, session
-18).
+Tile order: the grid takes the row tiles first to last (``pid_t = program_id(1)``), with
+no arithmetic on the program id before the first loads (ptxas schedules those loads
+worse otherwise). The vLLM plugin puts decode rows first, so their load-path tiles,
+which wait on round trips, start with the launch.
 
 x offsets are int32 (the launcher checks that they fit: ``T * row stride < 2^31``);
 cache offsets are int32 when every element of the cache lies below offset 2^31
-(``OFF64`` off: 72 registers for sm_90, against 80 with int64 offsets), else int64.
+(``OFF64`` off: fewer registers than int64 offsets), else int64.
 ``C`` and the x row stride are compile-time constants (one compile per layer shape).
 The host guarantees ``C % BLOCK_C == 0`` (no channel mask) and ``ROWS * (W - 1) <= 64``
 (the bit mask).
@@ -180,7 +158,7 @@ def _load_path(
     every distance's taps (one masked load each, from the x row or the cache slot the map
     names, 0 where there is none), loaded before the chunk's stores; its weights after
     them, one strided vector a tap (L1 hits; held from the start, or read as the
-    ``[SUB, 4]`` tile, they cost 8-22 more registers for sm_90). A chunk's loads wait for
+    ``[SUB, 4]`` tile, they cost more registers). A chunk's loads wait for
     the chunk before it: one round trip a chunk, not a row. The program's register rows
     are not read here, so their registers are free for the chunk tiles. Same fp32
     accumulation order as :func:`_conv_row`."""
@@ -260,12 +238,7 @@ def _rows_sconv_kernel(
     out2_ptr,
     stream_offset2,
     STREAMS: tl.constexpr,
-    REVERSE: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # (as in the tile kernel)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     if STREAMS == 2:  # (K and V: the grid's third axis picks the stream)
         if tl.program_id(2) == 1:
             x_ptr = x2_ptr
@@ -274,22 +247,16 @@ def _rows_sconv_kernel(
             stream_offset = stream_offset2
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
-    if REVERSE:  # (the batch's decode rows come last: their tiles start first)
-        pid_t = tl.num_programs(1) - 1 - pid_t
     chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ccol = (chan // WS) * stride_ch + stream_offset + chan % WS  # column inside a cache row
     t0 = pid_t * ROWS
-    if REVERSE:  # the slot and map loads first: see the module docstring (tile order)
-        dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
-        regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
     # Every x row the tile reads, before any store: xs[j] is row t0 - (W - 1) + j.
     xs = ()
     for j in tl.static_range(ROWS + W - 1):
         xs = xs + (tl.load(x_ptr + ((t0 - (W - 1) + j) * SX + chan),
                            mask=(t0 - (W - 1) + j >= 0) & (t0 - (W - 1) + j < num_tokens), other=0.0),)
-    if not REVERSE:
-        dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
-        regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
+    dsts, oks = tile_slots(slot_ptr, t0, num_tokens, num_slots, stride_cb, stride_cn, N, ROWS, OFF64)
+    regbits, other_taps = tile_tap_bits(map_ptr, t0, num_tokens, num_slots, W, ROWS, QP)
     if WTILE:
         wts = weight_columns4(w_ptr, chan, stride_wc, BLOCK_C)
     else:

@@ -45,8 +45,6 @@ from .reference import (
 )
 
 __all__ = [
-    "check_sconv_add_args",
-    "check_sconv_add_rmsnorm_args",
     "fused_sconv_add",
     "fused_sconv_add_ref",
     "fused_sconv_add_rmsnorm",

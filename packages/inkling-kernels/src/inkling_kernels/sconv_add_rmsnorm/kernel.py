@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import (
-    INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps, rows_default,
+    INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps,
 )
 from ..batch import SconvBatch
 from ..checks import SconvProblem
@@ -75,9 +75,7 @@ __all__ = [
     "choose_add_config",
     "choose_norm_config",
     "interpreter_norm_config",
-    "main_norm_config",
-    "launch_sconv_add",
-    "launch_sconv_add_rmsnorm",
+    "row_loop_config",
     "sconv_add_rmsnorm_triton",
     "sconv_add_triton",
 ]
@@ -268,7 +266,7 @@ def _sconv_add_rmsnorm_kernel(
                 NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J, TAP_SELECT,
             )
     elif ROW_LOOP:
-        # main's path (SPLIT == 1): the rows' tiles in a runtime loop, squares kept as a
+        # (SPLIT == 1) the rows' tiles in a runtime loop, squares kept as a
         # tile and reduced once; then new_h re-read from L1/L2 after a block barrier.
         hh0 = tl.arange(0, BLOCK_H)
         jj0 = tl.arange(0, BLOCK_J)
@@ -372,8 +370,8 @@ class NormConfig:
     """One launch configuration: ``[block_t, block_h, block_j]`` chunks (rows, heads,
     channels of a head's stream range; powers of two) and ``split`` programs per row
     (``split > 1`` needs ``block_t == 1``; at most the number of chunks a row has).
-    ``row_loop``: main's path instead (``split == 1``): the tiles in a runtime loop,
-    ``new_h`` stored and re-read for the norm rather than kept in registers.
+    ``row_loop`` (``split == 1``): the tiles in a runtime loop, ``new_h`` stored and
+    re-read for the norm rather than kept in registers (:func:`row_loop_config`).
     ``fused_sconv_add`` (no norm) takes any ``block_t`` with any ``split`` up to the
     row's chunks, and no ``row_loop``."""
 
@@ -385,8 +383,7 @@ class NormConfig:
     split: int = 1
     row_loop: bool = False
     # one load a tap (its address picked per row: the row of d or the cache slot)
-    # instead of two masked loads; opt-in: slower in this kernel's default tilings on
-    # the H200 at decode (choose_norm_config)
+    # instead of two masked loads; opt-in: slower in this kernel's default tilings
     tap_select: bool = False
     # the row-register kernel (rows_kernel.py): ``block_t`` rows (block_t * (W - 1) <= 64)
     # as register vectors of ``block_j`` channels (flat across heads; C % block_j == 0),
@@ -394,8 +391,10 @@ class NormConfig:
     # with the norm a program walks every chunk of its rows (split 1), without it
     # a chunk a program (split: the row's chunks)
     rows: bool = False
-    # (rows, with the norm) tiles of the norm pass loaded before their stores
-    norm_unroll: int = 4
+
+
+#: (rows, with the norm) tiles of the norm pass loaded before their stores
+NORM_PASS_TILES = 4
 
 
 def _block_j(stream_width: int) -> int:
@@ -406,10 +405,10 @@ def _block_j(stream_width: int) -> int:
     return min(256, pow2_ceil(stream_width))
 
 
-def main_norm_config(num_heads: int, stream_width: int) -> NormConfig:
-    """main's configuration (commit 7da5075): one row a program, ``[1, 4096 // BLOCK_J
-    heads, next_pow2(stream_width) <= 1024]`` tiles in a runtime loop, warps by tile size,
-    ``new_h`` re-read for the norm (``row_loop``)."""
+def row_loop_config(num_heads: int, stream_width: int) -> NormConfig:
+    """The ``row_loop`` tiles: one row a program, ``[1, 4096 // BLOCK_J heads,
+    next_pow2(stream_width) <= 1024]`` tiles in a runtime loop, warps by tile size,
+    ``new_h`` re-read for the norm (the default for 16 < T < 8192)."""
     block_j = min(pow2_ceil(stream_width), 1024)
     block_h = max(1, min(pow2_ceil(num_heads), 4096 // block_j))
     elems = block_h * block_j
@@ -419,31 +418,24 @@ def main_norm_config(num_heads: int, stream_width: int) -> NormConfig:
 
 def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
                        num_requests: int | None = None, num_prefill_tokens: int | None = None) -> NormConfig:
-    """Tile choice (no autotuning: the grid must depend on T alone): per size class the
-    configuration that measured fastest on the H200 (main's kernel timed in the same
-    runs; benchmarks/RESULTS.md).
+    """Tile choice (no autotuning: the grid must depend on T alone), per size class
+    the configuration that measured fastest on a GPU (benchmarks/RESULTS.md).
 
+    - mapped prompt-heavy launches: the row-register kernel (:func:`rows_norm_config`);
     - T <= 16: split rows, every ``BLOCK_J``-channel chunk (:func:`_block_j`) of one
-      head on its own program, two warps (decode 1: 3.53 µs, main's kernel 4.87;
-      decode 16: 4.36, main's 5.00).
-    - 16 < T < 8192: main's configuration and path (:func:`main_norm_config`): it beat
-      every new configuration at T = 64, 256 (03:28 sweep) and the whole row in
-      registers at T = 2048 (84.3 µs against 77.1) and 2303 (67.1 against 66.9).
+      head on its own program, two warps;
+    - 16 < T < 8192: the row loop (:func:`row_loop_config`);
     - T >= 8192: one row a program, the whole row in registers as 2048-element chunks,
-      four warps (prefill 8192: 201.1 µs, main's 216.5).
+      four warps.
 
-    Between the measured sizes (1, 8, 16, 32, 64, 128, 256, 1024, 2048, 2303, 8192) the
-    crossovers are not measured; main's path is kept wherever it is not known to lose.
-
-    The one-load tap (``NormConfig.tap_select``) stays opt-in: on the H200 it made this
-    kernel 0.79x / 0.84x as fast at decode 64 / 256 and 0.93x at mixed 2048+255, 1.016x
-    at prefill 8192 (ATTN, 975B shapes; benchmarks/RESULTS.md).
+    The one-load tap (``NormConfig.tap_select``) is never chosen: it made this kernel
+    slower at decode and mixed batches.
     """
     rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests, num_prefill_tokens)
     if rows is not None:
         return rows
     if 16 < num_tokens < 8192:
-        return main_norm_config(num_heads, stream_width)
+        return row_loop_config(num_heads, stream_width)
     block_j = _block_j(stream_width)
     nj = -(-stream_width // block_j)
     if num_tokens <= 16:
@@ -470,35 +462,21 @@ def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped:
     rows a request or at least half its rows in prompts (the batch's
     ``num_prefill_tokens``; :func:`inkling_kernels.sconv.kernel.rows_batch` with
     ``either``), and whole 256-channel chunks; else None (the tile kernel).
-    ``INKLING_KERNELS_SCONV_ROWS=0`` turns it off.
 
-    Tiles measured fastest on the H200 (975B ATTN shapes, bf16;
-    benchmarks/RESULTS.md), µs against the tile kernel:
+    Tiles (measured fastest on a GPU, benchmarks/RESULTS.md):
 
     - with the norm, prompts only (``>= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST`` rows a
-      request): 2 rows of 512 channels, four warps (prefill 8192: 151.8 against 200.3;
-      1024: 21.6 against 30.6);
-    - with the norm, otherwise: 1 row of 256 channels, two warps (mixed 2048-token
-      prompt + 255 decodes: 51.4 against 66.8, decodes first 49.8 against 66.7);
-    - without the norm (``fused_sconv_add``, the TP 8 shard of 768 channels), prompts
-      only: 4 rows of 256 channels, two warps (prefill 8192: 14.8 against 18.9);
-      otherwise 2 rows (session 20, µs, 2 rows / 4 rows / the tile kernel: speculative
-      128 x 8 3.19 / 4.33 / 3.44, 114 x 9 3.22 / 4.42 / 3.41; the 1024-token prompt + 255
-      decodes 3.30 / 4.55 / 3.98 prompt first, 3.38 / 3.52 / 3.94 decodes first; the
-      2048-token one 4.65 / 5.07 / 5.79 prompt first, 4.64 / 4.20 / 5.60 decodes first,
-      the one case where 4 rows win).
+      request): 2 rows of 512 channels, four warps;
+    - with the norm, otherwise: 1 row of 256 channels, two warps;
+    - without the norm (``fused_sconv_add`` on a tp shard): 4 rows of 256 channels, two
+      warps, for prompts only; otherwise 2 rows.
 
-    Also on the batches only the prompt-row share admits (session 20, with the norm,
-    one row of 256): mixed 1024 + 255 34.5 against 40.5 prompt first, 33.8 against 40.0
-    decodes first; and on speculative batches of 8 and 9 rows a request, where each
-    request's first 3 rows take the load path: 128 x 8 28.3 against 31.5, 256 x 8 45.6
-    against 59.1. Decode-heavy launches (decode 256, speculative 64 x 4) stay on the
-    tile kernel: there the row kernel's tiles all take its load path (13.6 against 7.2
-    µs with the norm)."""
+    Decode-heavy launches stay on the tile kernel: there every row-kernel tile takes its
+    load path."""
     from ..sconv.kernel import rows_batch
 
     if not (mapped and rows_batch(num_tokens, num_requests, num_prefill_tokens, NORM_ROWS_MIN_TOKENS, either=True)
-            and num_heads * stream_width % 256 == 0 and rows_default()):
+            and num_heads * stream_width % 256 == 0):
         return None
     prompts_only = num_requests is not None and num_tokens >= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST * num_requests
     if not norm:
@@ -519,7 +497,7 @@ def interpreter_rows_config(num_tokens: int, num_heads: int, stream_width: int, 
     channels = num_heads * stream_width
     block_j = min(256, channels & -channels)
     if (mapped and rows_batch(num_tokens, num_requests, num_prefill_tokens, INTERPRETER_ROWS, either=True)
-            and block_j >= 8 and rows_default()):
+            and block_j >= 8):
         return NormConfig(block_t=INTERPRETER_ROWS, block_h=1, block_j=block_j, num_warps=2, rows=True)
     return None
 
@@ -686,7 +664,7 @@ def _try_rows(
     grid = (1 if norm is not None else chunks, triton.cdiv(prob.num_tokens, cfg.block_t))
     # the norm pass's tiles: [block_t, nsub] (about 1024 elements), p2 of them loaded at once
     nsub = min(cfg.block_j, max(32, 1024 // cfg.block_t))
-    p2 = max(1, min(cfg.norm_unroll, prob.channels // nsub))
+    p2 = max(1, min(NORM_PASS_TILES, prob.channels // nsub))
     while (prob.channels // nsub) % p2:
         p2 //= 2
     _rows_add_norm_kernel[grid](
@@ -764,11 +742,11 @@ _MAX_GRID_1 = 65535  # CUDA's limit on the grid's second axis (programs along a 
 def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
                       kernel_size: int = 4, num_requests: int | None = None,
                       num_prefill_tokens: int | None = None) -> NormConfig:
-    """Tiles of ``fused_sconv_add`` (not swept on a GPU yet): without the norm no
+    """Tiles of ``fused_sconv_add``: without the norm no
     program needs a whole row, so every chunk of a row gets its own program (``split``
     = the row's chunks, no scratch, no ticket), as in ``fused_sconv``'s grid. The tile
     is ``fused_sconv``'s heuristic for the same launch (:func:`inkling_kernels.sconv.
-    kernel.choose_config`, measured on the H200 for the conv alone), in this kernel's
+    kernel.choose_config`, tuned for the conv alone), in this kernel's
     terms: its ``BLOCK_C`` channels of one head as ``[block_h 1, block_j BLOCK_C]``, or
     whole narrow power-of-two heads as ``block_h = BLOCK_C / stream_width``; the same
     rows and warps. The hazard scan's chunk keeps its ``[BLOCK_T * KW, SCAN]`` compare
@@ -822,7 +800,7 @@ def launch_sconv_add(
         return out
     # Every program owns one channel chunk: without a map each would resolve its rows'
     # taps (and scan for same-step writers) again, so a large launch builds the map
-    # first, as fused_sconv does (H200, TP 8 shard, mixed 2048+255: 335 µs map-less).
+    # first, as fused_sconv does.
     from ..sconv.kernel import auto_tap_map
 
     tap_map = auto_tap_map(batch, prob, cache.device, auto_map)

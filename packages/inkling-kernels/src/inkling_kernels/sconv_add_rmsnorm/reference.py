@@ -30,8 +30,6 @@ from ..checks import SconvProblem
 __all__ = [
     "fused_sconv_add_ref",
     "fused_sconv_add_rmsnorm_ref",
-    "reference_sconv_add",
-    "reference_sconv_add_rmsnorm",
     "rms_norm_ref",
 ]
 

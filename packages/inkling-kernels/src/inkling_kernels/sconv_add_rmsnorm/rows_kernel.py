@@ -4,10 +4,8 @@
 Why a second kernel. The tile kernel (:mod:`.kernel`) gives a program one row (or a
 few) and loads each earlier tap as its own row of ``d`` again, after the row's slot
 store, which the compiler must keep ordered before those loads (they may alias). Each
-``d`` row is then read four times and every chunk waits two round trips: on the H200
-the fused prefill of 8192 rows (975B shapes, ATTN stream) ran at about 0.58 of the copy
-bandwidth. This kernel applies :mod:`inkling_kernels.sconv.rows_kernel`'s design to the
-fused op: a program owns ``ROWS`` consecutive rows and loads, per channel chunk, those
+``d`` row is then read four times and every chunk waits two round trips. This kernel
+applies :mod:`inkling_kernels.sconv.rows_kernel`'s design to the fused op: a program owns ``ROWS`` consecutive rows and loads, per channel chunk, those
 rows and the ``W - 1`` rows before them once, as ``[BLOCK_C]`` register vectors, with
 ``hidden``'s rows, before any store of the chunk; each row's taps are the register
 vectors of the rows before it (the map says which taps are x rows ``t - dist``).

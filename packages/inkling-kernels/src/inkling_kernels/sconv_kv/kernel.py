@@ -12,8 +12,7 @@ host: the launch replays under CUDA graphs. Prefill-sized mapped launches (at le
 ``ROWS_MIN_TOKENS`` rows and ``ROWS_TOKENS_PER_REQUEST`` rows a request) run the
 row-register kernel instead (:mod:`inkling_kernels.sconv.rows_kernel`), one launch whose
 grid's third axis picks K or V (a launch each if their row strides or weight layouts
-differ); on the H200 (session 14, a launch per stream then) 1.28x the two-stream tile
-launch at prefill 8192 on the global layer's K and V, 1.82x on the sliding one's.
+differ).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from ..batch import SconvBatch
 from ..checks import SconvProblem, check_kv_call
 from ..sconv.kernel import ConvStream, SconvConfig, launch_conv_streams
 
-__all__ = ["fused_sconv_kv_triton", "launch_fused_sconv_kv"]
+__all__ = ["fused_sconv_kv_triton"]
 
 
 def launch_fused_sconv_kv(

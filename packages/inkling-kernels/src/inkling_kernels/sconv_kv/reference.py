@@ -15,7 +15,7 @@ from ..batch import SconvBatch
 from ..checks import SconvProblem, check_kv_call
 from ..sconv.reference import reference_fused_sconv
 
-__all__ = ["fused_sconv_kv_ref", "reference_fused_sconv_kv"]
+__all__ = ["fused_sconv_kv_ref"]
 
 
 def reference_fused_sconv_kv(

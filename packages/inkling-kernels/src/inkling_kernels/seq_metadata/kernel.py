@@ -4,12 +4,7 @@ One launch fills ``num_padded_tokens`` rows; pad rows get 0. Each row finds its
 request (the largest ``r < num_reqs`` with ``query_start_loc[r] <= row``) by binary
 lifting over ``query_start_loc``: log2(R) dependent loads of a tiny array that stays
 in L1, and two registers per row. 64-row programs up to 4096 rows (more programs in
-flight: 1.73 vs 1.91 µs at 256 requests on an H200), 256-row ones above.
-
-(Measured and dropped: counting, per row, the request starts at or below it from one
-coalesced load; it was no faster at 64-256 requests and slower in larger tiles. A
-first version compared each row with every request start in [rows x chunk] int64
-tiles; it spilled registers and took ~80 µs for 256 requests.)
+flight), 256-row ones above.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import triton.language as tl
 
 from ..checks import check_seq_metadata_args
 
-__all__ = ["launch_sconv_seq_metadata", "sconv_seq_metadata_triton"]
+__all__ = ["sconv_seq_metadata_triton"]
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_actual_tokens", "num_padded_tokens", "top_step"])

@@ -6,7 +6,7 @@ import torch
 
 from ..checks import check_seq_metadata_args
 
-__all__ = ["reference_sconv_seq_metadata", "sconv_seq_metadata_ref"]
+__all__ = ["sconv_seq_metadata_ref"]
 
 
 def reference_sconv_seq_metadata(

@@ -35,7 +35,7 @@ from .._triton_common import match_rows, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import check_tap_map_call
 
-__all__ = ["hazard_tiles", "launch_sconv_tap_map", "sconv_tap_map_triton"]
+__all__ = ["hazard_tiles", "sconv_tap_map_triton"]
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "max_blocks"])
@@ -109,8 +109,7 @@ def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
     slots per program. The grid is (T * (W-1) / KEYS) x (T / SPAN) programs; those
     whose entries hold no pre-forward slot (most of a prefill) leave after one load,
     so long batches take wider key tiles and spans (fewer programs)."""
-    # Sweep on an H200: 32x128x512 best or
-    # within 3 % up to the 2303-token mixed batch, 128x64x1024 from 8192 tokens.
+    # (tiles from a GPU sweep, benchmarks/RESULTS.md)
     if num_tokens <= 4096:
         keys, chunk, span = 32, 128, 512
     else:
@@ -130,8 +129,8 @@ def launch_sconv_tap_map(batch: SconvBatch, kernel_size: int, tap_map_out: torch
         batch.positions, table, batch.seq_idx, batch.query_start, tap_map_out,
         num_tokens, table.shape[0], table.shape[1], table.stride(0),
         # No early exit for tiles without pre-forward taps: the tile-wide reduction
-        # it takes cost decode batches more (3.77 -> 3.57 µs for one row on an H200)
-        # than the masked table load costs a prefill tile.
+        # it takes costs decode batches more than the masked table load costs a
+        # prefill tile.
         N=batch.block_size, TAPS=taps, WP=pow2_ceil(taps), BLOCK_R=64, SKIP_EMPTY=False, num_warps=4,
     )
     keys, chunk, span = hazard_tiles(num_tokens)

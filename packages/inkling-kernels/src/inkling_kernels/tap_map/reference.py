@@ -8,7 +8,7 @@ from .._reference_common import last_writers, pre_forward_slots, tap_sources
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, check_tap_map_call
 
-__all__ = ["reference_sconv_tap_map", "sconv_tap_map_ref"]
+__all__ = ["sconv_tap_map_ref"]
 
 
 def reference_sconv_tap_map(batch: SconvBatch, kernel_size: int, tap_map_out: torch.Tensor) -> None:
