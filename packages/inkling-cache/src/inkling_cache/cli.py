@@ -42,6 +42,13 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
 
 _DEFAULT_BUDGETS_GIB = (16.0, 32.0, 64.0)
 
+_PLAN_DESCRIPTION = f"""\
+Print the conv-state layout and cache memory tables of a model config.
+CONFIG is a preset ({', '.join(sorted(PRESETS))}) or a config.json path (or its folder),
+which must give the fields that size the cache (at the top level or in its text_config):
+{', '.join(REQUIRED_FIELDS)}.
+--json prints the same data as JSON. Errors print one line and exit with status 2."""
+
 
 class _UsageError(Exception):
     pass
@@ -61,7 +68,8 @@ def _build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan",
         help="print the layout and memory tables of a model config",
-        description=__doc__,
+        description=_PLAN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument(
         "config", metavar="CONFIG",
