@@ -127,3 +127,46 @@ def test_refusals_come_before_the_kv_cache_is_allocated(refusals: dict[str, tupl
     # vLLM logs the KV cache it allocates ("KV cache size"); no engine got that far
     _, log = refusals[case]
     assert "KV cache size" not in log, log[-3000:]
+
+
+# --- the main job and the serve command refuse a bad folder before any engine starts ---
+
+
+def _bad_folders(root: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (folder, text the one-problem message must hold)"""
+    import torch
+
+    (root / "empty").mkdir(exist_ok=True)
+    llama = root / "llama"
+    llama.mkdir(exist_ok=True)
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
+    shape = root / "shape"
+    if shape.exists():
+        shutil.rmtree(shape)
+    shutil.copytree(good, shape)
+    key = "model.layers.1.self_attn.rel_logits_proj.proj"
+    _edit_tensors(shape, lambda t: t.update({key: torch.zeros(t[key].shape[0], t[key].shape[1] + 3)}))
+    return {
+        "missing": (root / "missing", "does not exist"),
+        "empty": (root / "empty", "is empty"),
+        "llama": (llama, "model_type 'llama'"),
+        "shape": (shape, f"tensor {key} has shape [4, 67], config.json implies [4, 64]"),
+    }
+
+
+@pytest.mark.parametrize("module", ["main", "serve"])
+def test_commands_refuse_a_bad_folder_in_a_few_lines(
+    checkpoints: dict[str, Path], scratch: Path, vllm_env: dict[str, str], module: str
+) -> None:
+    root = scratch / f"bad-folders-{module}"
+    root.mkdir(exist_ok=True)
+    for name, (folder, fragment) in _bad_folders(root, checkpoints["default"]).items():
+        args = ["--model", str(folder)] if module == "main" else [str(folder), "--port", "1"]
+        proc = subprocess.run([sys.executable, "-m", f"inkling_vllm.demo.{module}", *args],
+                              env=vllm_env, capture_output=True, text=True, timeout=300)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 2, f"{name}: {text[-3000:]}"
+        assert fragment in proc.stderr and "Traceback" not in text, f"{name}: {text[-3000:]}"
+        assert len(proc.stderr.splitlines()) <= 5 and len(text.splitlines()) <= 6, f"{name}: {text}"
+        assert "vLLM" not in proc.stdout.replace("starting vLLM", "")  # no engine was started
+    assert not (checkpoints["default"] / "transformers-reference").exists()

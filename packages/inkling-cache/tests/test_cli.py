@@ -137,3 +137,28 @@ def test_console_script_exit_codes() -> None:
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stdout == ""
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("config, missing", [
+    ({}, "hidden_size, num_hidden_layers, num_key_value_heads, head_dim, swa_num_key_value_heads, "
+         "swa_head_dim, sliding_window"),
+    ({"model_type": "inkling_mm_model", "text_config": {"hidden_size": 256, "head_dim": 64}},
+     "num_hidden_layers, num_key_value_heads, swa_num_key_value_heads, swa_head_dim, sliding_window"),
+])
+def test_config_missing_required_fields_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, config: dict, missing: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, out, err = run(capsys, "plan", str(tmp_path))
+    assert code == 2 and out == ""
+    assert f"does not give {missing}:" in err and len(err.splitlines()) == 1
+
+
+def test_alias_counts_as_the_required_field() -> None:
+    from inkling_cache.cli import missing_fields
+
+    assert missing_fields({"sliding_window_size": 32}) == missing_fields({"sliding_window": 32})
+    assert "sliding_window" not in missing_fields({"sliding_window_size": 32})
+    data = json.loads((Path(__file__).parent / "data" / "transformers_inkling_text_default.json").read_text())
+    assert missing_fields(data) == []

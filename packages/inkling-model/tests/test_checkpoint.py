@@ -380,3 +380,55 @@ def test_a_wrong_map_fails_the_check(
     with torch.no_grad():
         gap = (loaded(input_ids=ids).logits - original(ids).logits).abs().max().item()
     assert gap > 1e-2, f"a wrong {which} map went unnoticed (max logit gap {gap})"
+
+
+# --- the shapes a config implies, against the tensors transformers builds from it ---
+
+_OTHER_TEXT = {**TEXT, "num_key_value_heads": 1, "swa_num_attention_heads": 8, "swa_head_dim": 16,
+               "d_rel": 2, "rel_extent": 20, "moe_intermediate_size": 24, "n_routed_experts": 4,
+               "n_shared_experts": 1, "mlp_layer_types": ["dense", "dense", "sparse", "sparse"]}
+
+
+@pytest.mark.parametrize("fields", [TEXT, _OTHER_TEXT], ids=["every-feature", "other-widths"])
+def test_expected_shapes_are_what_transformers_builds(fields: dict[str, Any]) -> None:
+    from inkling_model.checkpoint import check_text_shapes, expected_text_shapes
+
+    model = InklingForCausalLM(InklingTextConfig(**fields))
+    built = {n: tuple(t.shape) for n, t in model.state_dict().items() if weight_kind(n) == "text"}
+    spec = text_spec({**fields, "model_type": "inkling_text"})
+    assert expected_text_shapes(spec, "transformers") == built
+    release = {n: tuple(t.shape) for n, t in transformers_to_release(model.state_dict()).items()
+               if weight_kind(n) == "text"}
+    assert expected_text_shapes(spec, "release") == release
+    assert check_text_shapes(built, spec).ok
+    assert check_text_shapes(release, text_spec(spec.to_release_config() | {"model_type": "inkling_model"})).ok
+
+
+def test_check_text_shapes_names_missing_wrong_and_unknown(release_tensors: dict[str, torch.Tensor]) -> None:
+    from inkling_model.checkpoint import check_text_shapes
+
+    spec = text_spec(_write_release_config())
+    shapes = {n: list(t.shape) for n, t in release_tensors.items()}
+    assert check_text_shapes(shapes, spec).ok  # tower and MTP tensors are not counted
+    shapes.pop("model.llm.layers.2.attn.wr_du.weight")
+    shapes["model.llm.layers.0.mlp.w13_dn.weight"] = [48, 32]  # gate and up: 2 * 48 rows
+    shapes["model.llm.layers.0.attn.wq_du.weight_scale"] = [1]
+    check = check_text_shapes(shapes, spec)
+    assert check.missing == [("model.llm.layers.2.attn.wr_du.weight", (16, 32))]
+    assert check.wrong == [("model.llm.layers.0.mlp.w13_dn.weight", (48, 32), (96, 32))]
+    assert check.unknown == ["model.llm.layers.0.attn.wq_du.weight_scale"]
+    # transformers-layout names of InklingForConditionalGeneration count as the text model's
+    folded = {"model.language_model." + n[len("model."):] if n.startswith("model.") else n: s
+              for n, s in expected_shapes_tf().items()}
+    assert check_text_shapes(folded, text_spec({**TEXT, "model_type": "inkling_text"})).ok
+
+
+def _write_release_config() -> dict[str, Any]:
+    spec = text_spec({**TEXT, "model_type": "inkling_text"})
+    return {"model_type": "inkling_mm_model", "text_config": spec.to_release_config()}
+
+
+def expected_shapes_tf() -> dict[str, tuple[int, ...]]:
+    from inkling_model.checkpoint import expected_text_shapes
+
+    return expected_text_shapes(text_spec({**TEXT, "model_type": "inkling_text"}))

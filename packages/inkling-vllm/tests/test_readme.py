@@ -38,3 +38,13 @@ def test_serving_section_uses_the_main_jobs_checkpoint_and_loopback() -> None:
         assert option in options
     for endpoint in ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions"):
         assert f"127.0.0.1:8000{endpoint}" in serve
+
+
+def test_serving_section_documents_model_and_the_cache() -> None:
+    from inkling_vllm.demo.tiny import reference_cache_dir
+
+    serve = _section(README.read_text(encoding="utf-8"), "Serve a model")
+    assert "hatch run main --model DIR" in serve and "exit status 2" in serve
+    # the documented place of the transformers-format copy is where it goes
+    where = reference_cache_dir("/x").parent
+    assert f"~/.cache/inkling-sconv/{where.name}/" in serve and where.parent.name == "inkling-sconv"

@@ -1,7 +1,9 @@
 """``inkling-cache plan CONFIG``: print the conv-state layout and cache memory tables.
 
-CONFIG is a preset name (``inkling-975b``) or a config.json path. ``--json`` prints the
-same data as JSON. Errors print one line to stderr and exit with status 2.
+CONFIG is a preset name (``inkling-975b``) or a config.json path (or its folder), which
+must give the fields that size the cache (:data:`REQUIRED_FIELDS`, at the top level or in
+its ``text_config``). ``--json`` prints the same data as JSON. Errors print one line to
+stderr and exit with status 2.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from .capacity import (
@@ -22,9 +25,29 @@ from .capacity import (
 from .config import PRESETS
 from .layout import Stream
 
-__all__ = ["main", "render_plan"]
+__all__ = ["REQUIRED_FIELDS", "main", "missing_fields", "render_plan"]
+
+#: Fields a config.json given to ``plan`` must state (other names read for them in
+#: parentheses): the conv-state and attention page sizes follow from them, and a
+#: missing one would silently take the 975B model's value.
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "hidden_size": (),
+    "num_hidden_layers": (),
+    "num_key_value_heads": (),
+    "head_dim": (),
+    "swa_num_key_value_heads": (),
+    "swa_head_dim": (),
+    "sliding_window": ("sliding_window_size",),
+}
 
 _DEFAULT_BUDGETS_GIB = (16.0, 32.0, 64.0)
+
+_PLAN_DESCRIPTION = f"""\
+Print the conv-state layout and cache memory tables of a model config.
+CONFIG is a preset ({', '.join(sorted(PRESETS))}) or a config.json path (or its folder),
+which must give the fields that size the cache (at the top level or in its text_config):
+{', '.join(REQUIRED_FIELDS)}.
+--json prints the same data as JSON. Errors print one line and exit with status 2."""
 
 
 class _UsageError(Exception):
@@ -45,7 +68,8 @@ def _build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan",
         help="print the layout and memory tables of a model config",
-        description=__doc__,
+        description=_PLAN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument(
         "config", metavar="CONFIG",
@@ -243,7 +267,38 @@ def render_plan(plan: CapacityPlan) -> str:
     return "\n".join(out)
 
 
+def missing_fields(config: dict[str, object]) -> list[str]:
+    """The :data:`REQUIRED_FIELDS` that ``config`` (a parsed config.json; the text
+    model's fields at the top level or under ``text_config``) does not give."""
+    text = config.get("text_config")
+    fields = text if isinstance(text, dict) else config
+    return [
+        name for name, aliases in REQUIRED_FIELDS.items()
+        if all(fields.get(n) is None for n in (name, *aliases))
+    ]
+
+
+def _check_required(source: str) -> None:
+    if source in PRESETS:
+        return
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return  # plan_capacity names the problem
+    if isinstance(data, dict):
+        missing = missing_fields(data)
+        if missing:
+            raise _UsageError(
+                f"{source} does not give {', '.join(missing)}: the cache sizes follow from "
+                f"these fields; add them (or plan a preset: {', '.join(sorted(PRESETS))})"
+            )
+
+
 def _run_plan(args: argparse.Namespace) -> str:
+    _check_required(args.config)
     budgets = _DEFAULT_BUDGETS_GIB if args.gpu_memory is None else (args.gpu_memory,)
     padding: str | int = int(args.padding) if args.padding.isdigit() else args.padding
     plan = plan_capacity(

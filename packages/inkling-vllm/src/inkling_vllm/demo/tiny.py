@@ -43,8 +43,11 @@ transformers/tokenizers lazily.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,9 @@ __all__ = [
     "TINY_FORMAT_VERSION",
     "VARIANTS",
     "build_tiny_checkpoint",
+    "default_cache_dir",
     "draw_weights",
+    "reference_cache_dir",
     "reference_checkpoint",
     "tiny_config",
 ]
@@ -305,12 +310,39 @@ def build_tiny_checkpoint(path: str | Path, *, variant: str = "default", seed: i
     return path
 
 
-def reference_checkpoint(path: str | Path) -> Path:
+def default_cache_dir() -> Path:
+    """Where the demo keeps what it builds: ``$INKLING_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/inkling-sconv``, else ``~/.cache/inkling-sconv``."""
+    root = os.environ.get("INKLING_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "inkling-sconv"
+    )
+    return Path(root)
+
+
+def reference_cache_dir(path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Where :func:`reference_checkpoint` puts the transformers-format copy of the
+    release-layout folder ``path``: ``cache_dir`` (default
+    ``default_cache_dir() / "transformers-reference"``) / ``NAME-KEY``, KEY hashing the
+    folder's resolved path and the size and modification time of its config.json and
+    ``*.safetensors`` files, so an edited checkpoint gets a new copy."""
+    path = Path(path).expanduser().resolve()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "transformers-reference"
+    digest = hashlib.sha256(str(path).encode())
+    for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
+        if file.is_file():
+            stat = file.stat()
+            digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", path.name) or "checkpoint"
+    return root / f"{name}-{digest.hexdigest()[:16]}"
+
+
+def reference_checkpoint(path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """The transformers-format folder (loadable with ``AutoModelForCausalLM``) holding
     the same text weights as the checkpoint at ``path``: ``path`` itself when it is in
-    transformers' format, else its ``REFERENCE_DIR`` subfolder. A release-layout folder
-    without one gets it written there, converted with
-    :func:`inkling_model.checkpoint.iter_text_weights`."""
+    transformers' format, else its ``REFERENCE_DIR`` subfolder when it has one (the
+    tiny release build does), else a copy converted with
+    :func:`inkling_model.checkpoint.iter_text_weights` into
+    :func:`reference_cache_dir` (written once; nothing is written into ``path``)."""
     from inkling_cache import text_spec
 
     path = Path(path)
@@ -318,6 +350,9 @@ def reference_checkpoint(path: str | Path) -> Path:
     if spec.layout == "transformers":
         return path
     reference = path / REFERENCE_DIR
+    if (reference / "config.json").exists():
+        return reference
+    reference = reference_cache_dir(path, cache_dir)
     if not (reference / "config.json").exists():
         _convert_to_transformers(path, reference, spec)
     return reference
