@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import launch_counts  # (this folder: the script's own)
+from inkling_vllm.demo.diagnostics import counter_total as _metric
 from inkling_vllm.demo.diagnostics import exit_without_teardown, shutdown_llm
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -35,15 +36,6 @@ def prompts(seed: int, lengths: list[int], vocab: int = 259) -> list[list[int]]:
 
 def _tokens(outputs: Any) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
-
-
-def _metric(llm: Any, name: str) -> float:
-    """Sum of a counter over its label sets (prometheus may add ``_total``)."""
-    total = 0.0
-    for m in llm.get_metrics():
-        if m.name in (name, name + "_total") and hasattr(m, "value"):
-            total += float(m.value)
-    return total
 
 
 def greedy(max_tokens: int) -> Any:

@@ -25,6 +25,16 @@ def shutdown_llm(llm: Any) -> None:
         client.shutdown()
 
 
+def counter_total(llm: Any, name: str) -> float:
+    """An offline ``LLM``'s counter ``name`` (e.g. ``vllm:prefix_cache_hits``) summed over
+    its label sets (prometheus may add ``_total``); needs ``disable_log_stats=False``."""
+    total = 0.0
+    for m in llm.get_metrics():
+        if m.name in (name, name + "_total") and hasattr(m, "value"):
+            total += float(m.value)
+    return total
+
+
 def exit_without_teardown(code: int) -> NoReturn:
     """Flush and exit with ``code``, skipping interpreter teardown (call after
     :func:`shutdown_llm`)."""

@@ -50,6 +50,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from .diagnostics import counter_total as _metric
+
 VOCAB_LO, VOCAB_HI = 3, 272  # the tiny model's real token ids (bytes; no specials)
 
 
@@ -171,14 +173,6 @@ class Counters:
 def _runner(llm: Any) -> Any:
     core = llm.llm_engine.engine_core.engine_core
     return core.model_executor.driver_worker.worker.model_runner
-
-
-def _metric(llm: Any, name: str) -> float:
-    total = 0.0
-    for m in llm.get_metrics():
-        if m.name in (name, name + "_total") and hasattr(m, "value"):
-            total += float(m.value)
-    return total
 
 
 def _engine_facts(llm: Any, counters: Counters) -> dict[str, Any]:
