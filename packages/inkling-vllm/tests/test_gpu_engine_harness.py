@@ -1,0 +1,62 @@
+"""The GPU engine harness's host-side logic (runs anywhere): the parity verdicts, the
+profiler's outside-kernel share and the released-width benchmark model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from inkling_vllm.demo import gpu_engine
+
+
+def _reference() -> dict:
+    return {"s": {"tokens": [[1, 2, 3], [4, 5, 6]], "logprobs": [[-1.0, -2.0, -0.5, -0.1], [-3.0, -1.0, -0.2, -0.3]],
+                  "margins": [[0.5, 0.01, 0.3], [0.2, 0.2, 0.2]]}}
+
+
+def test_compare_counts_identical_sequences_and_locates_divergence() -> None:
+    got = {"tokens": [[1, 2, 3], [4, 9, 6]]}
+    verdict = gpu_engine.compare(got, _reference(), "s")
+    assert verdict["identical"] == 1 and verdict["sequences"] == 2
+    assert verdict["differ_at"] == [{"sequence": 1, "position": 1, "reference_margin": 0.2}]
+    assert gpu_engine.compare({"tokens": [[1, 2, 3], [4, 5, 6]]}, _reference(), "s")["identical"] == 2
+
+
+def test_compare_bounds_logprobs_only_before_the_first_divergence() -> None:
+    # prompt of 2 tokens (1 teacher-forced logprob) + 3 generated; sequence 1 diverges at
+    # its first generated token: only its prompt logprob may be compared
+    got = {"tokens": [[1, 2, 3], [7, 5, 6]],
+           "logprobs": [[-1.0, -2.25, -0.5, -0.1], [-3.5, -9.0, -9.0, -9.0]]}
+    verdict = gpu_engine.compare(got, _reference(), "s")
+    assert verdict["first_divergence"] == [3, 0]
+    assert verdict["max_abs_dlogprob"] == pytest.approx(0.5)
+
+
+def _event(start: float, end: float, device: str = "DeviceType.CUDA") -> SimpleNamespace:
+    return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_busy_share_is_the_union_of_kernel_intervals() -> None:
+    events = [_event(0, 10), _event(5, 20), _event(30, 40), _event(0, 100, "DeviceType.CPU")]
+    share = gpu_engine._busy_share(SimpleNamespace(events=lambda: events))
+    assert share["busy_us"] == 30 and share["span_us"] == 40
+    assert share["outside_kernels"] == pytest.approx(0.25)
+    assert gpu_engine._busy_share(SimpleNamespace(events=lambda: []))["kernels"] == 0
+
+
+def test_bench_model_has_the_released_layer_widths() -> None:
+    text = gpu_engine.bench_config()["text_config"]
+    assert text["hidden_size"] == 6144 and text["num_hidden_layers"] == 4
+    assert (text["num_attention_heads"], text["head_dim"]) == (64, 128)
+    assert (text["num_key_value_heads"], text["swa_num_key_value_heads"]) == (8, 16)
+    assert text["d_rel"] == 16 and text["n_routed_experts"] == 8 and text["num_experts_per_tok"] == 6
+    assert text["n_shared_experts"] == 2 and text["local_layer_ids"] == [0, 2] and text["dense_mlp_idx"] == 2
+    smoke = gpu_engine.bench_config(smoke=True)["text_config"]
+    assert smoke["hidden_size"] < 1024 and smoke["local_layer_ids"] == [0, 2]
+
+
+def test_every_engine_runs_known_scenarios() -> None:
+    for name, (kwargs, env, scenarios) in gpu_engine.ENGINES.items():
+        assert scenarios and set(scenarios) <= set(gpu_engine.SCENARIOS), name
+        assert set(env) <= {"INKLING_CONV_STATE"}, name
