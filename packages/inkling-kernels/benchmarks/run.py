@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -96,18 +97,23 @@ def load_peer(peer_dir: Optional[pathlib.Path]) -> tuple[Any, str]:
 # ----------------------------------------------------------------------------- timing
 
 
-def time_graph(launches: list[Callable[[], Any]], reps: int) -> float:
+def time_graph(launches: list[Callable[[], Any]], reps: int, fresh: bool = False) -> float:
     """Median µs per launch over ``reps`` replays of one CUDA graph holding every launch
-    (CUDA events around each replay), after a warm-up outside the capture."""
+    (CUDA events around each replay), after a warm-up outside the capture: on the
+    capturing stream, or (``fresh``) on the default stream with the capture on another
+    stream that ran nothing before it, as an engine that picks its own capture stream."""
     s = torch.cuda.Stream()
+    warm = torch.cuda.current_stream() if fresh else s
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+    with torch.cuda.stream(warm):
         for f in launches:
             f()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+    if fresh:
+        s = torch.cuda.Stream()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):  # on the warm-up stream: per-stream scratch is found
+    with torch.cuda.graph(g, stream=s):
         for f in launches:
             f()
     for _ in range(3):
@@ -244,6 +250,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="graph replays per timing (default 50; smoke 3)")
     ap.add_argument("--hot", action="store_true", help="replay one input set (L2-resident when it fits)")
     ap.add_argument("--no-compile", action="store_true", help="no torch.compile'd norms (peer and TP > 1 ours)")
+    ap.add_argument("--capture", choices=["warmed", "fresh"], default="warmed",
+                    help="fresh: capture on a stream that ran nothing before (warm-up on another)")
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     args = ap.parse_args(argv)
@@ -268,12 +276,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         versions=versions(), peer=provenance,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command="python3 packages/inkling-kernels/benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        seed=args.seed, reps=reps, hot=args.hot)
+        seed=args.seed, reps=reps, hot=args.hot, capture=args.capture)
     meta["copy_GBps"] = copy_baseline(cuda)
     print(f"{meta['device']}; {meta['versions']}; peer: {provenance}; copy {meta['copy_GBps']:.0f} GB/s", flush=True)
     rows = []
     for case in cases:
-        r = run_case(case, env, time_graph if cuda else time_wall, reps, args.hot, meta["copy_GBps"])
+        timer = functools.partial(time_graph, fresh=args.capture == "fresh") if cuda else time_wall
+        r = run_case(case, env, timer, reps, args.hot, meta["copy_GBps"])
         rows.append(r)
         print(f"{case.name}: " + (f"{r['ours_us']:.2f} µs" + (f", peer {r['peer_us']:.2f} ({r['ratio']:.2f}x)"
                                                               if "peer_us" in r else "") if r["ok"]
@@ -290,7 +299,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 f"- peer: {provenance}", f"- date: {meta['date']}", f"- command: `{meta['command']}`",
                 f"- copy baseline: {meta['copy_GBps']:.0f} GB/s (read + write)",
                 f"- timing: {'one set replayed (hot)' if args.hot else 'input sets beyond L2 (cold)'}, "
-                f"median of {reps} replays"]
+                f"median of {reps} replays",
+                f"- capture: {'on a fresh stream' if args.capture == 'fresh' else 'on the warmed-up stream'}"]
         out.write_text("\n".join(head) + "\n\n" + md + "\n")
     print(f"results: {out}")
     failed = [r["case"] for r in rows if not r["ok"]]

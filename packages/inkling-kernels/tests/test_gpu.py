@@ -695,3 +695,68 @@ def test_norm_rows_same_step_hazard_many_launches(b_first: bool, name: str) -> N
         except AssertionError:
             stale += 1
     assert stale == 0, f"{stale} of 50 launches had a stale tap"
+
+
+class _DecodeGraphSetup(_GraphSetup):
+    T, R = 8, 8  # a decode-sized launch: the split-row path of fused_sconv_add_rmsnorm
+
+
+@pytest.mark.parametrize("warm_on_capture_stream", [False, True], ids=["cold-stream", "warmed-stream"])
+def test_norm_split_path_captured_on_a_fresh_stream(warm_on_capture_stream: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine picks its own capture stream: a graph captured on a stream no eager
+    launch ran on takes the same split-row path (the per-stream scratch is made inside
+    the capture) and its replays match the reference, the cache bit for bit."""
+    from inkling_kernels.sconv_add_rmsnorm import kernel as K
+
+    monkeypatch.setattr(K, "_SCRATCH", {})  # as in a process that never launched on this stream
+    splits: list[int] = []
+    real_launch = K._launch
+
+    def spy(*args: Any) -> Any:
+        splits.append(args[11])  # (..., cfg, block_t, split, scratch)
+        return real_launch(*args)
+
+    monkeypatch.setattr(K, "_launch", spy)
+    rng = random.Random(41)
+    g = _DecodeGraphSetup(heads=8, seed=41)
+    st, width, T = g.st, g.width, g.T
+    norm_w = (1 + 0.2 * torch.randn(8 * width)).to(torch.bfloat16)
+    norm_w_gpu, eps = norm_w.cuda(), 1e-5
+    want_split = K.choose_norm_config(T, 8, width).split
+    assert want_split > 1
+
+    def launch() -> Any:
+        batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
+        return K.sconv_add_rmsnorm_triton(st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width,
+                                          norm_w_gpu, eps)
+
+    launch()  # compile on the default stream
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    if warm_on_capture_stream:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            launch()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+    splits.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static_out = launch()
+    assert splits == [want_split], f"captured with split {splits}, eager takes {want_split}"
+    world, storage, R = g.world, g.storage, g.R
+    for step in range(6):
+        batch = _replay_step(world, rng, st, T, R)
+        hidden = (2 * torch.randn(T, 8 * width)).to(torch.bfloat16)
+        storage.copy_(world.storage)
+        st["x"].copy_(batch.x[0])
+        st["hidden"].copy_(hidden)
+        graph.replay()
+        graph.replay()  # twice: the row counters must be back at 0 after each replay
+        torch.cuda.synchronize()
+        _, ref = world.run_add(batch, 0, "reference", hidden=hidden)
+        assert_add_close(static_out[0].cpu(), ref, hidden)
+        torch.testing.assert_close(static_out[1].cpu().float(), rms_norm_ref(ref, norm_w, eps).float(),
+                                   rtol=2e-2, atol=2e-2)
+        assert torch.equal(bits(storage.cpu()), bits(world.storage)), f"cache differs at step {step}"

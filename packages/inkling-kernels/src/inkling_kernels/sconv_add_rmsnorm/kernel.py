@@ -50,10 +50,10 @@ weight (``stride(0) == 1``, e.g. the transpose of a ``(W, C)`` tensor, as
 ``InklingShortConvAddRMSNorm`` keeps it) is read with vector loads.
 
 Scratch (SPLIT > 1 only): one zeroed ``(counters, partials)`` pair per (device,
-stream), grown outside graph capture. Launches on one stream run one after the
-other, so they never share counters concurrently; a launch whose stream has no large
-enough buffer while a CUDA graph is being captured on it uses ``SPLIT = 1`` instead
-(a warm-up call on that stream before capture makes the buffer).
+stream), made on the first launch that needs it, eager or under CUDA-graph capture
+(:func:`_scratch`), so the split path never depends on an earlier eager call on the
+capturing stream. Launches on one stream run one after the other, so they never share
+counters concurrently.
 """
 
 from __future__ import annotations
@@ -526,21 +526,28 @@ def interpreter_norm_config(num_tokens: int, num_heads: int, stream_width: int, 
     return _whole_row_config(num_heads, stream_width, INTERPRETER_ROWS)
 
 
-# (device, stream) -> (counters int32 [rows], partials fp32 [rows * max_split]); zero
-# between launches (the last program of each row resets its counter).
+# (device, stream) -> (counters int32 [rows], partials fp32 [rows * max_split], rows); zero
+# between launches (the last program of each row resets its counter). Buffers a larger
+# one replaced stay alive in _RETIRED: a captured CUDA graph may still name them.
 _SCRATCH: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor, int]] = []
 
 
-def _scratch(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The stream's split-row scratch for ``rows`` rows, or None (graph capture on a
-    stream without a large enough one: do not allocate inside a capture)."""
+def _scratch(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The current stream's split-row scratch, holding at least ``rows`` rows.
+
+    Made on first use on a stream, also while a CUDA graph is being captured on it:
+    the zeroed buffers then come from the graph's memory pool and the zeroing is
+    recorded into the graph, so a capture on a fresh stream (no eager call before it)
+    takes the split path as an eager launch does. Either way the buffer is kept for
+    the process's lifetime (graphs hold its address)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     have = _SCRATCH.get(key)
     if have is not None and have[2] >= rows:
         return have[0], have[1]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
+    if have is not None:
+        _RETIRED.append(have)
     cap = max(256, pow2_ceil(rows))
     cnt = torch.zeros(cap, dtype=torch.int32, device=device)
     part = torch.zeros(cap * _MAX_SPLIT, dtype=torch.float32, device=device)
@@ -729,8 +736,6 @@ def launch_sconv_add_rmsnorm(
                          f"with block_t 1 when above 1, got {cfg}")
     split, block_t = cfg.split, cfg.block_t
     scratch = _scratch(d.device, prob.num_tokens) if split > 1 else None
-    if split > 1 and scratch is None:  # captured without a warm-up on this stream
-        split, block_t = 1, 1
     _launch(hidden, d, prob, cache, batch, stream_offset, stream_width, (new_hidden, normed),
             (norm_weight, eps), cfg, block_t, split, scratch)
     return new_hidden, normed
