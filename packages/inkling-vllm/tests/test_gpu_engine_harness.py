@@ -45,6 +45,14 @@ def test_busy_share_is_the_union_of_kernel_intervals() -> None:
     assert gpu_engine._busy_share(SimpleNamespace(events=lambda: []))["kernels"] == 0
 
 
+def test_busy_share_splits_idle_time_into_launch_and_host_gaps() -> None:
+    share = gpu_engine.busy_share([(0, 10), (5, 20), (30, 40), (100, 110)])  # gaps of 10 and 60 µs
+    assert share["busy_us"] == 40 and share["span_us"] == 110
+    assert share["launch_gaps"] == pytest.approx(10 / 110)
+    assert share["host_gaps"] == pytest.approx(60 / 110)
+    assert share["launch_gaps"] + share["host_gaps"] == pytest.approx(share["outside_kernels"])
+
+
 def test_bench_model_has_the_released_layer_widths() -> None:
     text = gpu_engine.bench_config()["text_config"]
     assert text["hidden_size"] == 6144 and text["num_hidden_layers"] == 4

@@ -399,28 +399,41 @@ def _step_until(engine: Any, done: Callable[[], bool], limit: int = 100000) -> l
     return times
 
 
+#: Gaps between kernels longer than this are host work between forwards (scheduling,
+#: input preparation, sampling); shorter ones are launch gaps inside a forward.
+HOST_GAP_US = 20.0
+
+
 def _busy_share(prof: Any) -> dict[str, float]:
     """From a profiler trace: kernel time (union of kernel intervals) over the span from
-    the first kernel's start to the last one's end."""
+    the first kernel's start to the last one's end, and the idle rest split into gaps of
+    at most :data:`HOST_GAP_US` (launch gaps) and longer ones (host work between steps)."""
     spans = []
     for e in prof.events():
         if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
             tr = e.time_range
             if tr.end > tr.start:
                 spans.append((tr.start, tr.end))
+    return busy_share(spans)
+
+
+def busy_share(spans: list[tuple[float, float]]) -> dict[str, float]:
+    """:func:`_busy_share` on ``(start_us, end_us)`` kernel intervals."""
     if not spans:
         return {"kernels": 0}
-    spans.sort()
-    busy, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
+    spans = sorted(spans)
+    busy, short, cur_s, cur_e = 0.0, 0.0, spans[0][0], spans[0][1]
     for s, e in spans[1:]:
         if s > cur_e:
             busy += cur_e - cur_s
+            short += (s - cur_e) if s - cur_e <= HOST_GAP_US else 0.0
             cur_s, cur_e = s, e
         else:
             cur_e = max(cur_e, e)
     busy += cur_e - cur_s
     wall = spans[-1][1] - spans[0][0]
-    return {"kernels": len(spans), "span_us": wall, "busy_us": busy, "outside_kernels": 1 - busy / wall}
+    return {"kernels": len(spans), "span_us": wall, "busy_us": busy, "outside_kernels": 1 - busy / wall,
+            "launch_gaps": short / wall, "host_gaps": 1 - (busy + short) / wall}
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
@@ -569,7 +582,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.bench:
         b = json.loads(Path(args.bench).read_text())
         lines += ["", f"device: {b.get('device')}", "",
-                  "| graphs | case | step ms | tokens/s | outside kernels |", "|---|---|---|---|---|"]
+                  "| graphs | case | step ms | tokens/s | outside kernels (launch gaps / host) |",
+                  "|---|---|---|---|---|"]
         for name, rec in b["cases"].items():
             if "error" in rec:
                 lines.append(f"| {name} | failed | | | |")
@@ -578,7 +592,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             lines.append(f"| {name} | prefill {p['prompt']} (TTFT) | {p['ttft_ms_median']:.1f} | {p['tokens_per_s']:.0f} | |")
             for c in rec["decode"]:
                 prof = c.get("profile", {})
-                share = f"{prof['outside_kernels']:.1%}" if "outside_kernels" in prof else ""
+                share = (f"{prof['outside_kernels']:.1%} ({prof.get('launch_gaps', 0):.1%} / "
+                         f"{prof.get('host_gaps', 0):.1%})" if "outside_kernels" in prof else "")
                 lines.append(f"| {name} | decode {c['concurrency']} x {c['context']} | {c['step_ms_median']:.2f} | "
                              f"{c['tokens_per_s']:.0f} | {share} |")
     print("\n".join(lines))
