@@ -39,10 +39,12 @@ STEPS = {
 
 @pytest.fixture(scope="module")
 def swap():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the peer's kernels are decorated
     from inkling_vllm.demo.peer_conv import PeerConv, load_peer
 
-    return PeerConv(load_peer(PEER_DIR))
+    # Triton reads it when the peer's kernels are decorated and launched: set for this module
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TRITON_INTERPRET", "1")
+        yield PeerConv(load_peer(PEER_DIR))
 
 
 def _step(requests, pad, device="cpu"):

@@ -632,6 +632,9 @@ def _peer_ratios(cases: dict[str, Any]) -> list[str]:
             continue
         if not lines:
             lines += ["", "| graphs | case | ours tokens/s | peer tokens/s | ours / peer |", "|---|---|---|---|---|"]
+        if not peer.get("peer_metadata_launches"):
+            lines.append(f"| {name.removesuffix('-peer')} | not compared: the peer's conv never ran | | | |")
+            continue
         mine, theirs = _bench_rows(ours), _bench_rows(peer)
         for case, rate in mine.items():
             if case in theirs:

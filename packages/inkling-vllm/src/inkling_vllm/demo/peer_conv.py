@@ -189,8 +189,6 @@ class PeerConv:
         """Put these implementations behind the plugin's conv ops for ``device_types``
         (dispatch keys). They stay until the returned library is destroyed
         (``library._destroy()``, or dropping it), which restores the project's."""
-        import inkling_model  # noqa: F401  (defines the ops)
-
         library = torch.library.Library("inkling_model", "IMPL")
         for name in CONV_OPS:
             impl: Callable[..., Any] = getattr(self, name)
@@ -217,6 +215,8 @@ def install(folder: str | Path) -> PeerConv:
     global _active, _library
     from ..conv_state import InklingSconvMetadataBuilder
 
+    if _active is not None:
+        raise RuntimeError("the peer conv is already installed in this process")
     swap = PeerConv(load_peer(folder))
     original_init = InklingSconvMetadataBuilder.__init__
     original_build = InklingSconvMetadataBuilder.build
