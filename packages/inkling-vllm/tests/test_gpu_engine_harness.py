@@ -1,5 +1,6 @@
 """The GPU engine harness's host-side logic (runs anywhere): the parity verdicts, the
-profiler's outside-kernel share and the released-width benchmark model."""
+profiler's outside-kernel share, the released-width benchmark model and the table of
+ours / peer."""
 
 from __future__ import annotations
 
