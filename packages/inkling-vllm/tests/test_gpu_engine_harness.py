@@ -1,8 +1,10 @@
 """The GPU engine harness's host-side logic (runs anywhere): the parity verdicts, the
-profiler's outside-kernel share and the released-width benchmark model."""
+profiler's outside-kernel share, the released-width benchmark model and the table of
+ours / peer."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -68,3 +70,25 @@ def test_every_engine_runs_known_scenarios() -> None:
     for name, (kwargs, env, scenarios) in gpu_engine.ENGINES.items():
         assert scenarios and set(scenarios) <= set(gpu_engine.SCENARIOS), name
         assert set(env) <= {"INKLING_CONV_STATE"}, name
+
+
+def _bench_record(prefill: float, decode: float, **extra: object) -> dict[str, object]:
+    return {"graphs": "on", "prefill": {"prompt": 8192, "ttft_ms_median": 1.0, "tokens_per_s": prefill},
+            "decode": [{"concurrency": 64, "context": 1024, "step_ms_median": 1.0, "tokens_per_s": decode}], **extra}
+
+
+def test_report_gives_ours_over_peer_per_case(tmp_path, capsys) -> None:
+    assert gpu_engine.bench_key("on", "ours") == "graphs-on"
+    assert gpu_engine.bench_key("on", "peer") == "graphs-on-peer"
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": {}, "cases": {
+        "graphs-on": _bench_record(3000.0, 900.0),
+        "graphs-on-peer": _bench_record(2000.0, 600.0, peer_metadata_launches=12),
+        "graphs-off": _bench_record(1.0, 1.0),
+        "graphs-off-peer": _bench_record(1.0, 1.0, peer_metadata_launches=0),
+    }}))
+    gpu_engine.cmd_report(SimpleNamespace(parity=None, bench=str(bench)))
+    out = capsys.readouterr().out
+    assert "| graphs-on | prefill 8192 (TTFT) | 3000 | 2000 | 1.50 |" in out
+    assert "| graphs-on | decode 64 x 1024 | 900 | 600 | 1.50 |" in out
+    assert "| graphs-off | not compared: the peer's conv never ran | | | |" in out

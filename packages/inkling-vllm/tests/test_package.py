@@ -34,6 +34,7 @@ def test_the_demo_contract_covers_every_adapter_module() -> None:
 
 def test_the_demo_modules_live_in_the_demo_package() -> None:
     demo = {m.name for m in pkgutil.iter_modules(inkling_vllm.demo.__path__)}
-    assert demo == {"conv_memory_sim", "diagnostics", "gpu_engine", "main", "parity", "preflight", "quiet", "serve", "tiny"}
+    assert demo == {"conv_memory_sim", "diagnostics", "gpu_engine", "main", "parity", "peer_conv", "preflight", "quiet",
+                    "serve", "tiny"}
     adapter = {m.name for m in pkgutil.iter_modules(inkling_vllm.__path__)}
     assert not adapter & demo

@@ -20,4 +20,7 @@ the demo. Modules (imported on demand):
 - ``conv_memory_sim``: vLLM's own ``KVCacheManager`` driven with one conv-state group,
   every read row checked by an independent model of the conv's cache traffic
   (``run_sim(SimConfig(...))``; ``benchmarks/run.py conv-memory``, the manager tests).
+- ``gpu_engine``: parity and throughput on a CUDA vLLM engine;
+- ``peer_conv``: vLLM 0.33.0's in-tree Triton short conv swapped in behind the plugin's
+  conv ops, for ``gpu_engine bench --conv peer`` (``install(folder)``, ``PeerConv``).
 """

@@ -18,16 +18,21 @@ Three modes, each writing JSON (and ``report`` a Markdown table of them):
     be none), and the counters that show each feature ran (prefix-cache hits,
     preemptions, drafted and accepted tokens, chunked prompts).
 
-``bench OUT.json [--cases NAME ...]``
+``bench OUT.json [--graphs on off] [--conv ours peer] [--peer DIR]``
     A 4-layer model at the released layer widths (:func:`bench_config`; random
     bfloat16 weights drawn by vLLM's dummy loader on the GPU, no checkpoint moved):
     prefill tokens/s and time to first token for 8k prompts, decode step time and
     tokens/s at 1, 64 and 256 concurrent requests over 1k-8k contexts, with CUDA graphs
     on and off, and the share of decode-step wall time outside kernels (profiler).
+    ``--conv peer`` runs the same engine with vLLM 0.33.0's in-tree Triton conv
+    swapped in behind the plugin's conv ops (:mod:`.peer_conv`; the module extracted
+    into ``DIR`` by ``packages/inkling-kernels/benchmarks/fetch_peer.py``); each
+    combination is its own process, and ``report`` gives the ratios ours / peer.
 
     python -m inkling_vllm.demo.gpu_engine reference CKPT ref.json
     python -m inkling_vllm.demo.gpu_engine parity CKPT ref.json parity.json
-    python -m inkling_vllm.demo.gpu_engine bench bench.json
+    python -m inkling_vllm.demo.gpu_engine bench bench.json --tokenizer CKPT
+    python -m inkling_vllm.demo.gpu_engine bench bench.json --tokenizer CKPT --conv ours peer --peer .peer
     python -m inkling_vllm.demo.gpu_engine report parity.json bench.json > report.md
 
 Every engine runs in its own process with vLLM's engine core in that process
@@ -438,6 +443,12 @@ def busy_share(spans: list[tuple[float, float]]) -> dict[str, float]:
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     import torch
+
+    swap = None
+    if args.conv == "peer":  # before vLLM builds the model: its builders and ops
+        from .peer_conv import install
+
+        swap = install(args.peer)
     from vllm import LLM, SamplingParams
 
     counters = Counters()
@@ -463,7 +474,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     engine = llm.llm_engine
     rng = random.Random(0)
     vocab = config["text_config"]["unpadded_vocab_size"]
-    out: dict[str, Any] = {"graphs": args.graphs, "startup_s": round(startup, 1), "decode": [], "prefill": {}}
+    out: dict[str, Any] = {"graphs": args.graphs, "conv": args.conv, "startup_s": round(startup, 1), "decode": [],
+                           "prefill": {}}
     seq = [0]
 
     def add(n: int, length: int, max_tokens: int) -> list[str]:
@@ -519,6 +531,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         print(f"decode {conc} x {ctx}: {case['step_ms_median']:.2f} ms/step, {case['tokens_per_s']:.0f} tok/s "
               f"{case.get('profile', '')}", flush=True)
     out.update(_engine_facts(llm, counters))
+    if swap is not None:  # eager steps and graph captures that ran the peer's metadata (0: the swap never ran)
+        out["peer_metadata_launches"] = swap.launches
     from .diagnostics import shutdown_llm
 
     shutdown_llm(llm)
@@ -526,17 +540,32 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_key(graphs: str, conv: str) -> str:
+    """A bench result's name: ``graphs-on``, ``graphs-on-peer``, ..."""
+    return f"graphs-{graphs}" + ("" if conv == "ours" else f"-{conv}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if "peer" in args.conv:
+        from .peer_conv import PEER_MODULE
+
+        if not (Path(args.peer) / PEER_MODULE).is_file():
+            print(f"--conv peer: no {PEER_MODULE} in {args.peer}; extract it with "
+                  "packages/inkling-kernels/benchmarks/fetch_peer.py (from the vllm 0.33.0 wheel) "
+                  "or name its folder with --peer", file=sys.stderr)
+            return 2
     results: dict[str, Any] = {"device": _device(), "cases": {}}
     for graphs in args.graphs:
-        log = Path(args.logs) / f"bench-graphs-{graphs}.log" if args.logs else None
-        rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
-                            "--tokenizer", args.tokenizer,
-                            *(["--smoke"] if args.smoke else [])],
-                           args.timeout, log)
-        results["cases"][f"graphs-{graphs}"] = rec if rec is not None else {"error": tail}
-        print(tail if rec is None else f"graphs {graphs}: done", flush=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        for conv in args.conv:
+            key = bench_key(graphs, conv)
+            log = Path(args.logs) / f"bench-{key}.log" if args.logs else None
+            rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
+                                "--tokenizer", args.tokenizer, "--conv", conv, "--peer", str(Path(args.peer).resolve()),
+                                *(["--smoke"] if args.smoke else [])],
+                               args.timeout, log)
+            results["cases"][key] = rec if rec is not None else {"error": tail}
+            print(tail if rec is None else f"{key}: done", flush=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
 
 
@@ -596,8 +625,37 @@ def cmd_report(args: argparse.Namespace) -> int:
                          f"{prof.get('host_gaps', 0):.1%})" if "outside_kernels" in prof else "")
                 lines.append(f"| {name} | decode {c['concurrency']} x {c['context']} | {c['step_ms_median']:.2f} | "
                              f"{c['tokens_per_s']:.0f} | {share} |")
+        lines += _peer_ratios(b["cases"])
     print("\n".join(lines))
     return 0
+
+
+def _bench_rows(rec: dict[str, Any]) -> dict[str, float]:
+    """``case -> tokens/s`` of one bench engine's result."""
+    rows = {f"prefill {rec['prefill']['prompt']} (TTFT)": rec["prefill"]["tokens_per_s"]}
+    rows.update({f"decode {c['concurrency']} x {c['context']}": c["tokens_per_s"] for c in rec["decode"]})
+    return rows
+
+
+def _peer_ratios(cases: dict[str, Any]) -> list[str]:
+    """Ours against the peer's conv on the same engine: tokens/s and ours / peer (> 1:
+    ours is faster), for every ``graphs-X`` with a ``graphs-X-peer`` beside it."""
+    lines: list[str] = []
+    for name, peer in cases.items():
+        ours = cases.get(name.removesuffix("-peer")) if name.endswith("-peer") else None
+        if ours is None or "error" in ours or "error" in peer:
+            continue
+        if not lines:
+            lines += ["", "| graphs | case | ours tokens/s | peer tokens/s | ours / peer |", "|---|---|---|---|---|"]
+        if not peer.get("peer_metadata_launches"):
+            lines.append(f"| {name.removesuffix('-peer')} | not compared: the peer's conv never ran | | | |")
+            continue
+        mine, theirs = _bench_rows(ours), _bench_rows(peer)
+        for case, rate in mine.items():
+            if case in theirs:
+                lines.append(f"| {name.removesuffix('-peer')} | {case} | {rate:.0f} | {theirs[case]:.0f} | "
+                             f"{rate / theirs[case]:.2f} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -628,9 +686,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", help="folder for each engine's full output")
     p.add_argument("--smoke", action="store_true", help="a small model and short runs (any machine)")
     p.add_argument("--tokenizer", required=True, help="a folder with tokenizer.json (the tiny checkpoint's)")
+    p.add_argument("--conv", nargs="+", default=["ours"], choices=["ours", "peer"],
+                   help="whose conv kernels run: the project's, vLLM 0.33.0's in-tree ones swapped in, or both "
+                        "(each its own engine)")
+    p.add_argument("--peer", default=".peer", help="folder holding vllm_sconv_peer.py (fetch_peer.py's output)")
     p = sub.add_parser("bench-engine", help="(internal) one bench engine")
     p.add_argument("graphs", choices=["on", "off"])
     p.add_argument("--tokenizer", required=True)
+    p.add_argument("--conv", choices=["ours", "peer"], default="ours")
+    p.add_argument("--peer", default=".peer")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--workdir", required=True)
     p.add_argument("--steps", type=int, default=20)
