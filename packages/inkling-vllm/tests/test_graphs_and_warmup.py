@@ -6,6 +6,7 @@ against the kernels' own tile rules."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -355,3 +356,47 @@ def test_dummy_run_arguments_exist_in_vllms_runner() -> None:
     for name in ("cudagraph_runtime_mode", "force_attention", "uniform_decode", "create_mixed_batch",
                  "skip_eplb", "remove_lora", "profile_seq_lens", "is_profile"):
         assert name in params, name
+
+
+def _engine_config(architectures: list[str]) -> Any:
+    """What vLLM's breakable-graph decision reads of a VllmConfig."""
+    from vllm.config import VllmConfig
+
+    hf = SimpleNamespace(architectures=architectures)
+    cfg = SimpleNamespace(model_config=SimpleNamespace(architectures=architectures, hf_config=hf, quantization=None),
+                          compilation_config=SimpleNamespace(mode="VLLM_COMPILE"))
+    cfg._uses_breakable_cudagraph_by_default = lambda: VllmConfig._uses_breakable_cudagraph_by_default(cfg)
+    cfg._uses_breakable_cudagraph_for_batch_invariance = lambda: False
+    return cfg
+
+
+@pytest.mark.parametrize("opt_out", [False, True], ids=["vllm-alone", "with-plugin"])
+def test_breakable_graphs_stay_off_for_the_plugins_engines(opt_out: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM turns breakable CUDA graphs on for the Inkling architectures (they would
+    capture across the plugin's metadata ops, without torch.compile); with the plugin's
+    opt-out an engine serving the plugin's model keeps them off, a user's explicit
+    setting and other architectures keep vLLM's behaviour."""
+    from vllm.config import VllmConfig
+
+    from inkling_vllm import dispatch
+    from inkling_vllm.plugin import ARCHITECTURES
+
+    env = attention.BREAKABLE_GRAPHS_ENV
+    monkeypatch.setattr(VllmConfig, "_maybe_enable_breakable_cudagraph", VllmConfig._maybe_enable_breakable_cudagraph)
+    if opt_out:
+        assert attention.keep_breakable_graphs_off() and attention.keep_breakable_graphs_off()  # idempotent
+
+    def decide(architectures: list[str], preset: str | None = None) -> tuple[bool, str | None]:
+        if preset is None:
+            monkeypatch.delenv(env, raising=False)
+        else:
+            monkeypatch.setenv(env, preset)
+        cfg = _engine_config(architectures)
+        return bool(VllmConfig._maybe_enable_breakable_cudagraph(cfg)), os.environ.get(env)
+
+    for arch in ARCHITECTURES:
+        assert decide([arch]) == ((False, "0") if opt_out else (True, "1"))
+        assert decide([arch], "1") == (True, "1")  # the user's choice stands
+    assert decide(["DeepseekV4ForCausalLM"]) == (True, "1")  # another model: vLLM's default
+    monkeypatch.setattr(dispatch, "builtin_model_for", lambda cfg: object)  # the in-tree model serves
+    assert decide([ARCHITECTURES[0]]) == (True, "1")

@@ -43,6 +43,7 @@ __all__ = [
     "InklingRelAttentionMetadataBuilder",
     "METADATA_OPS",
     "host_seq_lens",
+    "keep_breakable_graphs_off",
     "split_graphs_at_metadata_ops",
 ]
 
@@ -84,7 +85,7 @@ def split_graphs_at_metadata_ops(vllm_config: VllmConfig) -> None:
     if piecewise and os.environ.get(BREAKABLE_GRAPHS_ENV, "0") == "1":
         raise ValueError(
             f"{BREAKABLE_GRAPHS_ENV}=1 with cudagraph_mode {str(mode).split('.')[-1]}: breakable CUDA graphs "
-            "do not split at the Inkling model's metadata ops; unset it, or serve with "
+            "do not split at the Inkling model's metadata ops; set it to 0, or serve with "
             "compilation_config={'cudagraph_mode': 'FULL_DECODE_ONLY'}"
         )
     ops = vllm_config.compilation_config.splitting_ops
@@ -93,6 +94,47 @@ def split_graphs_at_metadata_ops(vllm_config: VllmConfig) -> None:
     for op in METADATA_OPS:
         if op not in ops:
             ops.append(op)
+
+
+def keep_breakable_graphs_off() -> bool:
+    """Stop vLLM from turning its breakable CUDA graphs on for engines this plugin's
+    model serves (idempotent; returns False where vLLM has no such switch).
+
+    vLLM enables them by default for the Inkling architectures (its in-tree model is
+    built for them), and with them it compiles nothing and captures graph segments
+    across every op it does not break at, the plugin's metadata ops included. For an
+    engine whose model is the plugin's (:func:`inkling_vllm.dispatch.builtin_model_for`
+    gives None) and where the user did not set :data:`BREAKABLE_GRAPHS_ENV`, it is set
+    to ``0`` before vLLM decides, so torch.compile's piecewise graphs split at
+    :data:`METADATA_OPS` instead. A value the user set is left alone (``1`` with
+    piecewise graphs is then refused by :func:`split_graphs_at_metadata_ops`)."""
+    original = getattr(VllmConfig, "_maybe_enable_breakable_cudagraph", None)
+    if original is None:
+        return False
+    if getattr(original, "_inkling_opt_out", False):
+        return True
+
+    def maybe_enable(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if BREAKABLE_GRAPHS_ENV not in os.environ and _served_by_plugin(self):
+            os.environ[BREAKABLE_GRAPHS_ENV] = "0"
+        return original(self, *args, **kwargs)
+
+    maybe_enable._inkling_opt_out = True  # type: ignore[attr-defined]
+    VllmConfig._maybe_enable_breakable_cudagraph = maybe_enable
+    return True
+
+
+def _served_by_plugin(vllm_config: Any) -> bool:
+    from .dispatch import builtin_model_for
+    from .plugin import ARCHITECTURES
+
+    hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
+    if not set(getattr(hf_config, "architectures", None) or ()) & set(ARCHITECTURES):
+        return False
+    try:
+        return builtin_model_for(vllm_config) is None
+    except ValueError:  # a bad switch value: refused with its reason when the model is built
+        return True
 
 
 class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMetadata]):  # type: ignore[misc]

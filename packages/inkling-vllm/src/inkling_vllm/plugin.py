@@ -31,7 +31,9 @@ def register() -> None:
     spec to its manager in vLLM's KV-cache spec registry
     (:func:`inkling_vllm.conv_manager.register_conv_state_spec`) and, on CUDA, makes
     the GPU worker compile the model's kernels before serving
-    (:func:`inkling_vllm.warmup.install_warmup_hook`). With the environment
+    (:func:`inkling_vllm.warmup.install_warmup_hook`) and keeps vLLM's breakable CUDA
+    graphs off for the engines it serves
+    (:func:`inkling_vllm.attention.keep_breakable_graphs_off`). With the environment
     variable ``INKLING_VLLM_MODEL=builtin`` the plugin registers nothing. An
     unsupported vLLM version is not refused here (that would break vLLM for every
     model): building the Inkling model raises ``UnsupportedVllmVersion`` instead.
@@ -55,9 +57,11 @@ def register() -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_cuda():
+        from .attention import keep_breakable_graphs_off
         from .warmup import install_warmup_hook
 
         install_warmup_hook()
+        keep_breakable_graphs_off()
     models = getattr(ModelRegistry, "models", {})
     for arch in ARCHITECTURES:
         remember_builtin(arch, models.get(arch))
