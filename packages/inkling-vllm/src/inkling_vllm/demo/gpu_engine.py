@@ -97,6 +97,14 @@ _FULL = ["batched", "chunked", "prefix", "same_step"]
 ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
     "graphs": ({}, {}, _FULL),
     "eager": ({"enforce_eager": True}, {}, _FULL),
+    # torch.compile without graphs, and full graphs for uniform decode steps only
+    "compiled": ({"compilation_config": {"cudagraph_mode": "NONE"}}, {}, _FULL),
+    "graphs-decode": ({"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}, _FULL),
+    "preempt-decode": ({"num_gpu_blocks_override": 48, "max_model_len": 512,
+                        "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}, ["preemption"]),
+    "spec-decode": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+                     "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}, ["spec", "batched"]),
     "window": ({}, {"INKLING_CONV_STATE": "window"}, _FULL),
     "sync": ({"async_scheduling": False}, {}, _FULL),
     "preempt": ({"num_gpu_blocks_override": 48, "max_model_len": 512}, {}, ["preemption"]),
@@ -471,8 +479,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16",
               max_model_len=prompt_len + 256, max_num_seqs=256, max_num_batched_tokens=prompt_len,
               enable_prefix_caching=False, enforce_eager=not graphs, seed=0, disable_log_stats=False,
-              # graphs for the measured batch sizes (powers of two to 512), not vLLM's ~67
-              compilation_config={"cudagraph_capture_sizes": BENCH_CAPTURE_SIZES} if graphs else None,
+              # full graphs of decode steps, for the measured batch sizes (powers of two to 512)
+              compilation_config={"cudagraph_capture_sizes": BENCH_CAPTURE_SIZES,
+                                  "cudagraph_mode": "FULL_DECODE_ONLY"} if graphs else None,
               **({"kv_cache_memory_bytes": 1 << 30} if args.smoke else {"gpu_memory_utilization": 0.85}))
     startup = time.time() - started
     counters.arm()
