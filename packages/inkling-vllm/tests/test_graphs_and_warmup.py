@@ -329,18 +329,18 @@ def test_warmup_on_the_second_generation_runner(monkeypatch: pytest.MonkeyPatch,
         assert 0 <= context and context + tokens // reqs <= 1024
 
 
-def test_breakable_graphs_with_piecewise_capture_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's breakable CUDA graphs ignore splitting ops: refused before any capture."""
+@pytest.mark.parametrize("mode,want", [("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"), ("PIECEWISE", "NONE"),
+                                       ("FULL_DECODE_ONLY", "FULL_DECODE_ONLY"), ("FULL", "FULL"), ("NONE", "NONE")])
+def test_piecewise_graphs_are_dropped_when_the_model_is_built(mode: str, want: str) -> None:
+    """Piecewise graphs are not supported: the model's build turns them off (full
+    decode graphs stay), before vLLM resolves its mode or captures anything."""
+    from vllm.config import CUDAGraphMode
+
     config = _config(splitting=["vllm::unified_attention_with_output"])
-    config.compilation_config.cudagraph_mode = "CUDAGraphMode.FULL_AND_PIECEWISE"
-    monkeypatch.setenv(attention.BREAKABLE_GRAPHS_ENV, "1")
-    with pytest.raises(ValueError, match="FULL_DECODE_ONLY"):
-        attention.split_graphs_at_metadata_ops(config)
-    config.compilation_config.cudagraph_mode = "CUDAGraphMode.FULL_DECODE_ONLY"
-    attention.split_graphs_at_metadata_ops(config)  # no pieces: fine
-    monkeypatch.setenv(attention.BREAKABLE_GRAPHS_ENV, "0")
-    config.compilation_config.cudagraph_mode = "CUDAGraphMode.FULL_AND_PIECEWISE"
+    config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     attention.split_graphs_at_metadata_ops(config)
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode[want]
+    assert attention.drop_piecewise_graphs(config) is False  # idempotent
 
 
 def test_dummy_run_arguments_exist_in_vllms_runner() -> None:
@@ -363,8 +363,11 @@ def _engine_config(architectures: list[str]) -> Any:
     from vllm.config import VllmConfig
 
     hf = SimpleNamespace(architectures=architectures)
+    from vllm.config import CUDAGraphMode
+
     cfg = SimpleNamespace(model_config=SimpleNamespace(architectures=architectures, hf_config=hf, quantization=None),
-                          compilation_config=SimpleNamespace(mode="VLLM_COMPILE"))
+                          compilation_config=SimpleNamespace(mode="VLLM_COMPILE",
+                                                             cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE))
     cfg._uses_breakable_cudagraph_by_default = lambda: VllmConfig._uses_breakable_cudagraph_by_default(cfg)
     cfg._uses_breakable_cudagraph_for_batch_invariance = lambda: False
     return cfg
@@ -386,17 +389,20 @@ def test_breakable_graphs_stay_off_for_the_plugins_engines(opt_out: bool, monkey
     if opt_out:
         assert attention.keep_breakable_graphs_off() and attention.keep_breakable_graphs_off()  # idempotent
 
-    def decide(architectures: list[str], preset: str | None = None) -> tuple[bool, str | None]:
+    def decide(architectures: list[str], preset: str | None = None) -> tuple[bool, str | None, str]:
         if preset is None:
             monkeypatch.delenv(env, raising=False)
         else:
             monkeypatch.setenv(env, preset)
         cfg = _engine_config(architectures)
-        return bool(VllmConfig._maybe_enable_breakable_cudagraph(cfg)), os.environ.get(env)
+        enabled = bool(VllmConfig._maybe_enable_breakable_cudagraph(cfg))
+        return enabled, os.environ.get(env), cfg.compilation_config.cudagraph_mode.name
 
+    vllm_default = (True, "1", "FULL_AND_PIECEWISE")
     for arch in ARCHITECTURES:
-        assert decide([arch]) == ((False, "0") if opt_out else (True, "1"))
-        assert decide([arch], "1") == (True, "1")  # the user's choice stands
-    assert decide(["DeepseekV4ForCausalLM"]) == (True, "1")  # another model: vLLM's default
+        assert decide([arch]) == ((False, "0", "FULL_DECODE_ONLY") if opt_out else vllm_default)
+        # the user's breakable choice stands; piecewise graphs still go
+        assert decide([arch], "1") == ((True, "1", "FULL_DECODE_ONLY") if opt_out else vllm_default)
+    assert decide(["DeepseekV4ForCausalLM"]) == vllm_default  # another model: vLLM's defaults
     monkeypatch.setattr(dispatch, "builtin_model_for", lambda cfg: object)  # the in-tree model serves
-    assert decide([ARCHITECTURES[0]]) == (True, "1")
+    assert decide([ARCHITECTURES[0]]) == vllm_default

@@ -16,6 +16,7 @@ keeps K then V per token and head (its backend's own layout: no other code reads
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, ClassVar
 
@@ -43,9 +44,12 @@ __all__ = [
     "InklingRelAttentionMetadataBuilder",
     "METADATA_OPS",
     "host_seq_lens",
+    "drop_piecewise_graphs",
     "keep_breakable_graphs_off",
     "split_graphs_at_metadata_ops",
 ]
+
+logger = logging.getLogger(__name__)
 
 ATTENTION_BACKEND_NAME = "INKLING_REL_ATTN"
 
@@ -74,20 +78,10 @@ BREAKABLE_GRAPHS_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
 
 def split_graphs_at_metadata_ops(vllm_config: VllmConfig) -> None:
     """Add :data:`METADATA_OPS` to vLLM's graph-splitting ops (idempotent), as vLLM
-    does for its own attention and conv ops. A no-op when nothing is split (eager, or
-    compilation without splitting ops).
-
-    Raises ``ValueError`` (while the model is built, before any capture) when vLLM's
-    breakable CUDA graphs are on with piecewise graphs: that capture ignores the
-    splitting ops and would record these ops inside its graph segments."""
-    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
-    piecewise = mode is not None and "PIECEWISE" in str(mode)
-    if piecewise and os.environ.get(BREAKABLE_GRAPHS_ENV, "0") == "1":
-        raise ValueError(
-            f"{BREAKABLE_GRAPHS_ENV}=1 with cudagraph_mode {str(mode).split('.')[-1]}: breakable CUDA graphs "
-            "do not split at the Inkling model's metadata ops; set it to 0, or serve with "
-            "compilation_config={'cudagraph_mode': 'FULL_DECODE_ONLY'}"
-        )
+    does for its own attention and conv ops, and drop piecewise CUDA graphs
+    (:func:`drop_piecewise_graphs`). Called while the model is built, before vLLM
+    resolves its graph mode or captures anything."""
+    drop_piecewise_graphs(vllm_config)
     ops = vllm_config.compilation_config.splitting_ops
     if not ops:
         return
@@ -96,18 +90,40 @@ def split_graphs_at_metadata_ops(vllm_config: VllmConfig) -> None:
             ops.append(op)
 
 
-def keep_breakable_graphs_off() -> bool:
-    """Stop vLLM from turning its breakable CUDA graphs on for engines this plugin's
-    model serves (idempotent; returns False where vLLM has no such switch).
+def drop_piecewise_graphs(vllm_config: Any) -> bool:
+    """Serve without piecewise CUDA graphs: ``FULL_AND_PIECEWISE`` (vLLM's default)
+    becomes ``FULL_DECODE_ONLY`` and ``PIECEWISE`` becomes ``NONE``; returns whether it
+    changed the mode. Steps that are not uniform decodes (prefill, chunked prefill,
+    mixed batches) then run the compiled model without graphs.
 
-    vLLM enables them by default for the Inkling architectures (its in-tree model is
-    built for them), and with them it compiles nothing and captures graph segments
-    across every op it does not break at, the plugin's metadata ops included. For an
-    engine whose model is the plugin's (:func:`inkling_vllm.dispatch.builtin_model_for`
-    gives None) and where the user did not set :data:`BREAKABLE_GRAPHS_ENV`, it is set
-    to ``0`` before vLLM decides, so torch.compile's piecewise graphs split at
-    :data:`METADATA_OPS` instead. A value the user set is left alone (``1`` with
-    piecewise graphs is then refused by :func:`split_graphs_at_metadata_ops`)."""
+    Piecewise graphs are not supported: their replays of non-uniform steps gave wrong
+    tokens on a GPU engine (chunked prefill, same-step prefix hits, preemption
+    recompute, speculative verification), where full decode graphs, compiled-only and
+    eager engines agree with transformers."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    fallback = getattr(mode, "without_piecewise", None)
+    if fallback is None or fallback() == mode:
+        return False
+    logger.warning("inkling-vllm: cudagraph_mode %s -> %s (piecewise CUDA graphs are not supported by "
+                   "the Inkling plugin's model; prefill and mixed steps run without graphs)",
+                   getattr(mode, "name", mode), fallback().name)
+    cc.cudagraph_mode = fallback()
+    return True
+
+
+def keep_breakable_graphs_off() -> bool:
+    """Set vLLM's graph options for engines this plugin's model serves, while vLLM
+    builds the engine's config (idempotent; returns False where vLLM has no such
+    hook point).
+
+    vLLM enables breakable CUDA graphs by default for the Inkling architectures (its
+    in-tree model is built for them), and with them it compiles nothing. For an engine
+    whose model is the plugin's (:func:`inkling_vllm.dispatch.builtin_model_for` gives
+    None) and where the user did not set :data:`BREAKABLE_GRAPHS_ENV`, it is set to
+    ``0`` before vLLM decides, so the model is torch-compiled; and piecewise graphs are
+    dropped (:func:`drop_piecewise_graphs`) in the engine's config, so every process
+    of the engine sees the same mode. A value the user set is left alone."""
     original = getattr(VllmConfig, "_maybe_enable_breakable_cudagraph", None)
     if original is None:
         return False
@@ -115,9 +131,13 @@ def keep_breakable_graphs_off() -> bool:
         return True
 
     def maybe_enable(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if BREAKABLE_GRAPHS_ENV not in os.environ and _served_by_plugin(self):
+        served = _served_by_plugin(self)
+        if served and BREAKABLE_GRAPHS_ENV not in os.environ:
             os.environ[BREAKABLE_GRAPHS_ENV] = "0"
-        return original(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
+        if served:
+            drop_piecewise_graphs(self)
+        return result
 
     maybe_enable._inkling_opt_out = True  # type: ignore[attr-defined]
     VllmConfig._maybe_enable_breakable_cudagraph = maybe_enable
@@ -151,8 +171,8 @@ class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMe
 
     Both copies of the query starts and sequence lengths travel: the host ones for the
     PyTorch path (it walks the requests on the host), vLLM's device buffers for the
-    Triton kernels. Mixed batches run the attention between piecewise graphs
-    (:func:`split_graphs_at_metadata_ops`)."""
+    Triton kernels. Mixed batches run without graphs (:func:`drop_piecewise_graphs`);
+    the ops stay vLLM's splitting ops all the same (:func:`split_graphs_at_metadata_ops`)."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
