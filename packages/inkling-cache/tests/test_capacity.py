@@ -233,7 +233,7 @@ def test_live_tail_bound_holds_for_any_schedule(
 
     decode = [(min(d, k), min(r, d, k)) for d, r in decode]
     worst = _live_tail_blocks_of_a_schedule(w, n, k, b, look, prompt, chunks, decode, resume)
-    bound = tail_conv_live_blocks(w, n, max_concurrent_batches=b, spec_tokens=k, lookahead_tokens=look)
+    bound = tail_conv_live_blocks(w, n, max_concurrent_batches=b, spec_tokens=k, lookahead_written=look)
     assert worst <= bound <= (b + 1) * (-(-(w - 2 + k * b + look) // n) + 1)  # the README's cap
 
 
@@ -245,7 +245,7 @@ def test_live_tail_bound_covers_a_chunk_after_decode_tails() -> None:
     from inkling_cache import tail_conv_live_blocks
 
     seen = _live_tail_blocks_of_a_schedule(2, 1, 1, 1, 2, 1, [1, 1, 3], [], [])
-    bound = tail_conv_live_blocks(2, 1, max_concurrent_batches=1, spec_tokens=1, lookahead_tokens=2)
+    bound = tail_conv_live_blocks(2, 1, max_concurrent_batches=1, spec_tokens=1, lookahead_written=2)
     assert (seen, bound) == (7, 7)
 
 

@@ -175,21 +175,32 @@ class ConvStateSpec(SlidingWindowSpec):
     spec_tokens: draft tokens per step (``k``); a rejection moves the next start
         back by up to ``k`` rows per step in flight, so tails keep ``W - 1 + k * B`` rows.
     lookahead_tokens: slots vLLM allocates past the scheduled tokens (EAGLE-style
-        drafters; 0 for n-gram).
+        drafters; 0 for n-gram). This group gives them no block unless its own
+        layers write them (``lookahead_written``).
+    lookahead_written: how many of those slots this group's layers write (a drafter
+        that runs conv layers of this group); 0 for a drafter with its own layers and
+        KV-cache groups (EAGLE, MTP heads, a draft model), whose lookahead slots the
+        conv never writes or reads.
     concurrent_batches: steps in flight (``B``; 2 with async scheduling).
     retention_tokens: prefix-cache checkpoint interval ``R`` (0: prompt end only).
     """
 
     spec_tokens: int = 0
     lookahead_tokens: int = 0
+    lookahead_written: int = 0
     concurrent_batches: int = 1
     retention_tokens: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("spec_tokens", "lookahead_tokens", "retention_tokens"):
+        for name in ("spec_tokens", "lookahead_tokens", "lookahead_written", "retention_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ConvStateSpec.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lookahead_written > self.lookahead_tokens:
+            raise ValueError(
+                f"ConvStateSpec.lookahead_written ({self.lookahead_written}) exceeds lookahead_tokens "
+                f"({self.lookahead_tokens}): layers can write only slots vLLM allocates"
+            )
         if self.concurrent_batches < 1:
             raise ValueError(f"ConvStateSpec.concurrent_batches must be >= 1, got {self.concurrent_batches}")
         if self.sliding_window < 2:
@@ -209,10 +220,11 @@ class ConvStateSpec(SlidingWindowSpec):
         checkpoint and, with ``R > 0``, the unrun chunks' checkpoints), which is never
         more than the plain sliding window would reserve."""
         batches = self.concurrent_batches
+        method = ("eagle" if self.lookahead_tokens else "ngram") if self.spec_tokens else None
         blocks = tail_conv_admission_blocks(
             self.sliding_window, self.block_size, max(1, max_in_flight_tokens // batches), max_model_len,
-            max_concurrent_batches=batches, spec_tokens=self.spec_tokens,
-            lookahead_tokens=self.lookahead_tokens, retention_tokens=self.retention_tokens,
+            max_concurrent_batches=batches, spec_tokens=self.spec_tokens, speculative_method=method,
+            lookahead_written=self.lookahead_written, retention_tokens=self.retention_tokens,
         )
         return min(blocks, super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len))
 
@@ -241,6 +253,9 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self.tail_rows = kv_cache_spec.tail_rows
         self.reach = kv_cache_spec.sliding_window - 1  # rows a step's first token reads
         self.retention_tokens = kv_cache_spec.retention_tokens
+        self.lookahead_written = kv_cache_spec.lookahead_written
+        # one checkpoint's blocks (a hit boundary is block-aligned)
+        self.checkpoint_blocks = _cdiv(self.reach, self.block_size)
         align = int(self.cache_hit_alignment_tokens)
         if self.retention_tokens % align:
             raise ValueError(
@@ -255,6 +270,10 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self._prompt_len: dict[str, int] = {}
         # where the prefill ends (vLLM's admission call: prompt, or a resumed request's recompute)
         self._prefill_end: dict[str, int] = {}
+        # the shared-prefix junction vLLM pins for the request (0: none), learnt in cache_blocks
+        self._junction: dict[str, int] = {}
+        # the newest step: (its first token, its main-model end, first new table index, new entries)
+        self._newest: dict[str, tuple[int, int, int, list[KVCacheBlock]]] = {}
 
     # -- which rows must be real ------------------------------------------------
 
@@ -291,10 +310,24 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         prefill_end = max(prompt_len, self._prefill_end.get(request_id, 0))
         no_drafts = main_end <= prefill_end + 1 or main_end - start > 1 + self.conv_spec.spec_tokens
         rows = self.reach if no_drafts else self.tail_rows
-        windows = [(max(0, main_end - rows), num_tokens, main_end + 1)]
+        windows = [(max(0, main_end - rows), min(num_tokens, main_end + self.lookahead_written), main_end + 1)]
         for end in self._checkpoint_ends(start, main_end, prompt_len):
             windows.append((max(0, end - self.reach), end, main_end))
+        junction = self._junction.get(request_id, 0)
+        if start < junction <= main_end:
+            windows.append(self._junction_window(junction, main_end))
         return windows
+
+    def _junction_window(self, junction: int, main_end: int) -> _Window:
+        """The ``W - 1`` rows before a pinned shared-prefix junction, held until the step
+        covering it has run, then left cached in the free queue like any checkpoint."""
+        return (max(0, junction - self.reach), junction, main_end)
+
+    def _table_end(self, num_tokens: int, num_tokens_main_model: int) -> int:
+        """Table entries a step needs: up to its main-model end plus the lookahead slots
+        this group's layers write; slots past that (an EAGLE-style drafter's, written
+        into its own groups) get no entry."""
+        return _cdiv(min(num_tokens, num_tokens_main_model + self.lookahead_written), self.block_size)
 
     def _indices(self, windows: Iterable[_Window]) -> set[int]:
         n = self.block_size
@@ -330,7 +363,8 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
                     apply_admission_cap=True, prefill_end=prefill_end,
                 )
             )
-        end_index = _cdiv(num_tokens, self.block_size)
+        end_index = self._table_end(num_tokens, num_tokens_main_model)
+        junction_allowance = 0
         if request_id in self.num_cached_block:  # running: no new hits
             start_index = len(self.req_to_blocks.get(request_id, ()))
             windows = list(self._windows.get(request_id, ()))
@@ -343,9 +377,13 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             start = hit
             skipped = self.get_num_skipped_tokens(hit) // self.block_size
             evictable = self._get_num_evictable_blocks(new_computed_blocks[skipped:])
+            if self.enable_caching and request_id not in self._junction:
+                # vLLM tells the junction it pins only when it caches this first step
+                # (cache_blocks), after the allocation: room for its checkpoint
+                junction_allowance = self.checkpoint_blocks
         windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
         live = self._indices(windows)
-        return evictable + sum(1 for b in range(start_index, end_index) if b in live)
+        return evictable + junction_allowance + sum(1 for b in range(start_index, end_index) if b in live)
 
     def add_local_computed_blocks(
         self,
@@ -385,8 +423,9 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         start = self._extent.get(request_id, 0)
         windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
         self._extent[request_id] = max(start, num_tokens_main_model)
-        first, end_index = len(blocks), _cdiv(num_tokens, self.block_size)
+        first, end_index = len(blocks), self._table_end(num_tokens, num_tokens_main_model)
         if end_index <= first:
+            self._newest[request_id] = (start, num_tokens_main_model, first, [])
             return []
         live = self._indices(windows)
         wanted = [b for b in range(first, end_index) if b in live]
@@ -401,7 +440,53 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         blocks.extend(new_blocks)
         if self._record_new_block_ids:
             self.new_block_ids.extend(b.block_id for b in new_blocks if not b.is_null)
+        self._newest[request_id] = (start, num_tokens_main_model, first, new_blocks)
         return new_blocks
+
+    def cache_blocks(
+        self,
+        request: Any,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int],
+    ) -> None:
+        """Hash every real full block, after honouring vLLM's pinned shared-prefix
+        junction (``request.shared_prefix_boundary``, set when the request is
+        scheduled from zero computed tokens): the ``W - 1`` rows before it are kept as
+        a checkpoint, so a later request sharing that prefix hits there as it would
+        under the plain sliding window. vLLM calls this right after the allocation of
+        the step, before handing its blocks to the worker: a junction inside that step
+        turns its null entries into real blocks in place (counted by
+        :meth:`get_num_blocks_to_allocate`); a junction in a later chunk is a window
+        of that chunk."""
+        rid = request.request_id
+        if rid not in self._junction:
+            # a hit lands only on the hit alignment: the rows before the aligned floor
+            align = int(self.cache_hit_alignment_tokens)
+            junction = int(getattr(request, "shared_prefix_boundary", 0) or 0) // align * align
+            self._junction[rid] = junction
+            if junction and rid in self._newest:
+                self._keep_junction(rid, junction)
+        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries=replay_boundaries)
+
+    def _keep_junction(self, request_id: str, junction: int) -> None:
+        start, main_end, first, new_blocks = self._newest[request_id]
+        if not start < junction <= main_end:
+            return  # a later chunk covers it (see _step_windows), or it is below the hit
+        window = self._junction_window(junction, main_end)
+        self._windows.setdefault(request_id, []).append(window)
+        blocks = self.req_to_blocks[request_id]
+        real = self._real.setdefault(request_id, set())
+        # entries below ``first`` were handed out by earlier steps: the rows there are
+        # the previous tail or the hit's, real already
+        wanted = [b for b in sorted(self._indices([window])) if b >= first and blocks[b].is_null]
+        for b, block in zip(wanted, self.block_pool.get_new_blocks(len(wanted))):
+            blocks[b] = block
+            new_blocks[b - first] = block
+            real.add(b)
+            if self._record_new_block_ids:
+                self.new_block_ids.append(block.block_id)
 
     def remove_skipped_blocks(
         self,
@@ -441,7 +526,10 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self.block_pool.free_blocks(freed)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        for state in (self._windows, self._real, self._extent, self._prompt_len, self._prefill_end):
+        for state in (
+            self._windows, self._real, self._extent, self._prompt_len, self._prefill_end,
+            self._junction, self._newest,
+        ):
             state.pop(request_id, None)
         return list(super().pop_blocks_for_free(request_id))
 
