@@ -163,12 +163,13 @@ def test_plan_defaults_follow_config() -> None:
 # --- the two conv-state managers side by side ---------------------------------------------
 
 
-@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 6), (2, 3, 8)])
+@pytest.mark.parametrize("batches,k,expected", [(1, 0, 6), (2, 0, 8), (1, 3, 7), (2, 3, 9)])
 def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int) -> None:
     from inkling_cache import tail_conv_admission_blocks
 
-    # W = N = 4, + one prompt-end checkpoint block. A lone 3-row chunk tail touches 2 blocks.
-    # k = 0: B + 1 lone tails, 2 blocks each: 4 / 6 (+1).
+    # W = N = 4, + the prompt-end and the shared-prefix junction checkpoints (a block
+    # each). A lone 3-row chunk tail touches 2 blocks.
+    # k = 0: B + 1 lone tails, 2 blocks each: 4 / 6 (+2).
     # B = 1, k = 3: decode tails reach 3 + 3 = 6 rows (3 blocks); a decode tail, then a
     #   chunk tail elsewhere (a streaming session's next turn): 3 + 2 = 5; a tail and
     #   a decode tail after it: one run of 6 + 4 = 10 rows, 4.
@@ -178,10 +179,15 @@ def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int)
     for budget in (2048, 8192):
         got = tail_conv_admission_blocks(4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k)
         assert got == expected
+        for method in ("ngram", "eagle") if k else ():
+            # lookahead slots the conv does not write take no block
+            assert tail_conv_admission_blocks(
+                4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k, speculative_method=method
+            ) == expected
     # never above the plain window's reserve (tiny max_model_len)
     assert tail_conv_admission_blocks(4, 4, 8192, 5, max_concurrent_batches=batches) == min(expected, 3)
     # retention checkpoints: one block per 1024 tokens of each unrun chunk
-    assert tail_conv_admission_blocks(4, 4, 8192, 131072, retention_tokens=1024) == 5 + (8 + 1)
+    assert tail_conv_admission_blocks(4, 4, 8192, 131072, retention_tokens=1024) == 6 + (8 + 1)
 
 
 def _live_tail_blocks_of_a_schedule(
@@ -268,7 +274,7 @@ def test_in_flight_tokens_scale_the_window_reserve_not_the_tail() -> None:
     c1 = {k.name: k for k in one.kinds}["conv/sliding"]
     c2 = {k.name: k for k in two.kinds}["conv/sliding"]
     assert (c1.reserve_blocks, c2.reserve_blocks) == (2050, 4098)  # cdiv(3 + B * 8192, 4) + 1
-    assert (c1.tail_reserve_blocks, c2.tail_reserve_blocks) == (5, 7)
+    assert (c1.tail_reserve_blocks, c2.tail_reserve_blocks) == (6, 8)
     assert two.in_flight_tokens == 16384
     # admission of an 8k prompt: the conv state's share falls from most to ~1.5 %
     assert two.conv_admission_share("window") > 0.8 > 0.02 > two.conv_admission_share("tail")
