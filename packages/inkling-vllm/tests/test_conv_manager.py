@@ -15,9 +15,19 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from inkling_vllm import conv_manager as cm
-from inkling_vllm.demo.conv_memory_sim import RowLost, SimConfig, Worker, conv_spec, make_manager, run_sim
+from inkling_vllm.demo.conv_memory_sim import (
+    RowLost,
+    SimConfig,
+    Worker,
+    conv_spec,
+    make_manager,
+    run_shared_prefix,
+    run_sim,
+)
 
 cdiv = lambda a, b: -(-a // b)  # noqa: E731
 
@@ -491,3 +501,137 @@ def test_tail_conv_pages_unify_without_padding(kernel: int, padding: str, model:
         assert not padded  # a power-of-two window divides the power-of-two pages
     else:
         assert padded, "the plain window spec was expected to pad a page here"
+
+
+# --- the pinned shared-prefix junction ----------------------------------------------------
+
+# Request 1: a 600-token prompt; requests 2 and 3 share its first 300 tokens (the junction
+# floors to 288 on the 16-token hit alignment: no chunk of budget 256 or 1024 ends there).
+def _junction_runs(manager: str, kernel: int, budget: int, batches: int, block: int = 4) -> list[Any]:
+    if manager == "window":
+        block = kernel  # the plain spec's block: one window
+    cfg = SimConfig(prompt_len=600, budget=budget, batches=batches, kernel=kernel, block_size=block,
+                    manager=manager, attention_block=16, decode_steps=6, num_blocks=4000, max_model_len=2048)
+    return run_shared_prefix(cfg, 300)
+
+
+@pytest.mark.parametrize("kernel", [3, 4])
+@pytest.mark.parametrize("budget", [256, 1024])
+@pytest.mark.parametrize("batches", [1, 2])
+def test_a_pinned_junction_is_hit_as_under_the_window(kernel: int, budget: int, batches: int) -> None:
+    window = _junction_runs("window", kernel, budget, batches)
+    tail = _junction_runs("tail", kernel, budget, batches)
+    assert [r.junction for r in tail][1] == 288  # vLLM pinned it for request 2
+    assert window[2].hit > 0
+    for w, t in zip(window, tail):
+        assert t.hit >= w.hit, ([r.hit for r in window], [r.hit for r in tail])
+        assert max(t.held) <= t.cap and t.admission <= t.cap
+    assert tail[2].hit == 288
+    assert tail[2].reads_checked > 0  # request 3 read the junction's rows through the table
+
+
+def test_a_manager_that_ignores_the_pin_misses_the_junction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cm.ConvStateManager, "_keep_junction", lambda self, rid, junction: None)
+    monkeypatch.setattr(cm.ConvStateManager, "_junction_window", lambda self, junction, end: (0, 0, 0))
+    window = _junction_runs("window", 4, 1024, 1)
+    tail = _junction_runs("tail", 4, 1024, 1)
+    assert window[2].hit == 288 and tail[2].hit == 0
+
+
+def test_a_junction_one_row_short_is_not_a_hit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2-row blocks: the junction's 3 rows span 2 blocks; keeping only the last 2 rows
+    # leaves the first block null, and the sliding-window hit needs both
+    original = cm.ConvStateManager._junction_window
+    monkeypatch.setattr(
+        cm.ConvStateManager, "_junction_window",
+        lambda self, junction, end: (lambda w: (w[0] + 1, w[1], w[2]))(original(self, junction, end)),
+    )
+    assert _junction_runs("tail", 4, 1024, 1, block=2)[2].hit < 288
+    monkeypatch.setattr(cm.ConvStateManager, "_junction_window", original)
+    assert _junction_runs("tail", 4, 1024, 1, block=2)[2].hit == 288
+
+
+def test_a_junction_in_a_later_chunk_is_kept_by_that_chunk() -> None:
+    # budget 100: the junction (288) is inside the third chunk, known from the first
+    window = _junction_runs("window", 4, 100, 1)
+    tail = _junction_runs("tail", 4, 100, 1)
+    assert tail[2].hit == window[2].hit == 288
+
+
+# --- drafts of both styles: held <= cap, planner figures equal the measured ones ------------
+
+
+def _steady(res: Any) -> int:
+    return max([h for h, p in zip(res.held, res.phase) if p == "decode"][8:])
+
+
+@pytest.mark.parametrize("kernel,block", [(3, 4), (4, 4), (3, 2), (5, 4)])
+@pytest.mark.parametrize("batches", [1, 2])
+@pytest.mark.parametrize("k,method", [(0, "ngram"), (3, "ngram"), (3, "eagle"), (2, "eagle")])
+def test_the_planner_gives_the_measured_admission_and_steady_state(
+    kernel: int, block: int, batches: int, k: int, method: str
+) -> None:
+    from inkling_cache import tail_conv_admission_blocks, tail_conv_steady_blocks
+
+    res = run_sim(SimConfig(prompt_len=301, budget=64, block_size=block, kernel=kernel, batches=batches, spec_k=k,
+                            spec_method=method, decode_steps=40, num_blocks=4000, max_model_len=2048, seed=kernel + k))
+    planner_method = method if k else None
+    assert res.admission == res.cap == tail_conv_admission_blocks(
+        kernel, block, 64, 2048, max_concurrent_batches=batches, spec_tokens=k, speculative_method=planner_method
+    )
+    assert max(res.held) <= res.cap
+    assert _steady(res) == tail_conv_steady_blocks(
+        kernel, block, max_concurrent_batches=batches, spec_tokens=k, speculative_method=planner_method
+    )
+
+
+def test_lookahead_slots_take_no_block() -> None:
+    # EAGLE-style drafts hold exactly what n-gram drafts hold at every step
+    common = dict(prompt_len=301, budget=64, batches=2, spec_k=3, decode_steps=30, num_blocks=4000,
+                  max_model_len=2048, seed=5)
+    ngram = run_sim(SimConfig(**common, spec_method="ngram"))
+    eagle = run_sim(SimConfig(**common, spec_method="eagle"))
+    assert eagle.held == ngram.held and eagle.reads_checked == ngram.reads_checked
+
+
+@dataclass(frozen=True, kw_only=True)
+class _BacksEveryLookaheadSlot(cm.ConvStateSpec):
+    """A spec claiming its layers write every lookahead slot (as if a drafter ran this
+    group's conv layers): the manager then backs them all."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lookahead_written", self.lookahead_tokens)
+        super().__post_init__()
+
+
+def test_backing_every_lookahead_slot_holds_more_and_the_planner_says_so() -> None:
+    from inkling_cache import tail_conv_admission_blocks, tail_conv_steady_blocks
+
+    common = dict(prompt_len=301, budget=64, batches=1, spec_k=3, decode_steps=30, num_blocks=4000,
+                  max_model_len=2048, seed=5, spec_method="eagle")
+    lean = run_sim(SimConfig(**common))
+    backed = run_sim(SimConfig(**common, spec_cls=_BacksEveryLookaheadSlot))
+    assert _steady(backed) > _steady(lean) == 3
+    assert _steady(backed) == tail_conv_steady_blocks(4, 4, spec_tokens=3, speculative_method="eagle",
+                                                      lookahead_written=3)
+    assert max(backed.held) <= backed.cap == tail_conv_admission_blocks(
+        4, 4, 64, 2048, spec_tokens=3, speculative_method="eagle", lookahead_written=3
+    ) > lean.cap
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kernel=st.integers(2, 5), block=st.sampled_from([1, 2, 4, 8]), batches=st.integers(1, 2),
+    k=st.integers(0, 3), method=st.sampled_from(["ngram", "eagle"]), prompt=st.integers(1, 200),
+    # vLLM's budget holds a decode step's 1 + k tokens (the sim ignores it for decode,
+    # the plain reserve the cap is bounded by does not)
+    budget=st.integers(4, 90), seed=st.integers(0, 10_000),
+)
+def test_held_never_exceeds_the_cap_under_either_draft_style(
+    kernel: int, block: int, batches: int, k: int, method: str, prompt: int, budget: int, seed: int
+) -> None:
+    res = run_sim(SimConfig(prompt_len=prompt, budget=budget, block_size=block, kernel=kernel, batches=batches,
+                            spec_k=k, spec_method=method, decode_steps=12, num_blocks=3000, max_model_len=1024,
+                            attention_block=16 if block <= 16 else None, seed=seed))
+    assert max(res.held) <= res.cap
+    assert res.admission <= res.cap

@@ -270,15 +270,17 @@ def tail_conv_steady_blocks(
     """Most blocks one long request holds per conv layer in steady decode under the
     tail-rows conv-state manager (``inkling_vllm.conv_manager``), with or without drafts.
 
-    In decode the live rows are one run: from ``W - 1`` rows below the settled tokens
-    (every in-flight step starts at or above them) to the newest step's end plus the
-    written lookahead ``L``, and at least the newest decode tail (``W - 1 + k * B``
-    rows, ``R``). Without drafts ``B`` one-token steps are in flight; with drafts a step
-    needs its predecessor's sampled tokens to draft from, so one step of ``1 + k`` is
-    in flight. The run spans ``S = max(W - 1 + b * (1 + k), R) + L`` rows (``b`` the
-    steps in flight), which touch at most ``cdiv(S - 1, N) + 1`` blocks: 2 at
-    ``W = N = 4`` without drafts, 3 with ``k = 3`` drafts of either style (lookahead
-    slots of a drafter with its own layers are not held: ``L = 0``).
+    In decode the live rows are one run from ``W - 1`` rows below the settled tokens
+    (every in-flight step starts at or above them; rows below are freed before the
+    next allocation, and an allocation adds table entries only past the existing
+    ones, so a decode tail reaching further back holds nothing more) to the newest
+    step's end plus the written lookahead ``L``. Without drafts ``B`` one-token steps
+    are in flight; with drafts a step needs its predecessor's sampled tokens to draft
+    from, so one step of ``1 + k`` tokens is. The run spans
+    ``S = W - 1 + b * (1 + k) + L`` rows (``b`` the steps in flight), which touch at
+    most ``cdiv(S - 1, N) + 1`` blocks: 2 at ``W = N = 4`` without drafts, 3 with
+    ``k = 3`` drafts of either style (lookahead slots of a drafter with its own layers
+    are not held: ``L = 0``).
     """
     _int("kernel_size", kernel_size, 2)
     _int("block_size", block_size, 1)
@@ -286,7 +288,7 @@ def tail_conv_steady_blocks(
     k = _int("spec_tokens", spec_tokens, 0)
     _check_lookahead_written(speculative_method, k, lookahead_written)
     in_flight = 1 if k else batches
-    span = max(kernel_size - 1 + in_flight * (1 + k), kernel_size - 1 + k * batches) + lookahead_written
+    span = kernel_size - 1 + in_flight * (1 + k) + lookahead_written
     return cdiv(span - 1, block_size) + 1
 
 
