@@ -12,17 +12,25 @@ sizing reserve ``cdiv(W - 1 + max_in_flight_tokens, N) + 1`` blocks per request.
 the worker's slot mapping do not change) but give a real block only to table
 entries that hold a row some later step may read:
 
-* the *tail* of each scheduled step: rows ``[end - (W - 1), end + lookahead)`` for a
+* the *tail* of each scheduled step: rows ``[end - (W - 1), end + L)`` for a
   step without drafts (a chunk ending inside the prefill, or scheduling more than
   ``1 + k`` tokens: the next step starts at its end), ``[end - (W - 1) - k * B, ...)``
   for a decode step (``k`` speculative tokens: a rejected draft moves the next start
   back by up to ``k``, per step in flight); it is released once the step after it
   has run, and rows below ``settled - (W - 1)`` are dropped before that (no unrun
-  step starts below the settled tokens: vLLM's sliding window frees on that rule);
+  step starts below the settled tokens: vLLM's sliding window frees on that rule).
+  ``L`` is the lookahead slots this group's layers write (``lookahead_written``, 0
+  by default): the ``num_lookahead_tokens`` slots vLLM allocates past every step for
+  an EAGLE-style drafter are written by the drafter's own layers, so this group
+  gives them no table entry at all;
 * *checkpoints* for prefix caching: the ``W - 1`` rows before the prompt's last
-  hit-aligned boundary (so resending a conversation hits), and, with a retention
-  interval ``R > 0``, before every multiple of ``R``; released once their chunk has
-  run, they stay hashed in the free queue (evictable) like any freed cached block;
+  hit-aligned boundary (so resending a conversation hits), before the shared-prefix
+  junction vLLM pins for the request (``shared_prefix_boundary``: another request
+  cached a longer prefix in the attention layers than in this group, so a third
+  request sharing it hits there, as under the plain sliding window), and, with a
+  retention interval ``R > 0``, before every multiple of ``R``; released once their
+  chunk has run, they stay hashed in the free queue (evictable) like any freed
+  cached block;
 * the rows of a prefix-cache hit, until the first new step has run.
 
 Every other entry is the null block; the metadata builder turns slots in it into
@@ -34,9 +42,10 @@ sliding-window rule) reads only stored rows.
 Per request at most ``B + 1`` tails are live (``B`` = batches in flight: the one
 the next unrun step reads, each unrun step's own), plus checkpoints. The admission
 cap and ``max_memory_usage_bytes`` are ``inkling_cache.tail_conv_admission_blocks``
-(the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 5
-blocks with one batch in flight and 7 with two (6 and 8 with ``k = 3`` drafts), whatever
-the prompt length. A streaming-input session (vLLM's resumable requests) keeps its
+(the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 6
+blocks with one batch in flight and 8 with two (7 and 9 with ``k = 3`` drafts of either
+style), whatever the prompt length; steady decode holds
+``inkling_cache.tail_conv_steady_blocks`` (2, or 3 with ``k = 3``). A streaming-input session (vLLM's resumable requests) keeps its
 blocks between turns, so a chunk tail can follow decode tails; the bound counts that.
 The conv block (before vLLM's page unification scales it) is :func:`tail_block_size`,
 the smallest power of two holding ``W - 1`` rows, so pages unify without padding.
@@ -240,9 +249,11 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
     ``cdiv(W - 1, N)`` cached blocks ending at it), the hit's null padding, the
     admission path of ``get_num_blocks_to_allocate``. What it replaces: which new
     table entries get a real block (:meth:`allocate_new_blocks`, predicted exactly
-    by :meth:`get_num_blocks_to_allocate`), which are freed
-    (:meth:`remove_skipped_blocks`, skipping nulls), and which are hashed (every
-    real full block: :meth:`reachable_block_mask` returns ``None``).
+    by :meth:`get_num_blocks_to_allocate`, which for a request's first step adds
+    room for a junction checkpoint vLLM may pin), which are freed
+    (:meth:`remove_skipped_blocks`, skipping nulls), which are hashed (every
+    real full block: :meth:`reachable_block_mask` returns ``None``), and the pinned
+    shared-prefix junction (:meth:`cache_blocks`).
     """
 
     def __init__(self, kv_cache_spec: ConvStateSpec, **kwargs: Any) -> None:
