@@ -635,3 +635,24 @@ def test_held_never_exceeds_the_cap_under_either_draft_style(
                             attention_block=16 if block <= 16 else None, seed=seed))
     assert max(res.held) <= res.cap
     assert res.admission <= res.cap
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kernel=st.sampled_from([3, 4]), batches=st.integers(1, 2), k=st.sampled_from([0, 2]),
+    method=st.sampled_from(["ngram", "eagle"]), prompt=st.integers(40, 260), share=st.floats(0.1, 0.95),
+    budget=st.integers(4, 300),
+)
+def test_junction_hits_and_held_under_the_cap_for_any_split(
+    kernel: int, batches: int, k: int, method: str, prompt: int, share: float, budget: int
+) -> None:
+    hits = {}
+    for manager in ("window", "tail"):
+        cfg = SimConfig(prompt_len=prompt, budget=budget, batches=batches, kernel=kernel, spec_k=k, spec_method=method,
+                        block_size=kernel if manager == "window" else 4, manager=manager, attention_block=8,
+                        decode_steps=5, num_blocks=3000, max_model_len=1024)
+        runs = run_shared_prefix(cfg, int(prompt * share))
+        hits[manager] = [r.hit for r in runs]
+        if manager == "tail":
+            assert all(max(r.held) <= r.cap for r in runs)
+    assert all(t >= w for t, w in zip(hits["tail"], hits["window"])), hits

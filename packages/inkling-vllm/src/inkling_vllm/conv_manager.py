@@ -186,10 +186,10 @@ class ConvStateSpec(SlidingWindowSpec):
     lookahead_tokens: slots vLLM allocates past the scheduled tokens (EAGLE-style
         drafters; 0 for n-gram). This group gives them no block unless its own
         layers write them (``lookahead_written``).
-    lookahead_written: how many of those slots this group's layers write (a drafter
-        that runs conv layers of this group); 0 for a drafter with its own layers and
-        KV-cache groups (EAGLE, MTP heads, a draft model), whose lookahead slots the
-        conv never writes or reads.
+    lookahead_written: how many of those slots this group's layers write: all of
+        them for a drafter that runs Inkling decoder layers (MTP, a draft model: their
+        conv states join this group), 0 for an EAGLE head (attention layers only),
+        whose lookahead slots the conv never writes or reads.
     concurrent_batches: steps in flight (``B``; 2 with async scheduling).
     retention_tokens: prefix-cache checkpoint interval ``R`` (0: prompt end only).
     """
