@@ -190,6 +190,34 @@ def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int)
     assert tail_conv_admission_blocks(4, 4, 8192, 131072, retention_tokens=1024) == 6 + (8 + 1)
 
 
+@pytest.mark.parametrize("batches,k,method,expected", [
+    (1, 0, None, 2), (2, 0, None, 2), (1, 3, "ngram", 3), (2, 3, "ngram", 3), (1, 3, "eagle", 3), (2, 3, "mtp", 3),
+])
+def test_tail_conv_steady_blocks_by_hand(batches: int, k: int, method: str | None, expected: int) -> None:
+    from inkling_cache import tail_conv_steady_blocks
+
+    # W = N = 4: from W - 1 rows below the settled tokens to the newest end: 3 + B rows
+    # without drafts (2 blocks), 3 + 4 = 7 with one step of 1 + 3 in flight (3 blocks)
+    assert tail_conv_steady_blocks(4, 4, max_concurrent_batches=batches, spec_tokens=k,
+                                   speculative_method=method) == expected
+    if method in ("eagle", "mtp"):  # lookahead slots the conv layers write: 10 rows, 4 blocks
+        assert tail_conv_steady_blocks(4, 4, max_concurrent_batches=batches, spec_tokens=k,
+                                       speculative_method=method, lookahead_written=3) == 4
+
+
+def test_speculative_methods_and_their_lookahead() -> None:
+    from inkling_cache import speculative_lookahead_tokens, tail_conv_admission_blocks
+
+    assert speculative_lookahead_tokens(None, 0) == speculative_lookahead_tokens("ngram", 3) == 0
+    assert speculative_lookahead_tokens("eagle", 3) == speculative_lookahead_tokens("draft_model", 2) + 1 == 3
+    with pytest.raises(ValueError, match="not known"):
+        speculative_lookahead_tokens("medusa-ish", 3)
+    with pytest.raises(ValueError, match="needs spec_tokens"):
+        speculative_lookahead_tokens("eagle", 0)
+    with pytest.raises(ValueError, match="exceeds the 0 lookahead slots"):
+        tail_conv_admission_blocks(4, 4, 2048, 65536, spec_tokens=3, speculative_method="ngram", lookahead_written=1)
+
+
 def _live_tail_blocks_of_a_schedule(
     w: int, n: int, k: int, b: int, look: int, prompt: int, chunks: list[int],
     decode: list[tuple[int, int]], resume: list[int],

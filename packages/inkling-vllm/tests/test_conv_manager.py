@@ -88,6 +88,17 @@ def test_spec_refuses_bad_fields() -> None:
 # --- registration -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("method,written", [(None, 0), ("ngram", 0), ("eagle", 0), ("eagle3", 0), ("mtp", 3),
+                                            ("draft_model", 3)])
+def test_lookahead_slots_are_written_only_by_drafters_running_inkling_layers(method: str | None, written: int) -> None:
+    from inkling_vllm.conv_state import lookahead_written
+
+    spec_config = None if method is None else _Cfg(method=method)
+    lookahead = 3 if method not in (None, "ngram") else 0
+    config = _Cfg(num_lookahead_tokens=lookahead, speculative_config=spec_config)
+    assert lookahead_written(config) == written  # type: ignore[arg-type]
+
+
 def test_registry_maps_the_spec_to_the_manager() -> None:
     from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
