@@ -45,8 +45,9 @@ cap and ``max_memory_usage_bytes`` are ``inkling_cache.tail_conv_admission_block
 (the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 6
 blocks with one batch in flight and 8 with two (7 and 9 with ``k = 3`` drafts of either
 style), whatever the prompt length; steady decode holds
-``inkling_cache.tail_conv_steady_blocks`` (2, or 3 with ``k = 3``). A streaming-input session (vLLM's resumable requests) keeps its
-blocks between turns, so a chunk tail can follow decode tails; the bound counts that.
+``inkling_cache.tail_conv_steady_blocks`` (2, or 3 with ``k = 3``). A streaming-input
+session (vLLM's resumable requests) keeps its blocks between turns, so a chunk tail can
+follow decode tails; the bound counts that.
 The conv block (before vLLM's page unification scales it) is :func:`tail_block_size`,
 the smallest power of two holding ``W - 1`` rows, so pages unify without padding.
 
