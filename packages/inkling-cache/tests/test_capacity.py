@@ -179,11 +179,13 @@ def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int)
     for budget in (2048, 8192):
         got = tail_conv_admission_blocks(4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k)
         assert got == expected
-        for method in ("ngram", "eagle") if k else ():
-            # lookahead slots the conv does not write take no block
+        for method, more in (("ngram", 0), ("suffix", 0), ("draft_model", 0), ("eagle", 4), ("mtp", 4)) if k else ():
+            # lookahead slots the conv does not write take no block; under the EAGLE block
+            # drop a checkpoint keeps the block after its boundary, and the prompt end two
+            # boundaries: 3 checkpoints of 2 blocks instead of 2 of 1
             assert tail_conv_admission_blocks(
                 4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k, speculative_method=method
-            ) == expected
+            ) == expected + more
     # never above the plain window's reserve (tiny max_model_len)
     assert tail_conv_admission_blocks(4, 4, 8192, 5, max_concurrent_batches=batches) == min(expected, 3)
     # retention checkpoints: one block per 1024 tokens of each unrun chunk

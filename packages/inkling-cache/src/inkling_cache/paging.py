@@ -165,6 +165,9 @@ def admission_reserve_blocks(
 LOOKAHEAD_DRAFT_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 #: vLLM speculative methods that propose drafts from the tokens alone: no lookahead slots.
 TOKEN_DRAFT_METHODS = ("ngram", "suffix")
+#: methods under which vLLM's prefix-cache hit search matches one block further and drops
+#: it (the EAGLE block drop): a checkpoint also keeps the block after its boundary
+_BLOCK_DROP_METHODS = ("eagle", "eagle3", "mtp")
 
 
 def speculative_lookahead_tokens(speculative_method: str | None, spec_tokens: int) -> int:
@@ -307,7 +310,7 @@ def tail_conv_admission_blocks(
     """Blocks per request and conv layer under the tail-rows conv-state manager
     (``inkling_vllm.conv_manager``): its admission cap and startup-sizing bound.
 
-    The live tails (:func:`tail_conv_live_blocks`), plus two prefix-cache checkpoints
+    The live tails (:func:`tail_conv_live_blocks`), plus the prefix-cache checkpoints
     of ``cdiv(W - 1, N)`` blocks each (their boundaries are block-aligned): the prompt
     end's (a resend hits there) and the shared-prefix junction's that vLLM pins when
     another request already cached a longer prefix in its attention layers; with a
@@ -315,9 +318,12 @@ def tail_conv_admission_blocks(
     (``max_num_batched_tokens // R + 1`` each). ``speculative_method`` (``None``, a
     :data:`TOKEN_DRAFT_METHODS` or :data:`LOOKAHEAD_DRAFT_METHODS` name) says where the
     ``spec_tokens`` drafts come from; lookahead slots count only as far as this
-    group's layers write them (``lookahead_written``), so both styles give the same
-    figure by default. Never more than vLLM's plain sliding-window reserve
-    (:func:`admission_reserve_blocks` with ``B * max_num_batched_tokens`` in flight).
+    group's layers write them (``lookahead_written``). Under ``eagle``, ``eagle3`` and
+    ``mtp`` vLLM's hit search matches one block past a hit and drops it, so a
+    checkpoint keeps that block too, and the prompt end has two (a resend and a longer
+    sibling land one alignment unit apart on an aligned prompt). Never more than vLLM's
+    plain sliding-window reserve (:func:`admission_reserve_blocks` with
+    ``B * max_num_batched_tokens`` in flight).
     """
     _int("max_num_batched_tokens", max_num_batched_tokens, 1)
     _int("max_model_len", max_model_len, 1)
@@ -329,7 +335,11 @@ def tail_conv_admission_blocks(
         spec_tokens=spec_tokens, lookahead_written=lookahead_written,
     )
     per_checkpoint = cdiv(kernel_size - 1, block_size)
-    blocks += 2 * per_checkpoint
+    if speculative_method in _BLOCK_DROP_METHODS:
+        per_checkpoint += 1
+        blocks += 3 * per_checkpoint  # two at the prompt end, one at the junction
+    else:
+        blocks += 2 * per_checkpoint
     if retention_tokens:
         blocks += batches * (max_num_batched_tokens // retention_tokens + 1) * per_checkpoint
     plain = admission_reserve_blocks(kernel_size, block_size, batches * max_num_batched_tokens, max_model_len)

@@ -290,22 +290,40 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
     # -- which rows must be real ------------------------------------------------
 
     def _checkpoint_ends(self, after: int, upto: int, prompt_len: int) -> list[int]:
-        """Hit boundaries in ``(after, upto]`` whose ``W - 1`` rows are retained."""
+        """Hit boundaries whose checkpoint rows the step over ``(after, upto]`` writes."""
         if not self.enable_caching or upto <= after:
             return []
         ends: set[int] = set()
         align = int(self.cache_hit_alignment_tokens)
         if prompt_len > 0:
             # a resend of the prompt (or a longer conversation) hits at the last
-            # aligned boundary below the prompt's final token (vLLM recomputes it)
-            boundary = (prompt_len - 1) // align * align
-            if after < boundary <= upto:
-                ends.add(boundary)
+            # aligned boundary below the prompt's final token (vLLM recomputes it);
+            # under the EAGLE block drop, one alignment unit lower (vLLM's replay
+            # boundaries: for a resend and for a longer sibling)
+            resend = (prompt_len - 1) // align * align
+            if self.use_eagle:
+                ends.update({max(resend - align, 0), max(prompt_len // align * align - align, 0)})
+            else:
+                ends.add(resend)
         step = self.retention_tokens
         if step > 0:
-            first = (after // step + 1) * step
+            first = max(0, after - self.block_size) // step * step
             ends.update(range(first, upto + 1, step))
-        return sorted(ends)
+        return sorted(end for end in ends if end > 0 and self._writes_checkpoint(after, upto, end))
+
+    def _checkpoint_window(self, end: int, release: int) -> _Window:
+        """The rows a hit at ``end`` reads from this group's cached blocks: the ``W - 1``
+        before it, and under the EAGLE block drop (vLLM's hit search matches one block
+        further, then drops it) the block after it too."""
+        extra = self.block_size if self.use_eagle else 0
+        return (max(0, end - self.reach), end + extra, release)
+
+    def _writes_checkpoint(self, after: int, upto: int, end: int) -> bool:
+        """Whether the step over ``(after, upto]`` completes a checkpoint at ``end`` (the
+        rows before ``after`` are the previous step's tail, real already)."""
+        if self.use_eagle:
+            return after <= end and end + self.block_size <= upto
+        return after < end <= upto
 
     def _step_windows(self, request_id: str, start: int, num_tokens: int, main_end: int) -> list[_Window]:
         """Windows a step adds: its tail, then its chunk's checkpoints.
@@ -324,16 +342,16 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         rows = self.reach if no_drafts else self.tail_rows
         windows = [(max(0, main_end - rows), min(num_tokens, main_end + self.lookahead_written), main_end + 1)]
         for end in self._checkpoint_ends(start, main_end, prompt_len):
-            windows.append((max(0, end - self.reach), end, main_end))
+            windows.append(self._checkpoint_window(end, main_end))
         junction = self._junction.get(request_id, 0)
-        if start < junction <= main_end:
+        if junction > 0 and self._writes_checkpoint(start, main_end, junction):
             windows.append(self._junction_window(junction, main_end))
         return windows
 
     def _junction_window(self, junction: int, main_end: int) -> _Window:
-        """The ``W - 1`` rows before a pinned shared-prefix junction, held until the step
-        covering it has run, then left cached in the free queue like any checkpoint."""
-        return (max(0, junction - self.reach), junction, main_end)
+        """The checkpoint rows of the pinned shared-prefix junction, held until the step
+        covering them has run, then left cached in the free queue like any checkpoint."""
+        return self._checkpoint_window(junction, main_end)
 
     def _table_end(self, num_tokens: int, num_tokens_main_model: int) -> int:
         """Table entries a step needs: up to its main-model end plus the lookahead slots
@@ -392,7 +410,7 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             if self.enable_caching and request_id not in self._junction:
                 # vLLM tells the junction it pins only when it caches this first step
                 # (cache_blocks), after the allocation: room for its checkpoint
-                junction_allowance = self.checkpoint_blocks
+                junction_allowance = self.checkpoint_blocks + (1 if self.use_eagle else 0)
         windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
         live = self._indices(windows)
         return evictable + junction_allowance + sum(1 for b in range(start_index, end_index) if b in live)
@@ -484,7 +502,7 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
 
     def _keep_junction(self, request_id: str, junction: int) -> None:
         start, main_end, first, new_blocks = self._newest[request_id]
-        if not start < junction <= main_end:
+        if junction <= 0 or not self._writes_checkpoint(start, main_end, junction):
             return  # a later chunk covers it (see _step_windows), or it is below the hit
         window = self._junction_window(junction, main_end)
         self._windows.setdefault(request_id, []).append(window)

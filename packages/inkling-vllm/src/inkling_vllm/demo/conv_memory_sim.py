@@ -85,9 +85,11 @@ def make_manager(
     max_in_flight_tokens: int,
     attention_block: int | None = None,
     enable_caching: bool = True,
+    use_eagle: bool = False,
 ) -> KVCacheManager:
     """vLLM's ``KVCacheManager`` over one conv group (group 0) and, optionally, a
-    full-attention group (group 1) that sets the hit alignment."""
+    full-attention group (group 1) that sets the hit alignment; ``use_eagle``: an
+    EAGLE-style drafter's engine (vLLM's hit search drops the last matched block)."""
     groups = [KVCacheGroupSpec(["conv"], spec)]
     sizes = [spec.block_size]
     if attention_block is not None:
@@ -106,6 +108,7 @@ def make_manager(
         hash_block_size=math.gcd(*sizes),
         max_in_flight_tokens=max_in_flight_tokens,
         enable_caching=enable_caching,
+        use_eagle=use_eagle,
     )
 
 
@@ -132,7 +135,8 @@ class SimConfig:
     decode_steps: int = 32
     spec_k: int = 0
     # where drafts come from: "ngram" (the tokens: no lookahead slots) or "eagle" (a
-    # drafter with its own layers: vLLM allocates spec_k lookahead slots past every step)
+    # drafter with its own layers: vLLM allocates spec_k lookahead slots past every step
+    # and its hit search drops the last matched block)
     spec_method: str = "ngram"
     batches: int = 1
     block_size: int = 4
@@ -298,7 +302,7 @@ def run_sim(
         manager = make_manager(
             spec, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
             max_in_flight_tokens=in_flight_max, attention_block=cfg.attention_block,
-            enable_caching=cfg.enable_caching,
+            enable_caching=cfg.enable_caching, use_eagle=cfg.spec_method == "eagle" and cfg.spec_k > 0,
         )
     if worker is None:
         worker = Worker(manager, cfg.block_size, cfg.kernel)
@@ -434,7 +438,7 @@ def run_shared_prefix(cfg: SimConfig, shared: int | None = None) -> list[SimResu
     manager = make_manager(
         spec, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
         max_in_flight_tokens=cfg.batches * cfg.budget, attention_block=cfg.attention_block,
-        enable_caching=cfg.enable_caching,
+        enable_caching=cfg.enable_caching, use_eagle=cfg.spec_method == "eagle" and cfg.spec_k > 0,
     )
     worker = Worker(manager, cfg.block_size, cfg.kernel)
     first = [rng.randrange(1, 30000) for _ in range(cfg.prompt_len)]
