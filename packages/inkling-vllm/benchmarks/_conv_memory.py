@@ -63,6 +63,10 @@ def measure_junction(decode_steps: int) -> dict[tuple[int, int, int, str], list[
                 cfg = _config("tail", kernel, budget, batches, decode_steps, attention_block=ATTENTION_BLOCK,
                               enable_caching=False)
                 results[(kernel, budget, batches, "tail-nocache")] = run_shared_prefix(cfg, SHARED)
+                for manager in ("window", "tail"):  # an EAGLE-style engine: vLLM's hit search drops a block
+                    cfg = _config(manager, kernel, budget, batches, decode_steps, attention_block=ATTENTION_BLOCK,
+                                  spec_k=3, spec_method="eagle")
+                    results[(kernel, budget, batches, f"{manager}-eagle")] = run_shared_prefix(cfg, SHARED)
     return results
 
 
@@ -104,9 +108,10 @@ def _held_over_fewest(runs: list[SimResult]) -> float:
 def junction_table(results: dict[tuple[int, int, int, str], list[SimResult]]) -> list[str]:
     rows = [
         "| kernel | budget | steps in flight | cached tokens, requests 1/2/3: window | tail "
+        "| EAGLE-style engine (k = 3): window | tail "
         "| tail: most blocks held (cap) | held / still read (no caching) "
         "| blocks held / fewest possible (no caching) | window: most blocks held | rows checked, lost |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kernel in KERNELS:
         for budget in BUDGETS:
@@ -114,10 +119,13 @@ def junction_table(results: dict[tuple[int, int, int, str], list[SimResult]]) ->
                 w = results[(kernel, budget, batches, "window")]
                 t = results[(kernel, budget, batches, "tail")]
                 nc = results[(kernel, budget, batches, "tail-nocache")]
-                checked = sum(r.reads_checked for r in (*w, *t, *nc))
+                we = results[(kernel, budget, batches, "window-eagle")]
+                te = results[(kernel, budget, batches, "tail-eagle")]
+                checked = sum(r.reads_checked for r in (*w, *t, *nc, *we, *te))
                 rows.append(
                     f"| {kernel} | {budget} | {batches} | {'/'.join(str(r.hit) for r in w)} "
-                    f"| {'/'.join(str(r.hit) for r in t)} | {max(max(r.held) for r in t)} ({t[0].cap}) "
+                    f"| {'/'.join(str(r.hit) for r in t)} | {'/'.join(str(r.hit) for r in we)} "
+                    f"| {'/'.join(str(r.hit) for r in te)} | {max(max(r.held) for r in t)} ({t[0].cap}) "
                     f"| {_held_over_read(t, TAIL_BLOCK):.2f} ({_held_over_read(nc, TAIL_BLOCK):.2f}) "
                     f"| {_held_over_fewest(t):.2f} ({_held_over_fewest(nc):.2f}) "
                     f"| {max(max(r.held) for r in w)} | {checked}, 0 |"
@@ -240,7 +248,8 @@ def main(argv: list[str]) -> int:
         "for request 2 (`shared_prefix_boundary`: its attention layers hit further than the conv",
         f"group); request 3 can hit there only if the conv group kept the rows before it. Conv block: {TAIL_BLOCK}",
         "rows for the tail manager (its power-of-two block after page unification), W rows for the",
-        "plain window (hit alignment lcm(3, 64) = 192 at kernel 3).",
+        "plain window (hit alignment lcm(3, 64) = 192 at kernel 3). The EAGLE-style engine's hit",
+        "search (`use_eagle`) matches one block past a hit and drops it.",
         "",
         *junction_table(junction),
         "",
