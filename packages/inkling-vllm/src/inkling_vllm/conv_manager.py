@@ -30,7 +30,10 @@ entries that hold a row some later step may read:
   request sharing it hits there, as under the plain sliding window), and, with a
   retention interval ``R > 0``, before every multiple of ``R``; released once their
   chunk has run, they stay hashed in the free queue (evictable) like any freed
-  cached block;
+  cached block. Where vLLM's hit search uses the EAGLE block drop (it matches one
+  block past a hit, then drops it), a checkpoint also keeps the block after its
+  boundary, and the prompt end follows vLLM's EAGLE replay boundaries (one alignment
+  unit lower, for a resend and for a longer sibling);
 * the rows of a prefix-cache hit, until the first new step has run.
 
 Every other entry is the null block; the metadata builder turns slots in it into
@@ -43,8 +46,8 @@ Per request at most ``B + 1`` tails are live (``B`` = batches in flight: the one
 the next unrun step reads, each unrun step's own), plus checkpoints. The admission
 cap and ``max_memory_usage_bytes`` are ``inkling_cache.tail_conv_admission_blocks``
 (the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 6
-blocks with one batch in flight and 8 with two (7 and 9 with ``k = 3`` drafts of either
-style), whatever the prompt length; steady decode holds
+blocks with one batch in flight and 8 with two (7 and 9 with ``k = 3`` drafts; 11 and 13
+under the EAGLE block drop), whatever the prompt length; steady decode holds
 ``inkling_cache.tail_conv_steady_blocks`` (2, or 3 with ``k = 3``). A streaming-input
 session (vLLM's resumable requests) keeps its blocks between turns, so a chunk tail can
 follow decode tails; the bound counts that.
