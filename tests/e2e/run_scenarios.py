@@ -110,6 +110,22 @@ def sc_prefix(llm: Any) -> dict[str, Any]:
     }
 
 
+def _junction_prompts() -> list[list[int]]:
+    first = prompts(20, [700])[0]
+    return [first] + [first[:300] + tail for tail in prompts(21, [300, 300])]
+
+
+def sc_junction(llm: Any) -> dict[str, Any]:
+    # One request after another: the second shares the first 300 tokens of the first
+    # (its attention layers hit there, its conv and sliding-window groups do not: vLLM
+    # pins the junction, 256 on the 256-token hit unit), the third shares them again and
+    # can hit at the junction. The prompts' own resend checkpoints are elsewhere (512),
+    # and each prompt is one chunk (budget 1024): no chunk ends at the junction.
+    ps = _junction_prompts()
+    out = [_run(llm, [p], greedy(8))[0] for p in ps]
+    return {"prompts": ps, "tokens": _tokens(out), "num_cached_tokens": [o.num_cached_tokens for o in out]}
+
+
 def sc_prefix_uncached(llm: Any) -> dict[str, Any]:
     ps = _prefix_prompts()
     out = _run(llm, ps, greedy(10))
@@ -321,6 +337,17 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["inspect", "chunked"],
     ),
+    # the shared-prefix junction with each conv-state manager (prefix caching on,
+    # whole prompts in one chunk)
+    "junction": (
+        dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=4),
+        ["junction"],
+    ),
+    "junction_window": (
+        dict(_env={**IN_PROCESS, "INKLING_CONV_STATE": "window"}, enforce_eager=True, max_model_len=1024,
+             max_num_batched_tokens=1024, max_num_seqs=4),
+        ["junction"],
+    ),
     # strided (padded) conv pages, a user block size, and a KV cache so small
     # that requests get preempted and recomputed; vLLM's plain sliding-window
     # manager (the tail manager sizes its blocks so that no page is padded)
@@ -438,6 +465,7 @@ SCENARIOS = {
     "logprobs": sc_logprobs,
     "prefix": sc_prefix,
     "prefix_uncached": sc_prefix_uncached,
+    "junction": sc_junction,
     "same_step": sc_same_step,
     "chunked": sc_chunked,
     "preemption": sc_preemption,

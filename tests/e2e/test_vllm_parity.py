@@ -62,6 +62,20 @@ def test_prefix_caching_hits_and_matches_uncached(engines: Any, hf: dict[str, An
     assert_greedy_parity(hf["default"], cached)
 
 
+def test_a_pinned_shared_prefix_junction_is_hit_as_under_the_window(engines: Any, hf: dict[str, Any]) -> None:
+    # request 2 shares 300 tokens of request 1, request 3 shares them again: vLLM pins
+    # the junction for request 2, and the tail manager keeps the conv rows before it
+    tail = engines("junction", "default")["junction"]
+    window = engines("junction_window", "default")["junction"]
+    assert tail["prompts"] == window["prompts"]
+    # request 2 has nothing to hit in its conv groups; request 3 hits at the junction
+    assert window["num_cached_tokens"][1] == 0 and window["num_cached_tokens"][2] > 0, window["num_cached_tokens"]
+    assert all(t >= w for t, w in zip(tail["num_cached_tokens"], window["num_cached_tokens"])), (
+        tail["num_cached_tokens"], window["num_cached_tokens"])
+    assert_greedy_parity(hf["default"], tail)
+    assert_greedy_parity(hf["default"], window)
+
+
 def test_same_step_prefix_hit_on_blocks_computed_in_that_step(engines: Any, hf: dict[str, Any]) -> None:
     # docs/design.md §3.2: B is admitted in the same step as A and hits the blocks A
     # computes in that step; B's conv taps then name slots A writes in the same launch.

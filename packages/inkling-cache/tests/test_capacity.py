@@ -163,12 +163,13 @@ def test_plan_defaults_follow_config() -> None:
 # --- the two conv-state managers side by side ---------------------------------------------
 
 
-@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 6), (2, 3, 8)])
+@pytest.mark.parametrize("batches,k,expected", [(1, 0, 6), (2, 0, 8), (1, 3, 7), (2, 3, 9)])
 def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int) -> None:
     from inkling_cache import tail_conv_admission_blocks
 
-    # W = N = 4, + one prompt-end checkpoint block. A lone 3-row chunk tail touches 2 blocks.
-    # k = 0: B + 1 lone tails, 2 blocks each: 4 / 6 (+1).
+    # W = N = 4, + the prompt-end and the shared-prefix junction checkpoints (a block
+    # each). A lone 3-row chunk tail touches 2 blocks.
+    # k = 0: B + 1 lone tails, 2 blocks each: 4 / 6 (+2).
     # B = 1, k = 3: decode tails reach 3 + 3 = 6 rows (3 blocks); a decode tail, then a
     #   chunk tail elsewhere (a streaming session's next turn): 3 + 2 = 5; a tail and
     #   a decode tail after it: one run of 6 + 4 = 10 rows, 4.
@@ -178,10 +179,45 @@ def test_tail_conv_admission_blocks_by_hand(batches: int, k: int, expected: int)
     for budget in (2048, 8192):
         got = tail_conv_admission_blocks(4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k)
         assert got == expected
+        for method, more in (("ngram", 0), ("suffix", 0), ("draft_model", 0), ("eagle", 4), ("mtp", 4)) if k else ():
+            # lookahead slots the conv does not write take no block; under the EAGLE block
+            # drop a checkpoint keeps the block after its boundary, and the prompt end two
+            # boundaries: 3 checkpoints of 2 blocks instead of 2 of 1
+            assert tail_conv_admission_blocks(
+                4, 4, budget, 131072, max_concurrent_batches=batches, spec_tokens=k, speculative_method=method
+            ) == expected + more
     # never above the plain window's reserve (tiny max_model_len)
     assert tail_conv_admission_blocks(4, 4, 8192, 5, max_concurrent_batches=batches) == min(expected, 3)
     # retention checkpoints: one block per 1024 tokens of each unrun chunk
-    assert tail_conv_admission_blocks(4, 4, 8192, 131072, retention_tokens=1024) == 5 + (8 + 1)
+    assert tail_conv_admission_blocks(4, 4, 8192, 131072, retention_tokens=1024) == 6 + (8 + 1)
+
+
+@pytest.mark.parametrize("batches,k,method,expected", [
+    (1, 0, None, 2), (2, 0, None, 2), (1, 3, "ngram", 3), (2, 3, "ngram", 3), (1, 3, "eagle", 3), (2, 3, "mtp", 3),
+])
+def test_tail_conv_steady_blocks_by_hand(batches: int, k: int, method: str | None, expected: int) -> None:
+    from inkling_cache import tail_conv_steady_blocks
+
+    # W = N = 4: from W - 1 rows below the settled tokens to the newest end: 3 + B rows
+    # without drafts (2 blocks), 3 + 4 = 7 with one step of 1 + 3 in flight (3 blocks)
+    assert tail_conv_steady_blocks(4, 4, max_concurrent_batches=batches, spec_tokens=k,
+                                   speculative_method=method) == expected
+    if method in ("eagle", "mtp"):  # lookahead slots the conv layers write: 10 rows, 4 blocks
+        assert tail_conv_steady_blocks(4, 4, max_concurrent_batches=batches, spec_tokens=k,
+                                       speculative_method=method, lookahead_written=3) == 4
+
+
+def test_speculative_methods_and_their_lookahead() -> None:
+    from inkling_cache import speculative_lookahead_tokens, tail_conv_admission_blocks
+
+    assert speculative_lookahead_tokens(None, 0) == speculative_lookahead_tokens("ngram", 3) == 0
+    assert speculative_lookahead_tokens("eagle", 3) == speculative_lookahead_tokens("draft_model", 2) + 1 == 3
+    with pytest.raises(ValueError, match="not known"):
+        speculative_lookahead_tokens("medusa-ish", 3)
+    with pytest.raises(ValueError, match="needs spec_tokens"):
+        speculative_lookahead_tokens("eagle", 0)
+    with pytest.raises(ValueError, match="exceeds the 0 lookahead slots"):
+        tail_conv_admission_blocks(4, 4, 2048, 65536, spec_tokens=3, speculative_method="ngram", lookahead_written=1)
 
 
 def _live_tail_blocks_of_a_schedule(
@@ -233,7 +269,7 @@ def test_live_tail_bound_holds_for_any_schedule(
 
     decode = [(min(d, k), min(r, d, k)) for d, r in decode]
     worst = _live_tail_blocks_of_a_schedule(w, n, k, b, look, prompt, chunks, decode, resume)
-    bound = tail_conv_live_blocks(w, n, max_concurrent_batches=b, spec_tokens=k, lookahead_tokens=look)
+    bound = tail_conv_live_blocks(w, n, max_concurrent_batches=b, spec_tokens=k, lookahead_written=look)
     assert worst <= bound <= (b + 1) * (-(-(w - 2 + k * b + look) // n) + 1)  # the README's cap
 
 
@@ -245,7 +281,7 @@ def test_live_tail_bound_covers_a_chunk_after_decode_tails() -> None:
     from inkling_cache import tail_conv_live_blocks
 
     seen = _live_tail_blocks_of_a_schedule(2, 1, 1, 1, 2, 1, [1, 1, 3], [], [])
-    bound = tail_conv_live_blocks(2, 1, max_concurrent_batches=1, spec_tokens=1, lookahead_tokens=2)
+    bound = tail_conv_live_blocks(2, 1, max_concurrent_batches=1, spec_tokens=1, lookahead_written=2)
     assert (seen, bound) == (7, 7)
 
 
@@ -268,7 +304,7 @@ def test_in_flight_tokens_scale_the_window_reserve_not_the_tail() -> None:
     c1 = {k.name: k for k in one.kinds}["conv/sliding"]
     c2 = {k.name: k for k in two.kinds}["conv/sliding"]
     assert (c1.reserve_blocks, c2.reserve_blocks) == (2050, 4098)  # cdiv(3 + B * 8192, 4) + 1
-    assert (c1.tail_reserve_blocks, c2.tail_reserve_blocks) == (5, 7)
+    assert (c1.tail_reserve_blocks, c2.tail_reserve_blocks) == (6, 8)
     assert two.in_flight_tokens == 16384
     # admission of an 8k prompt: the conv state's share falls from most to ~1.5 %
     assert two.conv_admission_share("window") > 0.8 > 0.02 > two.conv_admission_share("tail")

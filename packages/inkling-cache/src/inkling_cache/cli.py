@@ -97,6 +97,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="draft tokens per step (speculative decoding; default 0)",
     )
     plan.add_argument(
+        "--speculative-method", default=None,
+        help="where drafts come from: ngram or suffix (no lookahead slots), eagle, eagle3, mtp or "
+        "draft_model (a drafter with its own layers: lookahead slots); default none",
+    )
+    plan.add_argument(
         "--max-model-len", type=int, default=None,
         help="context limit (default: the config's max_position_embeddings)",
     )
@@ -309,6 +314,7 @@ def _run_plan(args: argparse.Namespace) -> str:
         max_concurrent_batches=args.max_concurrent_batches,
         prompt_len=args.prompt_len,
         spec_tokens=args.spec_tokens,
+        speculative_method=args.speculative_method,
         max_model_len=args.max_model_len,
         request_len=args.request_len,
         budgets_gib=budgets,

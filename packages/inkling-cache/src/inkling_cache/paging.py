@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "LOOKAHEAD_DRAFT_METHODS",
+    "TOKEN_DRAFT_METHODS",
     "PageSpec",
     "UnifiedPage",
     "admission_reserve_blocks",
@@ -30,8 +32,11 @@ __all__ = [
     "live_blocks",
     "slot_of",
     "slot_to_block_row",
+    "speculative_lookahead_tokens",
     "steady_state_blocks",
     "tail_conv_admission_blocks",
+    "tail_conv_live_blocks",
+    "tail_conv_steady_blocks",
     "unify_page_sizes",
 ]
 
@@ -155,20 +160,63 @@ def admission_reserve_blocks(
     return cdiv(tokens, block_size) + 1
 
 
+#: vLLM speculative methods whose drafter runs its own layers (own KV-cache groups) and
+#: so has vLLM allocate ``k`` lookahead slots past every step in every group.
+LOOKAHEAD_DRAFT_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+#: vLLM speculative methods that propose drafts from the tokens alone: no lookahead slots.
+TOKEN_DRAFT_METHODS = ("ngram", "suffix")
+#: methods under which vLLM's prefix-cache hit search matches one block further and drops
+#: it (the EAGLE block drop): a checkpoint also keeps the block after its boundary
+_BLOCK_DROP_METHODS = ("eagle", "eagle3", "mtp")
+
+
+def speculative_lookahead_tokens(speculative_method: str | None, spec_tokens: int) -> int:
+    """Lookahead slots vLLM allocates past each step for a speculative method: ``k`` for
+    a drafter with its own layers (:data:`LOOKAHEAD_DRAFT_METHODS`), 0 for token-based
+    drafts (:data:`TOKEN_DRAFT_METHODS`) and without speculative decoding (``None``).
+
+    Raises:
+        ValueError: an unknown method, or a method with ``spec_tokens == 0``.
+    """
+    k = _int("spec_tokens", spec_tokens, 0)
+    if speculative_method is None:
+        return 0
+    if speculative_method not in LOOKAHEAD_DRAFT_METHODS + TOKEN_DRAFT_METHODS:
+        raise ValueError(
+            f"speculative_method {speculative_method!r} is not known: choose one of "
+            f"{', '.join(TOKEN_DRAFT_METHODS)} (drafts from the tokens, no lookahead slots) or "
+            f"{', '.join(LOOKAHEAD_DRAFT_METHODS)} (a drafter with its own layers: k lookahead slots)"
+        )
+    if k == 0:
+        raise ValueError(f"speculative_method {speculative_method!r} needs spec_tokens >= 1 (the drafts per step)")
+    return k if speculative_method in LOOKAHEAD_DRAFT_METHODS else 0
+
+
+def _check_lookahead_written(speculative_method: str | None, spec_tokens: int, lookahead_written: int) -> None:
+    look = speculative_lookahead_tokens(speculative_method, spec_tokens)
+    if _int("lookahead_written", lookahead_written, 0) > look:
+        raise ValueError(
+            f"lookahead_written {lookahead_written} exceeds the {look} lookahead slots vLLM allocates "
+            f"for speculative_method {speculative_method!r} with spec_tokens {spec_tokens}"
+        )
+
+
 def tail_conv_live_blocks(
     kernel_size: int,
     block_size: int,
     *,
     max_concurrent_batches: int = 1,
     spec_tokens: int = 0,
-    lookahead_tokens: int = 0,
+    lookahead_written: int = 0,
 ) -> int:
     """Most blocks one request's live tails touch together under the tail-rows
     conv-state manager (``inkling_vllm.conv_manager``), per conv layer.
 
     With ``B`` batches in flight ``B + 1`` tails are live: the one the first unrun
-    step reads and each unrun step's own. A tail ends at its step's end plus the
-    lookahead slots ``L``. It reaches back ``W - 1`` rows for a step without drafts (a
+    step reads and each unrun step's own. A tail ends at its step's end plus ``L``,
+    the lookahead slots this group's layers write (0 unless a drafter runs conv layers
+    of this group: lookahead slots nobody in the group writes get no block). It
+    reaches back ``W - 1`` rows for a step without drafts (a
     *chunk* tail: a chunk ending inside the prefill, or a step scheduling more than
     ``1 + k`` tokens, whose successor starts at its end) and ``R = W - 1 + k * B`` rows
     otherwise (a *decode* tail: up to ``k`` drafts, and a rejection moves the next start
@@ -190,13 +238,13 @@ def tail_conv_live_blocks(
     _int("block_size", block_size, 1)
     batches = _int("max_concurrent_batches", max_concurrent_batches, 1)
     _int("spec_tokens", spec_tokens, 0)
-    _int("lookahead_tokens", lookahead_tokens, 0)
+    _int("lookahead_written", lookahead_written, 0)
 
     def run(rows: int) -> int:
         return cdiv(rows - 1, block_size) + 1
 
-    chunk_tail = run(kernel_size - 1 + lookahead_tokens)
-    reach = kernel_size - 1 + spec_tokens * batches + lookahead_tokens
+    chunk_tail = run(kernel_size - 1 + lookahead_written)
+    reach = kernel_size - 1 + spec_tokens * batches + lookahead_written
 
     def decode_run(decode_tails: int) -> int:  # a decode tail (or any tail) and l decode tails after it
         return run(reach + decode_tails * (1 + spec_tokens))
@@ -213,6 +261,40 @@ def tail_conv_live_blocks(
     return max(decode_run(size - 1) + after[batches + 1 - size] for size in range(1, batches + 2))
 
 
+def tail_conv_steady_blocks(
+    kernel_size: int,
+    block_size: int,
+    *,
+    max_concurrent_batches: int = 1,
+    spec_tokens: int = 0,
+    speculative_method: str | None = None,
+    lookahead_written: int = 0,
+) -> int:
+    """Most blocks one long request holds per conv layer in steady decode under the
+    tail-rows conv-state manager (``inkling_vllm.conv_manager``), with or without drafts.
+
+    In decode the live rows are one run from ``W - 1`` rows below the settled tokens
+    (every in-flight step starts at or above them; rows below are freed before the
+    next allocation, and an allocation adds table entries only past the existing
+    ones, so a decode tail reaching further back holds nothing more) to the newest
+    step's end plus the written lookahead ``L``. Without drafts ``B`` one-token steps
+    are in flight; with drafts a step needs its predecessor's sampled tokens to draft
+    from, so one step of ``1 + k`` tokens is. The run spans
+    ``S = W - 1 + b * (1 + k) + L`` rows (``b`` the steps in flight), which touch at
+    most ``cdiv(S - 1, N) + 1`` blocks: 2 at ``W = N = 4`` without drafts, 3 with
+    ``k = 3`` drafts of either style (lookahead slots of a drafter with its own layers
+    are not held: ``L = 0``).
+    """
+    _int("kernel_size", kernel_size, 2)
+    _int("block_size", block_size, 1)
+    batches = _int("max_concurrent_batches", max_concurrent_batches, 1)
+    k = _int("spec_tokens", spec_tokens, 0)
+    _check_lookahead_written(speculative_method, k, lookahead_written)
+    in_flight = 1 if k else batches
+    span = kernel_size - 1 + in_flight * (1 + k) + lookahead_written
+    return cdiv(span - 1, block_size) + 1
+
+
 def tail_conv_admission_blocks(
     kernel_size: int,
     block_size: int,
@@ -221,29 +303,43 @@ def tail_conv_admission_blocks(
     *,
     max_concurrent_batches: int = 1,
     spec_tokens: int = 0,
-    lookahead_tokens: int = 0,
+    speculative_method: str | None = None,
+    lookahead_written: int = 0,
     retention_tokens: int = 0,
 ) -> int:
     """Blocks per request and conv layer under the tail-rows conv-state manager
     (``inkling_vllm.conv_manager``): its admission cap and startup-sizing bound.
 
-    The live tails (:func:`tail_conv_live_blocks`), plus the prompt-end prefix-cache
-    checkpoint (``cdiv(W - 1, N)`` blocks: its boundary is block-aligned) and, with a
-    retention interval ``R > 0``, the checkpoints of the ``B`` unrun chunks
-    (``max_num_batched_tokens // R + 1`` each). Never more than vLLM's plain
-    sliding-window reserve (:func:`admission_reserve_blocks` with
+    The live tails (:func:`tail_conv_live_blocks`), plus the prefix-cache checkpoints
+    of ``cdiv(W - 1, N)`` blocks each (their boundaries are block-aligned): the prompt
+    end's (a resend hits there) and the shared-prefix junction's that vLLM pins when
+    another request already cached a longer prefix in its attention layers; with a
+    retention interval ``R > 0`` also the checkpoints of the ``B`` unrun chunks
+    (``max_num_batched_tokens // R + 1`` each). ``speculative_method`` (``None``, a
+    :data:`TOKEN_DRAFT_METHODS` or :data:`LOOKAHEAD_DRAFT_METHODS` name) says where the
+    ``spec_tokens`` drafts come from; lookahead slots count only as far as this
+    group's layers write them (``lookahead_written``). Under ``eagle``, ``eagle3`` and
+    ``mtp`` vLLM's hit search matches one block past a hit and drops it, so a
+    checkpoint keeps that block too, and the prompt end has two (a resend and a longer
+    sibling land one alignment unit apart on an aligned prompt). Never more than vLLM's
+    plain sliding-window reserve (:func:`admission_reserve_blocks` with
     ``B * max_num_batched_tokens`` in flight).
     """
     _int("max_num_batched_tokens", max_num_batched_tokens, 1)
     _int("max_model_len", max_model_len, 1)
     _int("retention_tokens", retention_tokens, 0)
+    _check_lookahead_written(speculative_method, spec_tokens, lookahead_written)
     batches = max_concurrent_batches
     blocks = tail_conv_live_blocks(
         kernel_size, block_size, max_concurrent_batches=batches,
-        spec_tokens=spec_tokens, lookahead_tokens=lookahead_tokens,
+        spec_tokens=spec_tokens, lookahead_written=lookahead_written,
     )
     per_checkpoint = cdiv(kernel_size - 1, block_size)
-    blocks += per_checkpoint
+    if speculative_method in _BLOCK_DROP_METHODS:
+        per_checkpoint += 1
+        blocks += 3 * per_checkpoint  # two at the prompt end, one at the junction
+    else:
+        blocks += 2 * per_checkpoint
     if retention_tokens:
         blocks += batches * (max_num_batched_tokens // retention_tokens + 1) * per_checkpoint
     plain = admission_reserve_blocks(kernel_size, block_size, batches * max_num_batched_tokens, max_model_len)

@@ -228,7 +228,11 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         method="weight_loader",
     ),
     # the conv-state spec and manager (inkling_vllm.conv_manager)
-    ApiItem("vllm.config", "VllmConfig", fields=("max_concurrent_batches", "num_speculative_tokens", "num_lookahead_tokens")),
+    ApiItem(
+        "vllm.config", "VllmConfig",
+        fields=("max_concurrent_batches", "num_speculative_tokens", "num_lookahead_tokens", "speculative_config"),
+    ),
+    ApiItem("vllm.config", "SpeculativeConfig", fields=("method",)),
     ApiItem(
         "vllm.v1.kv_cache_spec_registry",
         "KVCacheSpecRegistry",
@@ -286,6 +290,14 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         params=("self", "request_id"),
         method="pop_blocks_for_free",
     ),
+    # the pinned shared-prefix junction: cache_blocks reads it from the request
+    ApiItem(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        params=("self", "request", "num_tokens", "retention_interval", "replay_boundaries"),
+        method="cache_blocks",
+    ),
+    ApiItem("vllm.v1.core.kv_cache_manager", "KVCacheManager", params=("self", "request"), method="get_computed_blocks"),
 )
 
 

@@ -12,17 +12,28 @@ sizing reserve ``cdiv(W - 1 + max_in_flight_tokens, N) + 1`` blocks per request.
 the worker's slot mapping do not change) but give a real block only to table
 entries that hold a row some later step may read:
 
-* the *tail* of each scheduled step: rows ``[end - (W - 1), end + lookahead)`` for a
+* the *tail* of each scheduled step: rows ``[end - (W - 1), end + L)`` for a
   step without drafts (a chunk ending inside the prefill, or scheduling more than
   ``1 + k`` tokens: the next step starts at its end), ``[end - (W - 1) - k * B, ...)``
   for a decode step (``k`` speculative tokens: a rejected draft moves the next start
   back by up to ``k``, per step in flight); it is released once the step after it
   has run, and rows below ``settled - (W - 1)`` are dropped before that (no unrun
-  step starts below the settled tokens: vLLM's sliding window frees on that rule);
+  step starts below the settled tokens: vLLM's sliding window frees on that rule).
+  ``L`` is the lookahead slots this group's layers write (``lookahead_written``, 0
+  by default): the ``num_lookahead_tokens`` slots vLLM allocates past every step for
+  an EAGLE-style drafter are written by the drafter's own layers, so this group
+  gives them no table entry at all;
 * *checkpoints* for prefix caching: the ``W - 1`` rows before the prompt's last
-  hit-aligned boundary (so resending a conversation hits), and, with a retention
-  interval ``R > 0``, before every multiple of ``R``; released once their chunk has
-  run, they stay hashed in the free queue (evictable) like any freed cached block;
+  hit-aligned boundary (so resending a conversation hits), before the shared-prefix
+  junction vLLM pins for the request (``shared_prefix_boundary``: another request
+  cached a longer prefix in the attention layers than in this group, so a third
+  request sharing it hits there, as under the plain sliding window), and, with a
+  retention interval ``R > 0``, before every multiple of ``R``; released once their
+  chunk has run, they stay hashed in the free queue (evictable) like any freed
+  cached block. Where vLLM's hit search uses the EAGLE block drop (it matches one
+  block past a hit, then drops it), a checkpoint also keeps the block after its
+  boundary, and the prompt end follows vLLM's EAGLE replay boundaries (one alignment
+  unit lower, for a resend and for a longer sibling);
 * the rows of a prefix-cache hit, until the first new step has run.
 
 Every other entry is the null block; the metadata builder turns slots in it into
@@ -34,10 +45,12 @@ sliding-window rule) reads only stored rows.
 Per request at most ``B + 1`` tails are live (``B`` = batches in flight: the one
 the next unrun step reads, each unrun step's own), plus checkpoints. The admission
 cap and ``max_memory_usage_bytes`` are ``inkling_cache.tail_conv_admission_blocks``
-(the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 5
-blocks with one batch in flight and 7 with two (6 and 8 with ``k = 3`` drafts), whatever
-the prompt length. A streaming-input session (vLLM's resumable requests) keeps its
-blocks between turns, so a chunk tail can follow decode tails; the bound counts that.
+(the derivation is in ``inkling_cache.tail_conv_live_blocks``): at ``W = N = 4``, 6
+blocks with one batch in flight and 8 with two (7 and 9 with ``k = 3`` drafts; 11 and 13
+under the EAGLE block drop), whatever the prompt length; steady decode holds
+``inkling_cache.tail_conv_steady_blocks`` (2, or 3 with ``k = 3``). A streaming-input
+session (vLLM's resumable requests) keeps its blocks between turns, so a chunk tail can
+follow decode tails; the bound counts that.
 The conv block (before vLLM's page unification scales it) is :func:`tail_block_size`,
 the smallest power of two holding ``W - 1`` rows, so pages unify without padding.
 
@@ -175,21 +188,32 @@ class ConvStateSpec(SlidingWindowSpec):
     spec_tokens: draft tokens per step (``k``); a rejection moves the next start
         back by up to ``k`` rows per step in flight, so tails keep ``W - 1 + k * B`` rows.
     lookahead_tokens: slots vLLM allocates past the scheduled tokens (EAGLE-style
-        drafters; 0 for n-gram).
+        drafters; 0 for n-gram). This group gives them no block unless its own
+        layers write them (``lookahead_written``).
+    lookahead_written: how many of those slots this group's layers write: all of
+        them for a drafter that runs Inkling decoder layers (MTP, a draft model: their
+        conv states join this group), 0 for an EAGLE head (attention layers only),
+        whose lookahead slots the conv never writes or reads.
     concurrent_batches: steps in flight (``B``; 2 with async scheduling).
     retention_tokens: prefix-cache checkpoint interval ``R`` (0: prompt end only).
     """
 
     spec_tokens: int = 0
     lookahead_tokens: int = 0
+    lookahead_written: int = 0
     concurrent_batches: int = 1
     retention_tokens: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("spec_tokens", "lookahead_tokens", "retention_tokens"):
+        for name in ("spec_tokens", "lookahead_tokens", "lookahead_written", "retention_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ConvStateSpec.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lookahead_written > self.lookahead_tokens:
+            raise ValueError(
+                f"ConvStateSpec.lookahead_written ({self.lookahead_written}) exceeds lookahead_tokens "
+                f"({self.lookahead_tokens}): layers can write only slots vLLM allocates"
+            )
         if self.concurrent_batches < 1:
             raise ValueError(f"ConvStateSpec.concurrent_batches must be >= 1, got {self.concurrent_batches}")
         if self.sliding_window < 2:
@@ -209,10 +233,11 @@ class ConvStateSpec(SlidingWindowSpec):
         checkpoint and, with ``R > 0``, the unrun chunks' checkpoints), which is never
         more than the plain sliding window would reserve."""
         batches = self.concurrent_batches
+        method = ("eagle" if self.lookahead_tokens else "ngram") if self.spec_tokens else None
         blocks = tail_conv_admission_blocks(
             self.sliding_window, self.block_size, max(1, max_in_flight_tokens // batches), max_model_len,
-            max_concurrent_batches=batches, spec_tokens=self.spec_tokens,
-            lookahead_tokens=self.lookahead_tokens, retention_tokens=self.retention_tokens,
+            max_concurrent_batches=batches, spec_tokens=self.spec_tokens, speculative_method=method,
+            lookahead_written=self.lookahead_written, retention_tokens=self.retention_tokens,
         )
         return min(blocks, super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len))
 
@@ -228,9 +253,11 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
     ``cdiv(W - 1, N)`` cached blocks ending at it), the hit's null padding, the
     admission path of ``get_num_blocks_to_allocate``. What it replaces: which new
     table entries get a real block (:meth:`allocate_new_blocks`, predicted exactly
-    by :meth:`get_num_blocks_to_allocate`), which are freed
-    (:meth:`remove_skipped_blocks`, skipping nulls), and which are hashed (every
-    real full block: :meth:`reachable_block_mask` returns ``None``).
+    by :meth:`get_num_blocks_to_allocate`, which for a request's first step adds
+    room for a junction checkpoint vLLM may pin), which are freed
+    (:meth:`remove_skipped_blocks`, skipping nulls), which are hashed (every
+    real full block: :meth:`reachable_block_mask` returns ``None``), and the pinned
+    shared-prefix junction (:meth:`cache_blocks`).
     """
 
     def __init__(self, kv_cache_spec: ConvStateSpec, **kwargs: Any) -> None:
@@ -241,6 +268,9 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self.tail_rows = kv_cache_spec.tail_rows
         self.reach = kv_cache_spec.sliding_window - 1  # rows a step's first token reads
         self.retention_tokens = kv_cache_spec.retention_tokens
+        self.lookahead_written = kv_cache_spec.lookahead_written
+        # one checkpoint's blocks (a hit boundary is block-aligned)
+        self.checkpoint_blocks = _cdiv(self.reach, self.block_size)
         align = int(self.cache_hit_alignment_tokens)
         if self.retention_tokens % align:
             raise ValueError(
@@ -255,26 +285,48 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self._prompt_len: dict[str, int] = {}
         # where the prefill ends (vLLM's admission call: prompt, or a resumed request's recompute)
         self._prefill_end: dict[str, int] = {}
+        # the shared-prefix junction vLLM pins for the request (0: none), learnt in cache_blocks
+        self._junction: dict[str, int] = {}
+        # the newest step: (its first token, its main-model end, first new table index, new entries)
+        self._newest: dict[str, tuple[int, int, int, list[KVCacheBlock]]] = {}
 
     # -- which rows must be real ------------------------------------------------
 
     def _checkpoint_ends(self, after: int, upto: int, prompt_len: int) -> list[int]:
-        """Hit boundaries in ``(after, upto]`` whose ``W - 1`` rows are retained."""
+        """Hit boundaries whose checkpoint rows the step over ``(after, upto]`` writes."""
         if not self.enable_caching or upto <= after:
             return []
         ends: set[int] = set()
         align = int(self.cache_hit_alignment_tokens)
         if prompt_len > 0:
             # a resend of the prompt (or a longer conversation) hits at the last
-            # aligned boundary below the prompt's final token (vLLM recomputes it)
-            boundary = (prompt_len - 1) // align * align
-            if after < boundary <= upto:
-                ends.add(boundary)
+            # aligned boundary below the prompt's final token (vLLM recomputes it);
+            # under the EAGLE block drop, one alignment unit lower (vLLM's replay
+            # boundaries: for a resend and for a longer sibling)
+            resend = (prompt_len - 1) // align * align
+            if self.use_eagle:
+                ends.update({max(resend - align, 0), max(prompt_len // align * align - align, 0)})
+            else:
+                ends.add(resend)
         step = self.retention_tokens
         if step > 0:
-            first = (after // step + 1) * step
+            first = max(0, after - self.block_size) // step * step
             ends.update(range(first, upto + 1, step))
-        return sorted(ends)
+        return sorted(end for end in ends if end > 0 and self._writes_checkpoint(after, upto, end))
+
+    def _checkpoint_window(self, end: int, release: int) -> _Window:
+        """The rows a hit at ``end`` reads from this group's cached blocks: the ``W - 1``
+        before it, and under the EAGLE block drop (vLLM's hit search matches one block
+        further, then drops it) the block after it too."""
+        extra = self.block_size if self.use_eagle else 0
+        return (max(0, end - self.reach), end + extra, release)
+
+    def _writes_checkpoint(self, after: int, upto: int, end: int) -> bool:
+        """Whether the step over ``(after, upto]`` completes a checkpoint at ``end`` (the
+        rows before ``after`` are the previous step's tail, real already)."""
+        if self.use_eagle:
+            return after <= end and end + self.block_size <= upto
+        return after < end <= upto
 
     def _step_windows(self, request_id: str, start: int, num_tokens: int, main_end: int) -> list[_Window]:
         """Windows a step adds: its tail, then its chunk's checkpoints.
@@ -291,10 +343,24 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         prefill_end = max(prompt_len, self._prefill_end.get(request_id, 0))
         no_drafts = main_end <= prefill_end + 1 or main_end - start > 1 + self.conv_spec.spec_tokens
         rows = self.reach if no_drafts else self.tail_rows
-        windows = [(max(0, main_end - rows), num_tokens, main_end + 1)]
+        windows = [(max(0, main_end - rows), min(num_tokens, main_end + self.lookahead_written), main_end + 1)]
         for end in self._checkpoint_ends(start, main_end, prompt_len):
-            windows.append((max(0, end - self.reach), end, main_end))
+            windows.append(self._checkpoint_window(end, main_end))
+        junction = self._junction.get(request_id, 0)
+        if junction > 0 and self._writes_checkpoint(start, main_end, junction):
+            windows.append(self._junction_window(junction, main_end))
         return windows
+
+    def _junction_window(self, junction: int, main_end: int) -> _Window:
+        """The checkpoint rows of the pinned shared-prefix junction, held until the step
+        covering them has run, then left cached in the free queue like any checkpoint."""
+        return self._checkpoint_window(junction, main_end)
+
+    def _table_end(self, num_tokens: int, num_tokens_main_model: int) -> int:
+        """Table entries a step needs: up to its main-model end plus the lookahead slots
+        this group's layers write; slots past that (an EAGLE-style drafter's, written
+        into its own groups) get no entry."""
+        return _cdiv(min(num_tokens, num_tokens_main_model + self.lookahead_written), self.block_size)
 
     def _indices(self, windows: Iterable[_Window]) -> set[int]:
         n = self.block_size
@@ -330,7 +396,8 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
                     apply_admission_cap=True, prefill_end=prefill_end,
                 )
             )
-        end_index = _cdiv(num_tokens, self.block_size)
+        end_index = self._table_end(num_tokens, num_tokens_main_model)
+        junction_allowance = 0
         if request_id in self.num_cached_block:  # running: no new hits
             start_index = len(self.req_to_blocks.get(request_id, ()))
             windows = list(self._windows.get(request_id, ()))
@@ -343,9 +410,13 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             start = hit
             skipped = self.get_num_skipped_tokens(hit) // self.block_size
             evictable = self._get_num_evictable_blocks(new_computed_blocks[skipped:])
+            if self.enable_caching and request_id not in self._junction:
+                # vLLM tells the junction it pins only when it caches this first step
+                # (cache_blocks), after the allocation: room for its checkpoint
+                junction_allowance = self.checkpoint_blocks + (1 if self.use_eagle else 0)
         windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
         live = self._indices(windows)
-        return evictable + sum(1 for b in range(start_index, end_index) if b in live)
+        return evictable + junction_allowance + sum(1 for b in range(start_index, end_index) if b in live)
 
     def add_local_computed_blocks(
         self,
@@ -385,8 +456,9 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         start = self._extent.get(request_id, 0)
         windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
         self._extent[request_id] = max(start, num_tokens_main_model)
-        first, end_index = len(blocks), _cdiv(num_tokens, self.block_size)
+        first, end_index = len(blocks), self._table_end(num_tokens, num_tokens_main_model)
         if end_index <= first:
+            self._newest[request_id] = (start, num_tokens_main_model, first, [])
             return []
         live = self._indices(windows)
         wanted = [b for b in range(first, end_index) if b in live]
@@ -401,7 +473,53 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         blocks.extend(new_blocks)
         if self._record_new_block_ids:
             self.new_block_ids.extend(b.block_id for b in new_blocks if not b.is_null)
+        self._newest[request_id] = (start, num_tokens_main_model, first, new_blocks)
         return new_blocks
+
+    def cache_blocks(
+        self,
+        request: Any,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int],
+    ) -> None:
+        """Hash every real full block, after honouring vLLM's pinned shared-prefix
+        junction (``request.shared_prefix_boundary``, set when the request is
+        scheduled from zero computed tokens): the ``W - 1`` rows before it are kept as
+        a checkpoint, so a later request sharing that prefix hits there as it would
+        under the plain sliding window. vLLM calls this right after the allocation of
+        the step, before handing its blocks to the worker: a junction inside that step
+        turns its null entries into real blocks in place (counted by
+        :meth:`get_num_blocks_to_allocate`); a junction in a later chunk is a window
+        of that chunk."""
+        rid = request.request_id
+        if rid not in self._junction:
+            # a hit lands only on the hit alignment: the rows before the aligned floor
+            align = int(self.cache_hit_alignment_tokens)
+            junction = int(getattr(request, "shared_prefix_boundary", 0) or 0) // align * align
+            self._junction[rid] = junction
+            if junction and rid in self._newest:
+                self._keep_junction(rid, junction)
+        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries=replay_boundaries)
+
+    def _keep_junction(self, request_id: str, junction: int) -> None:
+        start, main_end, first, new_blocks = self._newest[request_id]
+        if junction <= 0 or not self._writes_checkpoint(start, main_end, junction):
+            return  # a later chunk covers it (see _step_windows), or it is below the hit
+        window = self._junction_window(junction, main_end)
+        self._windows.setdefault(request_id, []).append(window)
+        blocks = self.req_to_blocks[request_id]
+        real = self._real.setdefault(request_id, set())
+        # entries below ``first`` were handed out by earlier steps: the rows there are
+        # the previous tail or the hit's, real already
+        wanted = [b for b in sorted(self._indices([window])) if b >= first and blocks[b].is_null]
+        for b, block in zip(wanted, self.block_pool.get_new_blocks(len(wanted))):
+            blocks[b] = block
+            new_blocks[b - first] = block
+            real.add(b)
+            if self._record_new_block_ids:
+                self.new_block_ids.append(block.block_id)
 
     def remove_skipped_blocks(
         self,
@@ -441,7 +559,10 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self.block_pool.free_blocks(freed)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        for state in (self._windows, self._real, self._extent, self._prompt_len, self._prefill_end):
+        for state in (
+            self._windows, self._real, self._extent, self._prompt_len, self._prefill_end,
+            self._junction, self._newest,
+        ):
             state.pop(request_id, None)
         return list(super().pop_blocks_for_free(request_id))
 

@@ -200,6 +200,20 @@ def _config_int(vllm_config: VllmConfig, name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
+#: drafters that run Inkling decoder layers (their conv states join this layer's KV-cache
+#: group, same spec, and write the lookahead slots); EAGLE heads run attention only
+_DRAFTERS_WITH_CONV_LAYERS = ("mtp", "draft_model")
+
+
+def lookahead_written(vllm_config: VllmConfig) -> int:
+    """Lookahead slots the conv layers of the group write: all of vLLM's
+    ``num_lookahead_tokens`` for a drafter running Inkling layers (MTP, a draft model),
+    none otherwise (n-gram drafts allocate none; an EAGLE head's layers are attention)."""
+    lookahead = _config_int(vllm_config, "num_lookahead_tokens", 0)
+    method = getattr(getattr(vllm_config, "speculative_config", None), "method", None)
+    return lookahead if method in _DRAFTERS_WITH_CONV_LAYERS else 0
+
+
 def max_forward_tokens(vllm_config: VllmConfig) -> int:
     """The most rows one forward may hold: the token budget or the largest CUDA-graph
     capture size, whichever is larger (persistent buffers are sized for it)."""
@@ -370,6 +384,7 @@ class InklingConvStateLayer(nn.Module, AttentionLayerBase):  # type: ignore[misc
             **common,
             spec_tokens=_config_int(vllm_config, "num_speculative_tokens", 0),
             lookahead_tokens=_config_int(vllm_config, "num_lookahead_tokens", 0),
+            lookahead_written=lookahead_written(vllm_config),
             concurrent_batches=max(1, _config_int(vllm_config, "max_concurrent_batches", 1)),
             retention_tokens=self.retention_tokens,
         )

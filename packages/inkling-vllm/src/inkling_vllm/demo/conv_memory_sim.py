@@ -20,6 +20,7 @@ never stored, was overwritten, or sits in a block the request no longer holds ra
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,7 +42,9 @@ from vllm.v1.request import Request
 
 from ..conv_manager import ConvStateSpec
 
-__all__ = ["RowLost", "SimConfig", "SimResult", "Worker", "conv_spec", "make_manager", "run_sim"]
+__all__ = [
+    "RowLost", "SimConfig", "SimResult", "Worker", "conv_spec", "make_manager", "run_shared_prefix", "run_sim",
+]
 
 
 class RowLost(AssertionError):
@@ -54,11 +57,14 @@ def conv_spec(
     block_size: int = 4,
     kernel: int = 4,
     spec_tokens: int = 0,
+    lookahead: int = 0,
     batches: int = 1,
     retention: int = 0,
     spec_cls: type[ConvStateSpec] = ConvStateSpec,
 ) -> SlidingWindowSpec:
-    """The conv group's spec as the layer emits it (tiny page)."""
+    """The conv group's spec as the layer emits it (tiny page); ``lookahead``: the slots
+    an EAGLE-style drafter has vLLM allocate past each step (its layers write them, not
+    the conv's)."""
     common: dict[str, Any] = dict(
         block_size=block_size, num_kv_heads=1, head_size=8, head_size_v=0,
         dtype=torch.float32, sliding_window=kernel,
@@ -66,7 +72,8 @@ def conv_spec(
     if manager == "window":
         return SlidingWindowSpec(**common)
     return spec_cls(
-        **common, spec_tokens=spec_tokens, concurrent_batches=batches, retention_tokens=retention
+        **common, spec_tokens=spec_tokens, lookahead_tokens=lookahead, concurrent_batches=batches,
+        retention_tokens=retention,
     )
 
 
@@ -78,16 +85,18 @@ def make_manager(
     max_in_flight_tokens: int,
     attention_block: int | None = None,
     enable_caching: bool = True,
+    use_eagle: bool = False,
 ) -> KVCacheManager:
     """vLLM's ``KVCacheManager`` over one conv group (group 0) and, optionally, a
-    full-attention group (group 1) that sets the hit alignment."""
+    full-attention group (group 1) that sets the hit alignment; ``use_eagle``: an
+    EAGLE-style drafter's engine (vLLM's hit search drops the last matched block)."""
     groups = [KVCacheGroupSpec(["conv"], spec)]
     sizes = [spec.block_size]
     if attention_block is not None:
         attn = FullAttentionSpec(block_size=attention_block, num_kv_heads=1, head_size=8, dtype=torch.float32)
         groups.append(KVCacheGroupSpec(["attn"], attn))
         sizes.append(attention_block)
-    align = max(sizes)
+    align = math.lcm(*sizes)
     config = KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
         prefix_cache_retention_interval=0,  # the engine default (CacheConfig)
@@ -96,9 +105,10 @@ def make_manager(
         config,
         max_model_len=max_model_len,
         scheduler_block_size=align,
-        hash_block_size=min(sizes),
+        hash_block_size=math.gcd(*sizes),
         max_in_flight_tokens=max_in_flight_tokens,
         enable_caching=enable_caching,
+        use_eagle=use_eagle,
     )
 
 
@@ -124,6 +134,10 @@ class SimConfig:
     budget: int
     decode_steps: int = 32
     spec_k: int = 0
+    # where drafts come from: "ngram" (the tokens: no lookahead slots) or "eagle" (a
+    # drafter with its own layers: vLLM allocates spec_k lookahead slots past every step
+    # and its hit search drops the last matched block)
+    spec_method: str = "ngram"
     batches: int = 1
     block_size: int = 4
     kernel: int = 4
@@ -164,6 +178,7 @@ class SimResult:
     cap: int = 0  # the spec's admission cap
     reads_checked: int = 0
     hit: int = 0  # prefix-cache hit length (tokens)
+    junction: int = 0  # the shared-prefix boundary vLLM pinned for the request (0: none)
     tokens: list[int] = field(default_factory=list)  # prompt + output at the end
 
 
@@ -275,22 +290,25 @@ def run_sim(
     Pass the ``manager`` and ``worker`` of an earlier run (and a ``prompt``) to
     follow a request with another that hits its prefix."""
     rng = random.Random(cfg.seed)
+    if cfg.spec_method not in ("ngram", "eagle"):
+        raise ValueError(f"spec_method {cfg.spec_method!r}: 'ngram' or 'eagle'")
+    lookahead = cfg.spec_k if cfg.spec_method == "eagle" else 0
     spec = conv_spec(
         cfg.manager, block_size=cfg.block_size, kernel=cfg.kernel, spec_tokens=cfg.spec_k,
-        batches=cfg.batches, retention=cfg.retention, spec_cls=cfg.spec_cls,
+        lookahead=lookahead, batches=cfg.batches, retention=cfg.retention, spec_cls=cfg.spec_cls,
     )
     in_flight_max = cfg.batches * cfg.budget
     if manager is None:
         manager = make_manager(
             spec, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
             max_in_flight_tokens=in_flight_max, attention_block=cfg.attention_block,
-            enable_caching=cfg.enable_caching,
+            enable_caching=cfg.enable_caching, use_eagle=cfg.spec_method == "eagle" and cfg.spec_k > 0,
         )
     if worker is None:
         worker = Worker(manager, cfg.block_size, cfg.kernel)
     if prompt is None:
         prompt = [rng.randrange(1, 30000) for _ in range(cfg.prompt_len)]
-    hash_block = min(cfg.block_size, cfg.attention_block or cfg.block_size)
+    hash_block = math.gcd(cfg.block_size, cfg.attention_block or cfg.block_size)
     req = Request(
         request_id, prompt, SamplingParams(max_tokens=cfg.decode_steps * (cfg.spec_k + 1) + 8), None,
         block_hasher=_block_hasher(hash_block),
@@ -299,7 +317,9 @@ def run_sim(
     rid = req.request_id
     conv = manager.coordinator.single_type_managers[0]
 
-    computed_blocks, num_hit, _ = manager.get_computed_blocks(req)
+    # as vLLM's scheduler does for a request scheduled from zero computed tokens
+    computed_blocks, num_hit, req.shared_prefix_boundary = manager.get_computed_blocks(req)
+    res.junction = req.shared_prefix_boundary
     res.admission = conv.get_num_blocks_to_allocate(
         rid, min(req.num_tokens, cfg.max_model_len), computed_blocks.blocks[0], num_hit, num_hit,
         min(req.num_tokens, cfg.max_model_len), apply_admission_cap=True,
@@ -339,7 +359,7 @@ def run_sim(
             manager.free(req)
             req.num_computed_tokens = 0
             prefill_target = req.num_tokens
-            computed_blocks, num_hit, _ = manager.get_computed_blocks(req)
+            computed_blocks, num_hit, req.shared_prefix_boundary = manager.get_computed_blocks(req)
             first, preempted = True, True
             continue
         if cfg.continue_after is not None and not continued and decode_done >= cfg.continue_after:
@@ -364,6 +384,7 @@ def run_sim(
             req, n,
             num_new_computed_tokens=num_hit if first else 0,
             new_computed_blocks=computed_blocks if first else None,
+            num_lookahead_tokens=lookahead,
             full_sequence_must_fit=gate,
         )
         gate = False
@@ -394,3 +415,37 @@ def run_sim(
     res.tokens = list(req.all_token_ids)
     manager.free(req)
     return res
+
+
+def run_shared_prefix(cfg: SimConfig, shared: int | None = None) -> list[SimResult]:
+    """The shared-prefix junction, one request after another on one manager: request 1
+    has a ``cfg.prompt_len``-token prompt; request 2 shares its first ``shared`` tokens
+    (half the prompt by default) and goes on with its own; request 3 shares them again,
+    after request 2. Request 2's attention layers hit the shared prefix that request 1
+    cached, the conv group does not (no checkpoint there): vLLM pins that junction
+    (``shared_prefix_boundary``) so request 3 can hit it. Pass ``cfg.attention_block``:
+    the junction comes from the attention group's longer hit. Returns the three runs
+    (``hit``: each one's cached tokens)."""
+    if cfg.attention_block is None:
+        raise ValueError("run_shared_prefix needs cfg.attention_block: a junction comes from an attention group")
+    shared = cfg.prompt_len // 2 if shared is None else shared
+    rng = random.Random(cfg.seed + 1)
+    spec = conv_spec(
+        cfg.manager, block_size=cfg.block_size, kernel=cfg.kernel, spec_tokens=cfg.spec_k,
+        lookahead=cfg.spec_k if cfg.spec_method == "eagle" else 0, batches=cfg.batches,
+        retention=cfg.retention, spec_cls=cfg.spec_cls,
+    )
+    manager = make_manager(
+        spec, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
+        max_in_flight_tokens=cfg.batches * cfg.budget, attention_block=cfg.attention_block,
+        enable_caching=cfg.enable_caching, use_eagle=cfg.spec_method == "eagle" and cfg.spec_k > 0,
+    )
+    worker = Worker(manager, cfg.block_size, cfg.kernel)
+    first = [rng.randrange(1, 30000) for _ in range(cfg.prompt_len)]
+    prompts = [first] + [
+        first[:shared] + [rng.randrange(1, 30000) for _ in range(cfg.prompt_len - shared)] for _ in range(2)
+    ]
+    return [
+        run_sim(cfg, manager=manager, worker=worker, prompt=prompt, request_id=f"r{i}")
+        for i, prompt in enumerate(prompts)
+    ]
