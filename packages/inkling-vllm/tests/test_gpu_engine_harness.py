@@ -5,7 +5,9 @@ ours / peer."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -92,3 +94,22 @@ def test_report_gives_ours_over_peer_per_case(tmp_path, capsys) -> None:
     assert "| graphs-on | prefill 8192 (TTFT) | 3000 | 2000 | 1.50 |" in out
     assert "| graphs-on | decode 64 x 1024 | 900 | 600 | 1.50 |" in out
     assert "| graphs-off | not compared: the peer's conv never ran | | | |" in out
+
+
+def test_a_child_that_ran_out_of_time_gives_its_last_partial_record(tmp_path: Path, capsys: Any) -> None:
+    """The benchmark child prints a PARTIAL record after start-up and each case; its
+    RESULT wins, and without one the last PARTIAL stands, marked incomplete, and the
+    report says how far it got."""
+    started = {"graphs": "on", "startup_s": 300.0, "decode": [], "prefill": {}}
+    one = {**started, "prefill": {"prompt": 8192, "ttft_ms_median": 180.0, "tokens_per_s": 45511.0}}
+    text = "noise\nPARTIAL " + json.dumps(started) + "\nPARTIAL " + json.dumps(one) + "\nTIMEOUT"
+    rec = gpu_engine._last_record(text)
+    assert rec == {**one, "incomplete": True}
+    assert gpu_engine._last_record(text + "\nRESULT " + json.dumps(started)) == started
+    assert gpu_engine._last_record("nothing") is None
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": {}, "cases": {"graphs-on": rec, "graphs-off": {**started, "incomplete": True}}}))
+    assert gpu_engine.main(["report", "--bench", str(bench)]) == 0
+    out = capsys.readouterr().out
+    assert "| graphs-on | prefill 8192 (TTFT) | 180.0 | 45511 | |" in out
+    assert "| graphs-off | ran out of time (started in 300.0 s) |" in out

@@ -284,25 +284,38 @@ _COUNTERS = ("vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:spec_decode
 
 
 def _child(argv: list[str], timeout: float, log: Path | None = None) -> tuple[dict[str, Any] | None, str]:
-    """Run one engine in a fresh process; its result and the tail of its output (the
-    whole output goes to ``log`` when given)."""
+    """Run one engine in a fresh process; its result and the tail of its output. The
+    output is written to ``log`` (or a temporary file) as it comes, so it survives a
+    kill from outside. A child that ran out of ``timeout`` gives its last ``PARTIAL``
+    record (marked ``"incomplete": true``) when it printed one."""
+    import tempfile
+
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "inkling_vllm.demo.gpu_engine", *argv], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-        stdout, stderr = proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stderr = (exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")) + "\nTIMEOUT"
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(stdout + "\n--- stderr ---\n" + stderr)
-    tail = (stdout + stderr)[-3000:]
-    proc = SimpleNamespace(stdout=stdout)
-    for line in reversed(proc.stdout.splitlines()):
+    path = log if log is not None else Path(tempfile.mkstemp(prefix="inkling-engine-", suffix=".log")[1])
+    timed_out = False
+    with open(path, "w") as out:
+        try:
+            subprocess.run([sys.executable, "-m", "inkling_vllm.demo.gpu_engine", *argv], env=env,
+                           stdout=out, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    text = path.read_text(errors="replace") + ("\nTIMEOUT" if timed_out else "")
+    if log is None:
+        path.unlink()
+    return _last_record(text), text[-3000:]
+
+
+def _last_record(text: str) -> dict[str, Any] | None:
+    """The child's ``RESULT`` line, else its last ``PARTIAL`` one (marked incomplete)."""
+    partial = None
+    for line in reversed(text.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):]), tail
-    return None, tail
+            return json.loads(line[len("RESULT "):])
+        if partial is None and line.startswith("PARTIAL "):
+            partial = {**json.loads(line[len("PARTIAL "):]), "incomplete": True}
+    return partial
 
 
 def compare(record: dict[str, Any], reference: dict[str, Any], name: str) -> dict[str, Any]:
@@ -490,6 +503,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     vocab = config["text_config"]["unpadded_vocab_size"]
     out: dict[str, Any] = {"graphs": args.graphs, "conv": args.conv, "startup_s": round(startup, 1), "decode": [],
                            "prefill": {}}
+    print(f"started in {startup:.0f} s", flush=True)
+    print("PARTIAL " + json.dumps(out), flush=True)
     seq = [0]
 
     def add(n: int, length: int, max_tokens: int) -> list[str]:
@@ -514,6 +529,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     out["prefill"] = {"prompt": prompt_len, "ttft_ms_median": 1e3 * statistics.median(ttft),
                       "tokens_per_s": prompt_len / statistics.median(ttft)}
     print(f"prefill {prompt_len}: TTFT {out['prefill']['ttft_ms_median']:.1f} ms", flush=True)
+    print("PARTIAL " + json.dumps(out), flush=True)
     for conc, ctx in cases:
         add(conc, ctx, 200)
         # prefill them all, then a few decode steps to settle
@@ -544,6 +560,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         out["decode"].append(case)
         print(f"decode {conc} x {ctx}: {case['step_ms_median']:.2f} ms/step, {case['tokens_per_s']:.0f} tok/s "
               f"{case.get('profile', '')}", flush=True)
+        print("PARTIAL " + json.dumps(out), flush=True)
     out.update(_engine_facts(llm, counters))
     if swap is not None:  # eager steps and graph captures that ran the peer's metadata (0: the swap never ran)
         out["peer_metadata_launches"] = swap.launches
@@ -631,14 +648,18 @@ def cmd_report(args: argparse.Namespace) -> int:
             if "error" in rec:
                 lines.append(f"| {name} | failed | | | |")
                 continue
-            p = rec["prefill"]
-            lines.append(f"| {name} | prefill {p['prompt']} (TTFT) | {p['ttft_ms_median']:.1f} | {p['tokens_per_s']:.0f} | |")
+            p = rec.get("prefill") or {}
+            if p:
+                lines.append(f"| {name} | prefill {p['prompt']} (TTFT) | {p['ttft_ms_median']:.1f} | "
+                             f"{p['tokens_per_s']:.0f} | |")
             for c in rec["decode"]:
                 prof = c.get("profile", {})
                 share = (f"{prof['outside_kernels']:.1%} ({prof.get('launch_gaps', 0):.1%} / "
                          f"{prof.get('host_gaps', 0):.1%})" if "outside_kernels" in prof else "")
                 lines.append(f"| {name} | decode {c['concurrency']} x {c['context']} | {c['step_ms_median']:.2f} | "
                              f"{c['tokens_per_s']:.0f} | {share} |")
+            if rec.get("incomplete"):
+                lines.append(f"| {name} | ran out of time (started in {rec.get('startup_s')} s) | | | |")
         lines += _peer_ratios(b["cases"])
     print("\n".join(lines))
     return 0
@@ -646,7 +667,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _bench_rows(rec: dict[str, Any]) -> dict[str, float]:
     """``case -> tokens/s`` of one bench engine's result."""
-    rows = {f"prefill {rec['prefill']['prompt']} (TTFT)": rec["prefill"]["tokens_per_s"]}
+    p = rec.get("prefill") or {}
+    rows = {f"prefill {p['prompt']} (TTFT)": p["tokens_per_s"]} if p else {}
     rows.update({f"decode {c['concurrency']} x {c['context']}": c["tokens_per_s"] for c in rec["decode"]})
     return rows
 
