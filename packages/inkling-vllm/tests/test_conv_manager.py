@@ -667,6 +667,12 @@ def test_held_never_exceeds_the_cap_under_either_draft_style(
 def test_junction_hits_and_held_under_the_cap_for_any_split(
     kernel: int, batches: int, k: int, method: str, prompt: int, share: float, budget: int
 ) -> None:
+    """Held rows stay under the cap for any split. Cached tokens: at kernel 4 every
+    request gets at least the window's; at kernel 3 the pinned junction (request 3)
+    does, without drafts or with n-gram drafts. Not guaranteed, and not asserted, at
+    kernel 3: request 2's unpinned hit inside request 1's prompt (the window keeps
+    every 3-row block cached, the tail only its checkpoints; e.g. prompt 110, shared
+    96, budget 7: window 96, tail 80) and the junction under EAGLE-style drafts."""
     hits = {}
     for manager in ("window", "tail"):
         cfg = SimConfig(prompt_len=prompt, budget=budget, batches=batches, kernel=kernel, spec_k=k, spec_method=method,
@@ -676,7 +682,11 @@ def test_junction_hits_and_held_under_the_cap_for_any_split(
         hits[manager] = [r.hit for r in runs]
         if manager == "tail":
             assert all(max(r.held) <= r.cap for r in runs)
-    assert all(t >= w for t, w in zip(hits["tail"], hits["window"])), hits
+    if kernel == 4:
+        checked = [0, 1, 2]
+    else:
+        checked = [2] if method == "ngram" or k == 0 else []
+    assert all(hits["tail"][i] >= hits["window"][i] for i in checked), hits
 
 
 # --- EAGLE-style engines: vLLM's hit search matches one block past a hit and drops it ---------
