@@ -280,8 +280,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     meta["copy_GBps"] = copy_baseline(cuda)
     print(f"{meta['device']}; {meta['versions']}; peer: {provenance}; copy {meta['copy_GBps']:.0f} GB/s", flush=True)
     rows = []
+    timer = functools.partial(time_graph, fresh=args.capture == "fresh") if cuda else time_wall
     for case in cases:
-        timer = functools.partial(time_graph, fresh=args.capture == "fresh") if cuda else time_wall
         r = run_case(case, env, timer, reps, args.hot, meta["copy_GBps"])
         rows.append(r)
         print(f"{case.name}: " + (f"{r['ours_us']:.2f} µs" + (f", peer {r['peer_us']:.2f} ({r['ratio']:.2f}x)"

@@ -102,13 +102,14 @@ def drop_piecewise_graphs(vllm_config: Any) -> bool:
     eager engines agree with transformers."""
     cc = getattr(vllm_config, "compilation_config", None)
     mode = getattr(cc, "cudagraph_mode", None)
-    fallback = getattr(mode, "without_piecewise", None)
-    if fallback is None or fallback() == mode:
+    without_piecewise = getattr(mode, "without_piecewise", None)
+    fallback = without_piecewise() if without_piecewise is not None else mode
+    if fallback == mode:
         return False
     logger.warning("inkling-vllm: cudagraph_mode %s -> %s (piecewise CUDA graphs are not supported by "
                    "the Inkling plugin's model; prefill and mixed steps run without graphs)",
-                   getattr(mode, "name", mode), fallback().name)
-    cc.cudagraph_mode = fallback()
+                   mode.name, fallback.name)
+    cc.cudagraph_mode = fallback
     return True
 
 

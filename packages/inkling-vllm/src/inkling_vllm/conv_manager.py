@@ -505,7 +505,7 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
 
     def _keep_junction(self, request_id: str, junction: int) -> None:
         start, main_end, first, new_blocks = self._newest[request_id]
-        if junction <= 0 or not self._writes_checkpoint(start, main_end, junction):
+        if not self._writes_checkpoint(start, main_end, junction):
             return  # a later chunk covers it (see _step_windows), or it is below the hit
         window = self._junction_window(junction, main_end)
         self._windows.setdefault(request_id, []).append(window)

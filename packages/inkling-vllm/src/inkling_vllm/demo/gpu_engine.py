@@ -93,26 +93,26 @@ _BASE: dict[str, Any] = dict(disable_log_stats=False, max_model_len=1024, max_nu
                              kv_cache_memory_bytes=1 << 30)
 _FULL = ["batched", "chunked", "prefix", "same_step"]
 
+_NGRAM = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                 "prompt_lookup_min": 2, "prompt_lookup_max": 4}}
+_SMALL_POOL = {"num_gpu_blocks_override": 48, "max_model_len": 512}
+_DECODE_GRAPHS = {"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}
+_WINDOW = {"INKLING_CONV_STATE": "window"}
+
 #: name -> (LLM keyword arguments, environment, scenarios).
 ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
     "graphs": ({}, {}, _FULL),
     "eager": ({"enforce_eager": True}, {}, _FULL),
     # torch.compile without graphs, and full graphs for uniform decode steps only
     "compiled": ({"compilation_config": {"cudagraph_mode": "NONE"}}, {}, _FULL),
-    "graphs-decode": ({"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}, _FULL),
-    "preempt-decode": ({"num_gpu_blocks_override": 48, "max_model_len": 512,
-                        "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}, ["preemption"]),
-    "spec-decode": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-                     "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}, ["spec", "batched"]),
-    "window": ({}, {"INKLING_CONV_STATE": "window"}, _FULL),
+    "graphs-decode": (_DECODE_GRAPHS, {}, _FULL),
+    "preempt-decode": ({**_SMALL_POOL, **_DECODE_GRAPHS}, {}, ["preemption"]),
+    "spec-decode": ({**_NGRAM, **_DECODE_GRAPHS}, {}, ["spec", "batched"]),
+    "window": ({}, _WINDOW, _FULL),
     "sync": ({"async_scheduling": False}, {}, _FULL),
-    "preempt": ({"num_gpu_blocks_override": 48, "max_model_len": 512}, {}, ["preemption"]),
-    "spec": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}}, {}, ["spec", "batched"]),
-    "window-spec": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4}},
-                    {"INKLING_CONV_STATE": "window"}, ["spec"]),
+    "preempt": (_SMALL_POOL, {}, ["preemption"]),
+    "spec": (_NGRAM, {}, ["spec", "batched"]),
+    "window-spec": (_NGRAM, _WINDOW, ["spec"]),
     "bf16": ({"dtype": "bfloat16"}, {}, ["batched"]),
 }
 
