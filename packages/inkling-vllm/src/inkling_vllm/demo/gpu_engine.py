@@ -22,8 +22,11 @@ Three modes, each writing JSON (and ``report`` a Markdown table of them):
     A 4-layer model at the released layer widths (:func:`bench_config`; random
     bfloat16 weights drawn by vLLM's dummy loader on the GPU, no checkpoint moved):
     prefill tokens/s and time to first token for 8k prompts, decode step time and
-    tokens/s at 1, 64 and 256 concurrent requests over 1k-8k contexts, with CUDA graphs
-    on (compiled or not: :data:`BENCH_GRAPHS`) and off, and the share of decode-step wall time outside kernels (profiler).
+    tokens/s at 1, 64 and 256 concurrent requests over 1k-8k contexts (decode step
+    times also of the engine core alone, a server's GPU process), with CUDA graphs
+    on (compiled or not: :data:`BENCH_GRAPHS`) and off, and the share of decode-step
+    wall time outside kernels (profiler). Its engines skip the start-up JIT warm-up:
+    kernels compile when a case first needs them, before its measured steps.
     ``--conv peer`` runs the same engine with vLLM 0.33.0's in-tree Triton conv
     swapped in behind the plugin's conv ops (:mod:`.peer_conv`; the module extracted
     into ``DIR`` by ``packages/inkling-kernels/benchmarks/fetch_peer.py``); each
@@ -455,6 +458,46 @@ def _step_until(engine: Any, done: Callable[[], bool], limit: int = 100000) -> l
     return times
 
 
+def _core_steps(engine: Any, n: int) -> list[float]:
+    """``n`` steps of the engine core alone (schedule, inputs, forward, sampling, the
+    scheduler's update), as the engine-core process of a server runs them; the
+    front end's per-request output handling, which a server does in another process,
+    is left out (its requests catch up on the next :meth:`step`)."""
+    core = engine.engine_core.engine_core
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        _, executed = core.step_fn()
+        core.post_step(model_executed=executed)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _profiled(run: Callable[[], Any]) -> dict[str, float]:
+    """:func:`_busy_share` of a profiler trace of ``run()``."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return _busy_share(prof)
+
+
+def _host_profile(run: Callable[[], Any], top: int = 25) -> str:
+    """The host functions ``run()`` spends its time in (cProfile, by cumulative time)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(run)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
+
+
 #: Gaps between kernels longer than this are host work between forwards (scheduling,
 #: input preparation, sampling); shorter ones are launch gaps inside a forward.
 HOST_GAP_US = 20.0
@@ -493,8 +536,6 @@ def busy_share(spans: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
-    import torch
-
     swap = None
     if args.conv == "peer":  # before vLLM builds the model: its builders and ops
         from .peer_conv import install
@@ -519,6 +560,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
               max_model_len=prompt_len + 256, max_num_seqs=256, max_num_batched_tokens=prompt_len,
               enable_prefix_caching=False, enforce_eager=args.graphs == "off", seed=0, disable_log_stats=False,
               compilation_config=bench_compilation(args.graphs),
+              # no start-up JIT warm-up (vLLM's or the plugin's; minutes on a cold Triton
+              # cache at these widths): kernels compile on first use, before the measured steps
+              kernel_config={"enable_jit_warmup": False},
               **({"kv_cache_memory_bytes": 1 << 30} if args.smoke else {"gpu_memory_utilization": 0.85}))
     startup = time.time() - started
     counters.arm()
@@ -570,15 +614,16 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
                     produced[o.request_id] = 1  # (vLLM may suffix the ids it was given)
         _step_until(engine, lambda: False, limit=5)
         steps = _step_until(engine, lambda: False, limit=args.steps)
-        case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps)}
+        core = _core_steps(engine, args.steps)
+        case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps),
+                "core_step_ms_median": 1e3 * statistics.median(core)}
         case["tokens_per_s"] = conc / (case["step_ms_median"] / 1e3)
         if (conc in (64, 256) and ctx == 1024) or args.smoke:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
-                _step_until(engine, lambda: False, limit=10)
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-            case["profile"] = _busy_share(prof)
+            # the engine core's steps (a server's GPU process), then whole engine steps
+            case["profile"] = _profiled(lambda: _core_steps(engine, 10))
+            case["profile_engine_step"] = _profiled(lambda: _step_until(engine, lambda: False, limit=10))
+            print(f"host profile, 10 engine-core steps of {conc} x {ctx}:\n"
+                  + _host_profile(lambda: _core_steps(engine, 10)), flush=True)
         engine.abort_request(list(produced))
         _step_until(engine, lambda: not engine.has_unfinished_requests(), limit=50)
         out["decode"].append(case)
@@ -666,8 +711,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.bench:
         b = json.loads(Path(args.bench).read_text())
         lines += ["", f"device: {b.get('device')}", "",
-                  "| graphs | case | step ms | tokens/s | outside kernels (launch gaps / host) |",
-                  "|---|---|---|---|---|"]
+                  "| graphs | case | step ms | tokens/s | engine-core step ms | outside kernels: engine core "
+                  "(launch gaps / host) | outside kernels: engine step |",
+                  "|---|---|---|---|---|---|---|"]
         for name, rec in b["cases"].items():
             if "error" in rec:
                 lines.append(f"| {name} | failed | | | |")
@@ -675,15 +721,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             p = rec.get("prefill") or {}
             if p:
                 lines.append(f"| {name} | prefill {p['prompt']} (TTFT) | {p['ttft_ms_median']:.1f} | "
-                             f"{p['tokens_per_s']:.0f} | |")
+                             f"{p['tokens_per_s']:.0f} | | | |")
             for c in rec["decode"]:
-                prof = c.get("profile", {})
+                prof, whole = c.get("profile", {}), c.get("profile_engine_step", {})
                 share = (f"{prof['outside_kernels']:.1%} ({prof.get('launch_gaps', 0):.1%} / "
                          f"{prof.get('host_gaps', 0):.1%})" if "outside_kernels" in prof else "")
+                core = f"{c['core_step_ms_median']:.2f}" if "core_step_ms_median" in c else ""
+                outside = f"{whole['outside_kernels']:.1%}" if "outside_kernels" in whole else ""
                 lines.append(f"| {name} | decode {c['concurrency']} x {c['context']} | {c['step_ms_median']:.2f} | "
-                             f"{c['tokens_per_s']:.0f} | {share} |")
+                             f"{c['tokens_per_s']:.0f} | {core} | {share} | {outside} |")
             if rec.get("incomplete"):
-                lines.append(f"| {name} | ran out of time (started in {rec.get('startup_s')} s) | | | |")
+                lines.append(f"| {name} | ran out of time (started in {rec.get('startup_s')} s) | | | | | |")
         lines += _peer_ratios(b["cases"])
     print("\n".join(lines))
     return 0
