@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from inkling_kernels import SconvBatch, fused_sconv_add, fused_sconv_add_ref, fused_sconv_add_rmsnorm
-from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, choose_add_config, sconv_add_triton
+from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, choose_add_config, fused_sconv_add_triton
 
 from _sconv_world import DTYPES, PagedWorld, bits
 from test_fused_sconv import _trace as trace_items
@@ -229,7 +229,7 @@ def test_validation_errors(change, error, match) -> None:
     kw = dict(zip(names, args))
     kw.update(change(kw))
     before = world.storage.clone()
-    for fn in (fused_sconv_add, fused_sconv_add_ref, sconv_add_triton):
+    for fn in (fused_sconv_add, fused_sconv_add_ref, fused_sconv_add_triton):
         with pytest.raises(error, match=match):
             fn(*(kw[k] for k in names))
     assert torch.equal(bits(world.storage), bits(before))
@@ -249,7 +249,7 @@ def test_config_checks(config: NormConfig, match: str) -> None:
     world, args = _world_args()
     before = world.storage.clone()
     with pytest.raises(ValueError, match=match):
-        sconv_add_triton(*args, config=config)
+        fused_sconv_add_triton(*args, config=config)
     assert torch.equal(bits(world.storage), bits(before))
 
 
@@ -258,7 +258,7 @@ def test_out_checks() -> None:
     for bad in (args[1].new_empty(args[1].shape[::-1]).t(), args[1].new_empty(args[1].shape[0], 3),
                 args[1].half()):
         with pytest.raises(ValueError, match="out must be"):
-            sconv_add_triton(*args, out=bad)
+            fused_sconv_add_triton(*args, out=bad)
 
 
 @pytest.mark.parametrize("heads,width", [(8, 768), (1, 768), (16, 384), (4, 384), (3, 20), (8, 128)])
@@ -308,7 +308,7 @@ def test_large_launch_without_a_map_builds_one(monkeypatch: pytest.MonkeyPatch) 
     db = SconvBatch(*(m.to(dev) for m in meta), sb.block_size, sb.kernel_size, None)
     for auto_map, expected_builds in ((True, 1), (False, 0)):
         builds.clear()
-        got = sconv_add_triton(hidden.to(dev), d.to(dev), world.weights[2].to(dev), world.cache.clone().to(dev), db,
-                               off, width, auto_map=auto_map)
+        got = fused_sconv_add_triton(hidden.to(dev), d.to(dev), world.weights[2].to(dev), world.cache.clone().to(dev),
+                                     db, off, width, auto_map=auto_map)
         assert len(builds) == expected_builds
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)

@@ -18,7 +18,7 @@ from inkling_kernels.sconv_add_rmsnorm import (
     fused_sconv_add_rmsnorm_ref,
     rms_norm_ref,
 )
-from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, sconv_add_rmsnorm_triton
+from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, fused_sconv_add_rmsnorm_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 EPS = 1e-6
@@ -202,7 +202,7 @@ def run_kernel(tr: Trace, cache: torch.Tensor, config: NormConfig | None, mapped
         args[3] = torch.empty_strided(cache.shape, cache.stride(), dtype=cache.dtype, device=dev)
         args[3].copy_(cache)
     poison = (torch.full_like(args[1], float("nan")), torch.full_like(args[1], float("nan")))
-    out = sconv_add_rmsnorm_triton(*args, config=config, outputs=poison)
+    out = fused_sconv_add_rmsnorm_triton(*args, config=config, outputs=poison)
     if dev.type != "cpu":
         cache.copy_(args[3])
     return tuple(o.cpu() for o in out)
@@ -423,7 +423,7 @@ def test_validation_errors(change, error, match) -> None:
     with pytest.raises(error, match=match):
         fused_sconv_add_rmsnorm(*args)
     with pytest.raises(error, match=match):
-        sconv_add_rmsnorm_triton(*args)
+        fused_sconv_add_rmsnorm_triton(*args)
 
 
 @pytest.mark.parametrize(

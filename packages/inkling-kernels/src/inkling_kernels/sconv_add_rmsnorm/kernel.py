@@ -74,10 +74,10 @@ __all__ = [
     "NormConfig",
     "choose_add_config",
     "choose_norm_config",
+    "fused_sconv_add_rmsnorm_triton",
+    "fused_sconv_add_triton",
     "interpreter_norm_config",
     "row_loop_config",
-    "sconv_add_rmsnorm_triton",
-    "sconv_add_triton",
 ]
 
 
@@ -827,7 +827,7 @@ def launch_sconv_add(
     return out
 
 
-def sconv_add_rmsnorm_triton(
+def fused_sconv_add_rmsnorm_triton(
     hidden: torch.Tensor,
     d: torch.Tensor,
     weight: torch.Tensor,
@@ -854,7 +854,7 @@ def sconv_add_rmsnorm_triton(
     )
 
 
-def sconv_add_triton(
+def fused_sconv_add_triton(
     hidden: torch.Tensor,
     d: torch.Tensor,
     weight: torch.Tensor,
