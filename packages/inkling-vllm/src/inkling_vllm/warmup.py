@@ -137,7 +137,7 @@ def conv_signature(batch: WarmupBatch) -> Hashable:
 
 def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], tuple[Hashable, ...]]:
     """A batch's relative-attention shape classes, one per layer kind: the tile config
-    the kernels' rule (``inkling_kernels.rel_attention.choose_rel_attention_config``)
+    the kernels' rule (``inkling_kernels.rel_attention.kernel.choose_rel_attention_config``)
     picks for each of ``problems`` (``RelAttentionProblem`` templates: the model's
     global and sliding layers) at the batch's rows, requests and longest context."""
     import dataclasses
