@@ -15,6 +15,8 @@ Subcommands (``SUBCOMMAND --help`` lists each one's options):
   requests running at once and preemptions per pool size (seconds);
 - ``capacity``: the same small KV pool served end to end with either manager, every
   output checked against transformers (about 10 minutes);
+- ``host-time``: the scheduler's host time per decode step with 64 and 256 requests,
+  tail manager against vLLM's window (a few minutes);
 - ``full-width``: a 4-layer random Inkling at the released layer widths served through
   the plugin, parity with transformers (about 15 minutes, ~10 GiB of memory).
 
@@ -39,6 +41,7 @@ SUBCOMMANDS = {
     "capacity-plan": ("_capacity_plan", False),
     "capacity": ("_capacity_e2e", True),
     "full-width": ("_full_width", False),
+    "host-time": ("_host_time", True),
 }
 
 

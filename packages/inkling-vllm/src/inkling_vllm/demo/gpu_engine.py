@@ -53,6 +53,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -299,8 +300,6 @@ def _child(argv: list[str], timeout: float, log: Path | None = None) -> tuple[di
     output is written to ``log`` (or a temporary file) as it comes, so it survives a
     kill from outside. A child that ran out of ``timeout`` gives its last ``PARTIAL``
     record (marked ``"incomplete": true``) when it printed one."""
-    import tempfile
-
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -793,7 +792,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("--graphs", nargs="*", default=["on", "off"], choices=BENCH_GRAPHS,
                    help="on: compiled, full decode graphs; on-nocompile: the same graphs, uncompiled; off: eager")
-    p.add_argument("--workdir", default="/tmp/inkling-bench-model")
+    p.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "inkling-bench-model"),
+                   help="where the benchmark model's config and tokenizer are written")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--logs", help="folder for each engine's full output")
