@@ -292,6 +292,60 @@ async def sc_streaming_sessions(engine: Any) -> dict[str, Any]:
     }
 
 
+def sc_conv_rows(llm: Any, out_path: str) -> dict[str, Any]:
+    """Two requests decoded step by step (engine core in this process): after every
+    step, each conv-state layer's cached rows for the ``W - 1`` positions below each
+    request's computed tokens (the rows its next step reads; settled: no later step
+    rewrites them) are copied out, keyed by layer, request and position. Saved beside
+    the JSON (``OUT.json.rows.pt``); the JSON names the layers and their stream ranges."""
+    import torch
+
+    from inkling_cache import Stream
+    from inkling_model import get_owner
+
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    groups = scheduler.kv_cache_config.kv_cache_groups
+    ps = prompts(30, [45, 70])
+    names = [f"rows-{i}" for i in range(len(ps))]
+    for name, p in zip(names, ps):
+        engine.add_request(name, {"prompt_token_ids": p}, greedy(24))
+    rows: dict[str, torch.Tensor] = {}
+    layers: dict[str, Any] = {}
+    done: dict[str, Any] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        steps += 1
+        for req_id, request in scheduler.requests.items():
+            short = next(n for n in names if req_id.startswith(n))
+            computed = request.num_computed_tokens
+            block_ids = scheduler.kv_cache_manager.get_block_ids(req_id)
+            for gid, group in enumerate(groups):
+                size = group.kv_cache_spec.block_size
+                for layer in group.layer_names:
+                    if not layer.endswith(".conv_state"):
+                        continue
+                    owner = get_owner(layer)
+                    cache = owner.cache
+                    rows_per_block = cache.shape[2]
+                    layers[layer] = {
+                        "group": gid,
+                        "streams": {s.name: list(owner.stream_range(s)) for s in Stream},
+                    }
+                    for pos in range(max(0, computed - (WINDOW - 1)), computed):
+                        block = block_ids[gid][pos // size]
+                        if block == 0:  # the null block: the manager keeps no row here
+                            continue
+                        slot = block * size + pos % size
+                        rows[f"{layer}|{short}|{pos}"] = cache[slot // rows_per_block, :, slot % rows_per_block].clone()
+    torch.save(rows, out_path + ".rows.pt")
+    out = [next(o for rid, o in done.items() if rid.startswith(n)) for n in names]
+    return {"prompts": ps, "tokens": _tokens(out), "layers": layers, "steps": steps, "num_rows": len(rows)}
+
+
 def sc_inspect(llm: Any) -> dict[str, Any]:
     from inkling_vllm.demo.diagnostics import describe_conv_state
 
@@ -454,6 +508,39 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["streaming_sessions"],
     ),
+    # MTP speculative decoding with the checkpoint's own head (k = 1, 2, 3 drafts per
+    # step): chunked prefill under a 37-token budget (chunks end inside blocks and
+    # inside the conv window), prefix caching (hits on a 300-token shared prefix),
+    # decode with drafts; eager, the default tail conv-state manager
+    "mtp_k1": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4,
+                    speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
+               ["chunked", "prefix", "spec_decode"]),
+    "mtp_k2": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4,
+                    speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
+               ["chunked", "prefix", "spec_decode"]),
+    "mtp_k3": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4,
+                    speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+               ["chunked", "prefix", "spec_decode"]),
+    # MTP drafts (k = 3) under preemption and recompute: a KV cache too small for the
+    # batch, admission by chunk, prefix caching on
+    "mtp_preempt": (
+        dict(
+            _env=IN_PROCESS, enforce_eager=True, block_size=32, max_model_len=256, max_num_batched_tokens=64,
+            num_gpu_blocks_override=40, scheduler_reserve_full_isl=False, max_num_seqs=8,
+            speculative_config={"method": "mtp", "num_speculative_tokens": 3},
+        ),
+        ["preempt_spec"],
+    ),
+    # every conv-state layer's rows by position after every step, with MTP drafts
+    # (k = 3) and without drafting: the rows of positions no later step rewrites
+    "mtp_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4,
+                      speculative_config={"method": "mtp", "num_speculative_tokens": 3}), ["conv_rows"]),
+    "nodraft_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4), ["conv_rows"]),
+    # the same with the drafter's conv layers deliberately given no metadata (their
+    # convs become the identity and store nothing): the rows test must catch it
+    "mtp_rows_broken": (dict(_env={**IN_PROCESS, "INKLING_E2E_BREAK": "mtp_conv_metadata"}, enforce_eager=True,
+                             max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+                        ["conv_rows"]),
     # bfloat16 activations and cache (fp32 conv weights and math)
     "bf16": (dict(_env=IN_PROCESS, enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }
@@ -473,6 +560,10 @@ SCENARIOS = {
     "spec_decode": sc_spec_decode,
     "preempt_spec": sc_preempt_spec,
     "small_mix": sc_small_mix,
+}
+# scenarios that write a file beside the JSON (they get its path)
+FILE_SCENARIOS = {
+    "conv_rows": sc_conv_rows,
 }
 # scenarios that drive an AsyncLLM (engines with ``_async``)
 ASYNC_SCENARIOS = {
@@ -501,6 +592,21 @@ def run_async(checkpoint: str, settings: dict[str, Any], names: list[str]) -> di
         return results
 
     return asyncio.run(go())
+
+
+def _break_mtp_conv_metadata() -> None:
+    """A deliberately broken drafter: its conv-state layers get no metadata, so their
+    convolutions are the identity and store no rows (engine core in this process)."""
+    from inkling_vllm.drafting import proposer_class
+
+    cls = proposer_class()
+    original = cls.build_per_group_and_layer_attn_metadata
+
+    def build(self: Any, common_attn_metadata: Any, draft_index: int = 0) -> Any:
+        groups, layers = original(self, common_attn_metadata, draft_index)
+        return groups, {k: v for k, v in layers.items() if not k.endswith(".conv_state")}
+
+    cls.build_per_group_and_layer_attn_metadata = build
 
 
 def main(argv: list[str]) -> int:
@@ -532,6 +638,8 @@ def main(argv: list[str]) -> int:
         with open(out_path, "w") as f:
             json.dump(run_async(checkpoint, settings, names), f)
         return 0
+    if os.environ.get("INKLING_E2E_BREAK") == "mtp_conv_metadata":
+        _break_mtp_conv_metadata()
     started = time.time()
     llm = LLM(model=checkpoint, **{**COMMON, **settings})
     results: dict[str, Any] = {"engine_start_s": time.time() - started}
@@ -542,7 +650,10 @@ def main(argv: list[str]) -> int:
         t = time.time()
         before = launch_counts.snapshot()
         ranks_before = llm.apply_model(launch_counts.snapshot_in_worker) if workers else []
-        results[name] = SCENARIOS[name](llm)
+        if name in FILE_SCENARIOS:
+            results[name] = FILE_SCENARIOS[name](llm, out_path)
+        else:
+            results[name] = SCENARIOS[name](llm)
         results[name]["seconds"] = time.time() - t
         if count_launches:
             results[name]["triton_launches"] = launch_counts.difference(launch_counts.snapshot(), before)
