@@ -210,3 +210,59 @@ def test_a_drafter_whose_conv_stores_nothing_fails_the_rows_check(
     mtp_layer = "model.mtp.layers.0.transformer_block.conv_state"
     assert worst[mtp_layer] > 100 * ROW_ATOL, worst
     assert all(gap <= ROW_ATOL for layer, gap in worst.items() if layer != mtp_layer), worst
+
+
+# --- refusal: MTP asked of a checkpoint without a head --------------------------------
+TRY_MTP = r"""
+import json, sys
+if __name__ == "__main__":
+    from vllm import LLM
+    results = {}
+    for path in sys.argv[1:]:
+        try:
+            LLM(model=path, dtype="float32", max_model_len=256, enforce_eager=True,
+                speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+            results[path] = "loaded"
+        except Exception as exc:
+            results[path] = f"{type(exc).__name__}: {exc}"
+    print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def mtp_refusals(checkpoints: dict[str, Path], vllm_env: dict[str, str]) -> tuple[dict[str, str], str]:
+    import json
+    import subprocess
+    import sys
+
+    # "default": transformers' layout, no num_mtp_layers; "release": mtp_config declares
+    # one depth but the folder holds only part of its tensors
+    paths = [str(checkpoints["default"]), str(checkpoints["release"])]
+    env = {**vllm_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([sys.executable, "-c", TRY_MTP, *paths], env=env, capture_output=True, text=True,
+                          timeout=900)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert lines, (proc.stdout + proc.stderr)[-5000:]
+    results = json.loads(lines[-1][len("RESULTS "):])
+    return {"default": results[paths[0]], "release": results[paths[1]]}, proc.stdout + proc.stderr
+
+
+def test_mtp_on_a_checkpoint_without_a_head_is_refused_naming_the_field(
+    mtp_refusals: tuple[dict[str, str], str],
+) -> None:
+    message = mtp_refusals[0]["default"]
+    assert "num_mtp_layers" in message and "method 'mtp'" in message, message[:2000]
+
+
+def test_mtp_on_a_checkpoint_missing_head_tensors_is_refused_naming_them(
+    mtp_refusals: tuple[dict[str, str], str],
+) -> None:
+    message = mtp_refusals[0]["release"]
+    assert "model.mtp.layers.0.transformer_block.attn.wq_du.weight" in message, message[:2000]
+
+
+def test_mtp_refusals_come_before_anything_is_loaded(mtp_refusals: tuple[dict[str, str], str]) -> None:
+    _, log = mtp_refusals
+    # no model was built and no KV cache allocated: the refusals come while vLLM reads
+    # the speculative config
+    assert "KV cache size" not in log and "Loading weights took" not in log, log[-3000:]
