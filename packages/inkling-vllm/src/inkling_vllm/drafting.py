@@ -343,7 +343,9 @@ def install_mtp_hooks() -> bool:
 def _install_runner_hook() -> bool:
     try:
         from vllm.v1.worker import gpu_model_runner
-    except Exception:
+
+        _proposer_base()
+    except Exception:  # CPU builds may not import the CUDA runner; other versions lack the base
         return False
     runner_cls = gpu_model_runner.GPUModelRunner
     original = runner_cls.__init__
