@@ -110,6 +110,22 @@ def sc_prefix(llm: Any) -> dict[str, Any]:
     }
 
 
+def sc_prefix_long(llm: Any) -> dict[str, Any]:
+    # prefix caching under EAGLE-style drafting (MTP): vLLM drops the last matched
+    # scheduler block (256 tokens here) of a hit, so the prompts share 600 tokens
+    shared = prompts(3, [600])[0]
+    ps = [shared + t for t in prompts(4, [1, 5, 17, 40])]
+    hits0 = _metric(llm, "vllm:prefix_cache_hits")
+    first = _run(llm, ps[:1], greedy(10))
+    rest = _run(llm, ps[1:], greedy(10))
+    return {
+        "prompts": ps,
+        "tokens": _tokens(first) + _tokens(rest),
+        "num_cached_tokens": [o.num_cached_tokens for o in list(first) + list(rest)],
+        "prefix_cache_hits": _metric(llm, "vllm:prefix_cache_hits") - hits0,
+    }
+
+
 def _junction_prompts() -> list[list[int]]:
     first = prompts(20, [700])[0]
     return [first] + [first[:300] + tail for tail in prompts(21, [300, 300])]
@@ -510,17 +526,17 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     # MTP speculative decoding with the checkpoint's own head (k = 1, 2, 3 drafts per
     # step): chunked prefill under a 37-token budget (chunks end inside blocks and
-    # inside the conv window), prefix caching (hits on a 300-token shared prefix),
+    # inside the conv window), prefix caching (hits on a 600-token shared prefix),
     # decode with drafts; eager, the default tail conv-state manager
-    "mtp_k1": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4,
-                    speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
-               ["chunked", "prefix", "spec_decode"]),
-    "mtp_k2": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4,
-                    speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
-               ["chunked", "prefix", "spec_decode"]),
-    "mtp_k3": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_batched_tokens=37, max_num_seqs=4,
-                    speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
-               ["chunked", "prefix", "spec_decode"]),
+    "mtp_k1": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+                    max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
+               ["chunked", "prefix_long", "spec_decode"]),
+    "mtp_k2": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+                    max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
+               ["chunked", "prefix_long", "spec_decode"]),
+    "mtp_k3": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+                    max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+               ["chunked", "prefix_long", "spec_decode"]),
     # MTP drafts (k = 3) under preemption and recompute: a KV cache too small for the
     # batch, admission by chunk, prefix caching on
     "mtp_preempt": (
@@ -552,6 +568,7 @@ SCENARIOS = {
     "logprobs": sc_logprobs,
     "prefix": sc_prefix,
     "prefix_uncached": sc_prefix_uncached,
+    "prefix_long": sc_prefix_long,
     "junction": sc_junction,
     "same_step": sc_same_step,
     "chunked": sc_chunked,
