@@ -547,6 +547,11 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["preempt_spec"],
     ),
+    # MTP drafts (k = 2) on two tensor-parallel ranks: the drafter's K/V heads sharded,
+    # its ATTN/MLP convs on the hidden shard like the target's
+    "mtp_tp2": (dict(enforce_eager=True, tensor_parallel_size=2, max_num_seqs=4,
+                     speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
+                ["concurrent_tiny", "spec_decode"]),
     # every conv-state layer's rows by position after every step, with MTP drafts
     # (k = 3) and without drafting: the rows of positions no later step rewrites
     "mtp_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4,

@@ -97,6 +97,14 @@ def test_mtp_drafting_under_preemption(engines: Any, hf: dict[str, Any]) -> None
     assert_greedy_parity(hf["mtp-predictive"], scenario)
 
 
+def test_mtp_drafting_on_two_tensor_parallel_ranks(engines: Any, hf: dict[str, Any]) -> None:
+    result = engines("mtp_tp2", "mtp-predictive")
+    for name in ("concurrent_tiny", "spec_decode"):
+        assert_greedy_parity(hf["mtp-predictive"], result[name])
+    spec = result["spec_decode"]
+    assert spec["draft_tokens"] > 0 and spec["accepted_tokens"] > 0
+
+
 # --- the conv state, row by row -----------------------------------------------------
 def _rows(json_path: Path) -> dict[str, Any]:
     import torch
