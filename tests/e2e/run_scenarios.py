@@ -324,6 +324,8 @@ def sc_conv_rows(llm: Any, out_path: str) -> dict[str, Any]:
     groups = scheduler.kv_cache_config.kv_cache_groups
     ps = prompts(30, [45, 70])
     names = [f"rows-{i}" for i in range(len(ps))]
+    drafts0 = _metric(llm, "vllm:spec_decode_num_draft_tokens")
+    accepted0 = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
     for name, p in zip(names, ps):
         engine.add_request(name, {"prompt_token_ids": p}, greedy(24))
     rows: dict[str, torch.Tensor] = {}
@@ -359,7 +361,11 @@ def sc_conv_rows(llm: Any, out_path: str) -> dict[str, Any]:
                         rows[f"{layer}|{short}|{pos}"] = cache[slot // rows_per_block, :, slot % rows_per_block].clone()
     torch.save(rows, out_path + ".rows.pt")
     out = [next(o for rid, o in done.items() if rid.startswith(n)) for n in names]
-    return {"prompts": ps, "tokens": _tokens(out), "layers": layers, "steps": steps, "num_rows": len(rows)}
+    return {
+        "prompts": ps, "tokens": _tokens(out), "layers": layers, "steps": steps, "num_rows": len(rows),
+        "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
+        "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+    }
 
 
 def sc_inspect(llm: Any) -> dict[str, Any]:

@@ -205,6 +205,7 @@ def test_conv_rows_under_rejected_drafts_equal_a_run_that_never_drafted(
     drafted = engines("mtp_rows", "mtp")["conv_rows"]
     plain = engines("nodraft_rows", "mtp")["conv_rows"]
     assert drafted["tokens"] == plain["tokens"]
+    assert drafted["draft_tokens"] >= 3 * 2 * 20 and drafted["accepted_tokens"] == 0  # rejected at every position
     rows = _rows(scratch / "mtp_rows-mtp.json")
     plain_rows = _rows(scratch / "nodraft_rows-mtp.json")
     mtp_layer = "model.mtp.layers.0.transformer_block.conv_state"
