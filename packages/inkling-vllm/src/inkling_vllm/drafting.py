@@ -216,11 +216,12 @@ def _make_proposer_class() -> type:
         vLLM 0.32's EAGLE proposer drives one KV-cache group; an Inkling MTP block has
         two kinds of layers (its conv state and its attention), each its own group. The
         base class (vLLM's multi-group MTP proposer, which the model runner feeds every
-        group's block table and slot mapping each step) is kept, with three changes:
+        group's block table and slot mapping each step) is kept, with four changes:
         each group's slot mapping for the later draft steps is computed with that
         group's own block size; the conv metadata reads the drafter's positions, not the
-        target's; and the target's embedding and LM head are shared through
-        :meth:`InklingMTP.attach_target`.
+        target's; on CPU the attention's host copy of the sequence lengths is kept exact
+        after rejected drafts shortened them; and the target's embedding and LM head are
+        shared through :meth:`InklingMTP.attach_target`.
         """
 
         def initialize_attn_backend(self, kv_cache_config: Any, kernel_block_sizes: list[int] | None = None) -> None:
