@@ -90,6 +90,15 @@ def test_mtp_head_in_transformers_layout(engines: Any, hf: dict[str, Any]) -> No
     assert result["spec_decode"]["draft_tokens"] > 0
 
 
+def test_two_depth_head_chains_its_depths(engines: Any, hf: dict[str, Any]) -> None:
+    """A two-depth head (depth 1 sliding-window, a shared chain norm), k = 2: the second
+    draft step runs depth 1 on depth 0's chained hidden state."""
+    result = engines("mtp_k2", "mtp-deep")
+    for name in ("chunked", "prefix_long", "spec_decode"):
+        assert_greedy_parity(hf["mtp-deep"], result[name])
+    assert result["spec_decode"]["draft_tokens"] > 0
+
+
 def test_mtp_drafting_under_preemption(engines: Any, hf: dict[str, Any]) -> None:
     scenario = engines("mtp_preempt", "mtp-predictive")["preempt_spec"]
     assert scenario["preemptions"] > 0

@@ -51,6 +51,9 @@ Variants (same weights for a given seed):
   next token's embedding through the same path (:func:`predictive_mtp_head`), so most
   drafts are accepted. Its main model differs from the other variants' (transformers'
   copy of it sits in ``transformers-reference``).
+* ``"mtp-deep"``: the release layout with a random two-depth head (:data:`DEEP_MTP`):
+  depth 1 with sliding-window attention (``mtp_config.local_layer_ids``) and a shared
+  ``chain_norm`` (``chain_hidden_post_norm``); the second draft step runs depth 1.
 
 Used by the tests, the main job and ``benchmarks/run.py full-width``; imports
 transformers/tokenizers lazily.
@@ -132,12 +135,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "mtp": {},
     "mtp-transformers": {},
     "mtp-predictive": {},
+    "mtp-deep": {},
 }
 
 #: Depth blocks of the ``mtp*`` variants' multi-token-prediction head.
 MTP_LAYERS = 1
 #: Variants written in the release layout (``model.llm.*``).
-RELEASE_VARIANTS = ("release", "mtp", "mtp-predictive")
+RELEASE_VARIANTS = ("release", "mtp", "mtp-predictive", "mtp-deep")
+#: The ``mtp-deep`` variant's head: two depths, the second sliding-window, a chain norm.
+DEEP_MTP = {"num_nextn_predict_layers": 2, "local_layer_ids": [1], "chain_hidden_post_norm": True}
 #: How much the ``mtp-predictive`` variant scales its decoder layers' outputs down.
 PREDICTIVE_LAYER_SCALE = 0.05
 
@@ -261,19 +267,20 @@ def _scale_layer_outputs(model: Any, scale: float) -> None:
                 p.mul_(scale)
 
 
-def _mtp_block_config(depths: int) -> Any:
-    """transformers config whose decoder layers ``0 .. depths-1`` are MTP blocks: global
-    attention (no ``mtp_local_layer_ids``) and a dense MLP."""
+def _mtp_block_config(depths: int, local_layer_ids: tuple[int, ...] = ()) -> Any:
+    """transformers config whose decoder layers ``0 .. depths-1`` are MTP blocks:
+    sliding-window attention at ``local_layer_ids``, global elsewhere; dense MLPs."""
     from transformers import InklingTextConfig
 
-    fields = {**TINY_CONFIG, "num_hidden_layers": depths, "layer_types": ["hybrid"] * depths,
+    types = ["hybrid_sliding" if j in local_layer_ids else "hybrid" for j in range(depths)]
+    fields = {**TINY_CONFIG, "num_hidden_layers": depths, "layer_types": types,
               "mlp_layer_types": ["dense"] * depths}
     return InklingTextConfig(**fields)
 
 
 def mtp_head_tensors(
     seed: int, *, depths: int = MTP_LAYERS, layout: str = "release", layer_scale: float = 1.0,
-    input_proj: Any = None,
+    input_proj: Any = None, local_layer_ids: tuple[int, ...] = (), chain_norm: bool = False,
 ) -> dict[str, Any]:
     """A multi-token-prediction head for the tiny model, as checkpoint tensors.
 
@@ -286,7 +293,8 @@ def mtp_head_tensors(
     as ``transformer_block.attn.wq_du.weight``; ``"transformers"``:
     ``transformer_block.self_attn.q_proj.weight``). ``layer_scale`` scales the block's
     output projections; ``input_proj`` replaces the drawn projection (same for every
-    depth)."""
+    depth). Depths in ``local_layer_ids`` get sliding-window attention (the sliding
+    layers' head counts); ``chain_norm`` adds ``model.mtp.chain_norm.weight``."""
     import torch
     from transformers.models.inkling.modeling_inkling import InklingDecoderLayer
 
@@ -296,7 +304,7 @@ def mtp_head_tensors(
         raise ValueError(f"layout must be 'release' or 'transformers', got {layout!r}")
     hidden = TINY_CONFIG["hidden_size"]
     gen = torch.Generator().manual_seed(seed + 7)
-    config = _mtp_block_config(depths)
+    config = _mtp_block_config(depths, local_layer_ids)
     out: dict[str, torch.Tensor] = {}
     for depth in range(depths):
         head = f"model.mtp.layers.{depth}."
@@ -317,6 +325,8 @@ def mtp_head_tensors(
             out[head + "input_proj.weight"] = input_proj.clone()
             out[head + "hidden_norm.weight"] = torch.ones(hidden)
             out[head + "embed_norm.weight"] = torch.ones(hidden)
+    if chain_norm:
+        out["model.mtp.chain_norm.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
     return out
 
 
@@ -434,6 +444,11 @@ def build_tiny_checkpoint(path: str | Path, *, variant: str = "default", seed: i
         extras, config = _release_extras(seed), _release_config(model)
     elif variant == "mtp":
         extras, config = mtp_head_tensors(seed), _release_config(model, MTP_LAYERS, towers=False)
+    elif variant == "mtp-deep":
+        extras = mtp_head_tensors(seed, depths=DEEP_MTP["num_nextn_predict_layers"],
+                                  local_layer_ids=tuple(DEEP_MTP["local_layer_ids"]), chain_norm=True)
+        config = _release_config(model, DEEP_MTP["num_nextn_predict_layers"], towers=False)
+        config["mtp_config"] = dict(DEEP_MTP)
     else:  # mtp-predictive
         extras, config = predictive_mtp_head(model, seed), _release_config(model, MTP_LAYERS, towers=False)
     tensors = {**transformers_to_release(model.state_dict()), **extras}
