@@ -565,8 +565,8 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "nodraft_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4), ["conv_rows"]),
     # the same with the drafter's conv layers deliberately given no metadata (their
     # convs become the identity and store nothing): the rows test must catch it
-    "mtp_rows_broken": (dict(_env={**IN_PROCESS, "INKLING_E2E_BREAK": "mtp_conv_metadata"}, enforce_eager=True,
-                             max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+    "mtp_rows_broken": (dict(_env=IN_PROCESS, _break_drafter_conv=True, enforce_eager=True, max_num_seqs=4,
+                             speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
                         ["conv_rows"]),
     # bfloat16 activations and cache (fp32 conv weights and math)
     "bf16": (dict(_env=IN_PROCESS, enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
@@ -666,7 +666,7 @@ def main(argv: list[str]) -> int:
         with open(out_path, "w") as f:
             json.dump(run_async(checkpoint, settings, names), f)
         return 0
-    if os.environ.get("INKLING_E2E_BREAK") == "mtp_conv_metadata":
+    if settings.pop("_break_drafter_conv", False):
         _break_mtp_conv_metadata()
     started = time.time()
     llm = LLM(model=checkpoint, **{**COMMON, **settings})
