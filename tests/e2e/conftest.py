@@ -76,7 +76,6 @@ def engine_env(scratch: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env["VLLM_CACHE_ROOT"] = str(scratch / "vllm-cache")
-    env.pop("INKLING_E2E_SETTINGS", None)
     return env
 
 

@@ -2,7 +2,7 @@
 what each scenario produced, as JSON, for the pytest side to compare with
 transformers.
 
-    python run_scenarios.py ENGINE CHECKPOINT OUT.json
+    python tests/e2e/run_scenarios.py ENGINE CHECKPOINT OUT.json      (from the repository root)
 
 ENGINE picks the engine settings and the scenarios run on it (see ENGINES). One
 engine per process: vLLM spawns workers, so this file is spawn-safe (work under
@@ -660,8 +660,6 @@ def main(argv: list[str]) -> int:
         cpus = sorted(os.sched_getaffinity(0))
         start = int(first_cpu or 0)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cpus[(start + i) % len(cpus)]) for i in range(ranks))
-    if os.environ.get("INKLING_E2E_SETTINGS"):  # experiments: extra settings as JSON
-        settings = {**settings, **json.loads(os.environ["INKLING_E2E_SETTINGS"])}
     if settings.pop("_async", False):
         with open(out_path, "w") as f:
             json.dump(run_async(checkpoint, settings, names), f)

@@ -33,8 +33,8 @@ Timing: each case builds several independent input sets (>= 256 MB in all, beyon
 60 MB L2), captures one CUDA graph launching the op once per set, and reports the median
 over ``--reps`` replays (CUDA events) divided by the number of sets; ``--hot`` replays
 one set instead (L2-resident when it fits). The copy baseline is a plain loop of
-``copy_`` calls over a 2 GiB bf16 buffer between CUDA events (read + write bytes; about
-4.25 TB/s on an H200); "of copy" is the case's minimum bytes per second over it. Every
+``copy_`` calls over a 2 GiB bf16 buffer between CUDA events (read + write bytes; its
+rate heads each results file); "of copy" is the case's minimum bytes per second over it. Every
 case checks our output on its first set against the fp32 reference before timing; a
 case that fails (or raises) is marked FAIL and the exit status is 1.
 
@@ -145,7 +145,7 @@ def time_wall(launches: list[Callable[[], Any]], reps: int) -> float:
 def copy_baseline(cuda: bool) -> float:
     """GB/s (read + write) of ``b.copy_(a)``: COPY_LOOPS loops of COPY_LOOP copies of a
     2 GiB bf16 buffer, each loop between CUDA events (no graph: a captured copy becomes a
-    copy-engine node, about 2.7 TB/s on an H200), the median loop. CPU: 8 MiB, wall clock."""
+    copy-engine node, slower than the copy kernel), the median loop. CPU: 8 MiB, wall clock."""
     nbytes = COPY_BYTES if cuda else 8 << 20
     a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda" if cuda else "cpu")
     a.view(torch.uint8).random_(0, 255)

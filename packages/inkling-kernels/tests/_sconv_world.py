@@ -423,7 +423,7 @@ class PagedWorld:
         the interpreter) with a NaN-poisoned output. ``hidden``: random when None.
         Returns ``(hidden, new_hidden)``."""
         from inkling_kernels import fused_sconv_add, fused_sconv_add_ref
-        from inkling_kernels.sconv_add_rmsnorm.kernel import sconv_add_triton
+        from inkling_kernels.sconv_add_rmsnorm.kernel import fused_sconv_add_triton
 
         off, width = self.streams[s]
         x, weight = batch.x[s], self.weights[s]
@@ -448,7 +448,7 @@ class PagedWorld:
             meta = (batch.positions, batch.block_table, batch.seq_idx, batch.slot_mapping, batch.query_start)
             db = SconvBatch(*(m.to(dev) for m in meta), batch.block_size, batch.kernel_size, tap_map)
             out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=dev)
-            ret = sconv_add_triton(hidden.to(dev), x.to(dev), weight.to(dev), cache, db, off, width,
+            ret = fused_sconv_add_triton(hidden.to(dev), x.to(dev), weight.to(dev), cache, db, off, width,
                                    config=config, out=out, auto_map=False)
             assert ret is out
             self.storage.copy_(storage.cpu())

@@ -630,7 +630,7 @@ def test_norm_rows_cuda_graph_replay_with_changing_metadata(heads: int, name: st
     it, replayed over different batches (request mixes, pad rows) written into the
     static buffers: new_hidden (and normed) against the reference on the CPU world,
     the cache bit for bit."""
-    from inkling_kernels.sconv_add_rmsnorm.kernel import sconv_add_rmsnorm_triton, sconv_add_triton
+    from inkling_kernels.sconv_add_rmsnorm.kernel import fused_sconv_add_rmsnorm_triton, fused_sconv_add_triton
 
     rng = random.Random(23 + heads)
     g = _GraphSetup(heads=heads, seed=23)
@@ -638,10 +638,10 @@ def test_norm_rows_cuda_graph_replay_with_changing_metadata(heads: int, name: st
     norm_w = (1 + 0.2 * torch.randn(heads * width)).to(torch.bfloat16)
     norm_w_gpu, eps = norm_w.cuda(), 1e-5
     if name.startswith("add"):
-        graph, static_out = g.capture(lambda batch: sconv_add_triton(
+        graph, static_out = g.capture(lambda batch: fused_sconv_add_triton(
             st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width, config=ADD_ROWS_CONFIGS[name]), True)
     else:
-        graph, static_out = g.capture(lambda batch: sconv_add_rmsnorm_triton(
+        graph, static_out = g.capture(lambda batch: fused_sconv_add_rmsnorm_triton(
             st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width, norm_w_gpu, eps,
             config=NORM_ROWS_CONFIGS[name]), True)
     world, storage, T, R = g.world, g.storage, g.T, g.R
@@ -669,7 +669,7 @@ def test_norm_rows_same_step_hazard_many_launches(b_first: bool, name: str) -> N
     1024-token prompt, B hit its first 512 tokens), B's pre-forward slots NaN before
     every launch, with the step's tap map; "default": the public op's own choice
     (the row kernel: 1536 rows, 2 requests)."""
-    from inkling_kernels.sconv_add_rmsnorm.kernel import sconv_add_rmsnorm_triton, sconv_add_triton
+    from inkling_kernels.sconv_add_rmsnorm.kernel import fused_sconv_add_rmsnorm_triton, fused_sconv_add_triton
 
     case = _hazard_case(1024, 512, b_first, seed=3)
     d = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
@@ -687,9 +687,10 @@ def test_norm_rows_same_step_hazard_many_launches(b_first: bool, name: str) -> N
         args = (hidden_gpu, d["x"], d["weight"], d["cache"], batch, d["off"], d["width"])
         try:
             if name.startswith("add"):
-                assert_add_close(sconv_add_triton(*args, config=ADD_ROWS_CONFIGS[name]), want_gpu, hidden_gpu)
+                assert_add_close(fused_sconv_add_triton(*args, config=ADD_ROWS_CONFIGS[name]), want_gpu, hidden_gpu)
             else:
-                new_h, normed = sconv_add_rmsnorm_triton(*args, norm_w_gpu, 1e-5, config=NORM_ROWS_CONFIGS.get(name))
+                new_h, normed = fused_sconv_add_rmsnorm_triton(*args, norm_w_gpu, 1e-5,
+                                                               config=NORM_ROWS_CONFIGS.get(name))
                 assert_add_close(new_h, want_gpu, hidden_gpu)
                 torch.testing.assert_close(normed.float(), want_n.float(), rtol=2e-2, atol=2e-2)
         except AssertionError:
@@ -728,7 +729,7 @@ def test_norm_split_path_captured_on_a_fresh_stream(warm_on_capture_stream: bool
 
     def launch() -> Any:
         batch = SconvBatch(st["positions"], st["table"], st["seq"], st["slots"], st["qs"], 4, 4)
-        return K.sconv_add_rmsnorm_triton(st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width,
+        return K.fused_sconv_add_rmsnorm_triton(st["hidden"], st["x"], g.weight, g.cache, batch, g.off, width,
                                           norm_w_gpu, eps)
 
     launch()  # compile on the default stream

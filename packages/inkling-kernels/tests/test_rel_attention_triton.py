@@ -18,15 +18,14 @@ from typing import Any
 import pytest
 import torch
 
-from inkling_kernels.rel_attention import (
-    RelAttentionConfig,
-    choose_rel_attention_config,
-    paged_rel_attention,
-    paged_rel_attention_triton,
-    rel_attention_uses_triton,
-)
+from inkling_kernels.rel_attention import paged_rel_attention, paged_rel_attention_triton, rel_attention_uses_triton
 from inkling_kernels.rel_attention import kernel as rel_kernel
-from inkling_kernels.rel_attention.kernel import RelAttentionProblem, check_paged_rel_attention_triton_args
+from inkling_kernels.rel_attention.kernel import (
+    RelAttentionConfig,
+    RelAttentionProblem,
+    check_paged_rel_attention_triton_args,
+    choose_rel_attention_config,
+)
 
 from test_rel_attention import LAYERS, World, _check_close, build_world
 

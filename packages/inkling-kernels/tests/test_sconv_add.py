@@ -8,7 +8,6 @@ against the reference op; the cache is written exactly where it must be
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from inkling_kernels import SconvBatch, fused_sconv_add, fused_sconv_add_ref, fused_sconv_add_rmsnorm
-from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, choose_add_config, sconv_add_triton
+from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, choose_add_config, fused_sconv_add_triton
 
 from _sconv_world import DTYPES, PagedWorld, bits
 from test_fused_sconv import _trace as trace_items
@@ -46,13 +45,12 @@ CONFIGS = [
     NormConfig(block_t=2, block_h=1, block_j=4, num_warps=1, scan=8, split=4),  # 3 chunks each, 3 masked
     NormConfig(block_t=1, block_h=2, block_j=16, num_warps=2, scan=16, split=1),  # the whole row, masked
     NormConfig(block_t=8, block_h=4, block_j=8, num_warps=1, scan=16, split=2),  # masked heads
-    NormConfig(block_t=2, block_h=1, block_j=4, num_warps=1, scan=8, split=4, tap_select=True),  # one load a tap
 ]
 
 
 @pytest.mark.parametrize("config,impl", [(c, KERNEL_IMPLS[i % 2]) for i, c in enumerate(CONFIGS)] + [
-    (CONFIGS[1], KERNEL_IMPLS[0]), (CONFIGS[4], KERNEL_IMPLS[1])],
-    ids=lambda v: v if isinstance(v, str) else f"t{v.block_t}h{v.block_h}j{v.block_j}s{v.split}{'ts' * v.tap_select}")
+    (CONFIGS[1], KERNEL_IMPLS[0])],
+    ids=lambda v: v if isinstance(v, str) else f"t{v.block_t}h{v.block_h}j{v.block_j}s{v.split}")
 def test_tile_configs(config: NormConfig, impl: str) -> None:
     rng = random.Random(31 + config.split)
     world = PagedWorld(num_heads=3, head_size=24, streams=((13, 10),), dtype=torch.float16, seed=5)
@@ -115,8 +113,7 @@ def test_same_step_prefix_hit(hit: int, hit_first: bool) -> None:
     for s in (2,):  # 2 heads of 10 channels: 2 chunks, the second masked
         hidden = (2 * world.randn(*batch.x[s].shape)).to(world.dtype)
         hidden[b0 : b0 + b_len] = hidden[a0 + hit : a0 + prompt_len]
-        for impl, config in [("reference", None), *[(i, cfg) for i in KERNEL_IMPLS],
-                             *[(i, dataclasses.replace(cfg, tap_select=True)) for i in KERNEL_IMPLS]]:
+        for impl, config in [("reference", None), *[(i, cfg) for i in KERNEL_IMPLS]]:
             world.storage.copy_(pre)
             _, out = world.run_add(batch, s, impl, hidden=hidden, config=config, device=KERNEL_DEVICE)
             assert torch.equal(bits(out[b0 : b0 + b_len]), bits(out[a0 + hit : a0 + prompt_len]))
@@ -232,7 +229,7 @@ def test_validation_errors(change, error, match) -> None:
     kw = dict(zip(names, args))
     kw.update(change(kw))
     before = world.storage.clone()
-    for fn in (fused_sconv_add, fused_sconv_add_ref, sconv_add_triton):
+    for fn in (fused_sconv_add, fused_sconv_add_ref, fused_sconv_add_triton):
         with pytest.raises(error, match=match):
             fn(*(kw[k] for k in names))
     assert torch.equal(bits(world.storage), bits(before))
@@ -252,7 +249,7 @@ def test_config_checks(config: NormConfig, match: str) -> None:
     world, args = _world_args()
     before = world.storage.clone()
     with pytest.raises(ValueError, match=match):
-        sconv_add_triton(*args, config=config)
+        fused_sconv_add_triton(*args, config=config)
     assert torch.equal(bits(world.storage), bits(before))
 
 
@@ -261,7 +258,7 @@ def test_out_checks() -> None:
     for bad in (args[1].new_empty(args[1].shape[::-1]).t(), args[1].new_empty(args[1].shape[0], 3),
                 args[1].half()):
         with pytest.raises(ValueError, match="out must be"):
-            sconv_add_triton(*args, out=bad)
+            fused_sconv_add_triton(*args, out=bad)
 
 
 @pytest.mark.parametrize("heads,width", [(8, 768), (1, 768), (16, 384), (4, 384), (3, 20), (8, 128)])
@@ -269,13 +266,12 @@ def test_out_checks() -> None:
 def test_default_config(heads: int, width: int, mapped: bool) -> None:
     """Every chunk of a row on its own program (split = the row's chunks, any block_t,
     no row loop), with fused_sconv's two-load tile for the same launch (block_h *
-    block_j = its BLOCK_C; its rows and warps; never the one-load tap)."""
+    block_j = its BLOCK_C; its rows and warps)."""
     from inkling_kernels.sconv.kernel import choose_config
 
     for t in (1, 16, 64, 1024, 2048, 8192):
         cfg = choose_add_config(t, heads, width, mapped)
         conv = choose_config(t, heads, width, mapped, one_load=False)
-        assert not cfg.tap_select
         chunks = -(-heads // cfg.block_h) * -(-width // cfg.block_j)
         assert cfg.split == chunks and not cfg.row_loop
         assert cfg.block_h * cfg.block_j == conv.block_c and (cfg.block_h == 1 or cfg.block_j == width)
@@ -312,7 +308,7 @@ def test_large_launch_without_a_map_builds_one(monkeypatch: pytest.MonkeyPatch) 
     db = SconvBatch(*(m.to(dev) for m in meta), sb.block_size, sb.kernel_size, None)
     for auto_map, expected_builds in ((True, 1), (False, 0)):
         builds.clear()
-        got = sconv_add_triton(hidden.to(dev), d.to(dev), world.weights[2].to(dev), world.cache.clone().to(dev), db,
-                               off, width, auto_map=auto_map)
+        got = fused_sconv_add_triton(hidden.to(dev), d.to(dev), world.weights[2].to(dev), world.cache.clone().to(dev),
+                                     db, off, width, auto_map=auto_map)
         assert len(builds) == expected_builds
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)

@@ -18,7 +18,7 @@ from inkling_kernels.sconv_add_rmsnorm import (
     fused_sconv_add_rmsnorm_ref,
     rms_norm_ref,
 )
-from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, sconv_add_rmsnorm_triton
+from inkling_kernels.sconv_add_rmsnorm.kernel import NormConfig, fused_sconv_add_rmsnorm_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 EPS = 1e-6
@@ -202,7 +202,7 @@ def run_kernel(tr: Trace, cache: torch.Tensor, config: NormConfig | None, mapped
         args[3] = torch.empty_strided(cache.shape, cache.stride(), dtype=cache.dtype, device=dev)
         args[3].copy_(cache)
     poison = (torch.full_like(args[1], float("nan")), torch.full_like(args[1], float("nan")))
-    out = sconv_add_rmsnorm_triton(*args, config=config, outputs=poison)
+    out = fused_sconv_add_rmsnorm_triton(*args, config=config, outputs=poison)
     if dev.type != "cpu":
         cache.copy_(args[3])
     return tuple(o.cpu() for o in out)
@@ -254,26 +254,6 @@ def test_kernel_matches_reference_and_unfused_sequence(dtype: torch.dtype, seed:
         torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
     for cfg in CONFIGS:
         check_kernel_both_ways(tr, cfg, dtype, ref)
-
-
-# ``tap_select``: one load a tap (the row of d or the cache slot, picked per row), on
-# each of the kernel's paths: chunks in registers, the row loop, split rows.
-ONE_LOAD_CONFIGS = (
-    NormConfig(block_t=4, block_h=1, block_j=16, num_warps=2, scan=4, tap_select=True),
-    NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, scan=4, row_loop=True, tap_select=True),
-    NormConfig(block_t=1, block_h=1, block_j=8, num_warps=2, scan=4, split=4, tap_select=True),
-)
-
-
-@pytest.mark.parametrize("config", ONE_LOAD_CONFIGS, ids=["chunks", "row-loop", "split"])
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
-def test_one_load_tap(config: NormConfig, dtype: torch.dtype) -> None:
-    """Random batches whose tiles mix rows with taps in this forward and in the cache:
-    both outputs against the reference, the cache writes exact, map-less and mapped."""
-    rng = random.Random(400 + ONE_LOAD_CONFIGS.index(config) + 10 * DTYPES.index(dtype))
-    for launch in range(2):
-        tr = make_trace(rng, dtype, random_requests(rng), block_size=rng.choice([1, 4]), pad_rows=launch + 1)
-        check_kernel_both_ways(tr, config, dtype)
 
 
 def check_kernel_both_ways(tr: Trace, config: NormConfig | None, dtype: torch.dtype,
@@ -334,9 +314,7 @@ def test_same_step_prefix_hit(hit_first: bool) -> None:
     for cfg, mapped in [(None, False), (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4), False),
                         (None, True), (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4), True),
                         (NormConfig(block_t=1, block_h=1, block_j=8, num_warps=1, scan=4, split=6), False),
-                        (NormConfig(block_t=1, block_h=1, block_j=8, num_warps=1, scan=4, split=6), True),
-                        (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4, tap_select=True), False),
-                        (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=1, scan=4, tap_select=True), True)]:
+                        (NormConfig(block_t=1, block_h=1, block_j=8, num_warps=1, scan=4, split=6), True)]:
         cache = clone_cache(tr.cache)
         out = run_kernel(tr, cache, cfg, mapped)
         for got, want in zip(out, ref):
@@ -445,7 +423,7 @@ def test_validation_errors(change, error, match) -> None:
     with pytest.raises(error, match=match):
         fused_sconv_add_rmsnorm(*args)
     with pytest.raises(error, match=match):
-        sconv_add_rmsnorm_triton(*args)
+        fused_sconv_add_rmsnorm_triton(*args)
 
 
 @pytest.mark.parametrize(
@@ -653,7 +631,6 @@ def test_row_kernel_same_step_prefix_hit() -> None:
     [
         (NormConfig(block_t=2, block_h=1, block_j=32, num_warps=2, rows=True), "not a multiple"),  # C = 48
         (NormConfig(block_t=2, block_h=2, block_j=16, num_warps=2, rows=True), "block_h 1"),
-        (NormConfig(block_t=2, block_h=1, block_j=16, num_warps=2, rows=True, tap_select=True), "tap_select"),
         (NormConfig(block_t=32, block_h=1, block_j=16, num_warps=2, rows=True), "64-bit tap mask"),
         (NormConfig(block_t=3, block_h=1, block_j=16, num_warps=2, rows=True), "powers of two"),
     ],

@@ -314,3 +314,42 @@ def test_checks_run_once_per_launch(backend: str, monkeypatch: pytest.MonkeyPatc
     counts.clear()
     fused_sconv_add(hidden, b2.x[1], world.weights[1], world.cache, nb, 8, 8)
     assert counts == {"check_conv_call": 1, "check_add_extras": 1}
+
+
+# Each op folder's public names: the op and its reference (the folder's ``__all__``) and
+# the checked launcher ``<op>_triton`` (its ``kernel.py``); oracles that are no op's
+# entry point are named here. The dispatch targets (``launch_<op>``, ``reference_<op>``)
+# stay out of ``__all__``.
+OP_FOLDERS = {
+    "sconv": (["fused_sconv"], {"causal_conv_ref"}),
+    "sconv_kv": (["fused_sconv_kv"], set()),
+    "sconv_add_rmsnorm": (["fused_sconv_add_rmsnorm", "fused_sconv_add"], {"rms_norm_ref"}),
+    "gathered_rmsnorm": (["gathered_rms_norm"], set()),
+    "seq_metadata": (["sconv_seq_metadata"], set()),
+    "tap_map": (["sconv_tap_map"], set()),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(OP_FOLDERS))
+def test_each_op_has_at_most_three_entry_points(folder: str) -> None:
+    import importlib
+    import inspect
+
+    ops, oracles = OP_FOLDERS[folder]
+    package = importlib.import_module(f"inkling_kernels.{folder}")
+    assert set(package.__all__) == {name for op in ops for name in (op, f"{op}_ref")} | oracles
+    kernel = importlib.import_module(f"inkling_kernels.{folder}.kernel")
+    launchers = {name for name, fn in vars(kernel).items()
+                 if name.endswith("_triton") and inspect.isfunction(fn) and fn.__module__ == kernel.__name__}
+    assert launchers <= {f"{op}_triton" for op in ops}, f"{folder}/kernel.py: {sorted(launchers)}"
+
+
+def test_attention_entry_points() -> None:
+    """The attention: the op (PyTorch, the CPU path), its oracle, its launcher and the
+    device predicate; the KV write and its launcher. Tile configs stay in kernel.py."""
+    from inkling_kernels import rel_attention
+
+    assert set(rel_attention.__all__) == {
+        "paged_rel_attention", "rel_attention_ref", "paged_rel_attention_triton", "rel_attention_uses_triton",
+        "write_kv", "write_kv_triton",
+    }

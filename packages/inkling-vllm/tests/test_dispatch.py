@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from inkling_vllm import dispatch
+from inkling_vllm import dispatch, plugin
 
 
 class FakeBuiltin:
@@ -103,3 +103,33 @@ def test_plugin_keeps_vllms_own_entries() -> None:
         assert arch in dispatch._builtin, f"vLLM's own {arch} entry was not kept"
         assert "inkling_vllm" not in repr(dispatch._builtin[arch])
         assert arch in ModelRegistry.get_supported_archs()
+
+
+def test_plugin_log_lines_go_to_vllms_handlers() -> None:
+    import logging
+
+    ours, theirs = logging.getLogger("inkling_vllm"), logging.getLogger("vllm")
+    saved = (list(ours.handlers), ours.level)
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    probe = Collect()
+    theirs.addHandler(probe)
+    try:
+        for h in list(ours.handlers):
+            ours.removeHandler(h)
+        plugin.log_with_vllm()
+        logging.getLogger("inkling_vllm.warmup").log(max(theirs.getEffectiveLevel(), logging.INFO), "warm-up line")
+        assert seen == ["warm-up line"]
+        plugin.log_with_vllm()  # idempotent: no second copy of the handlers
+        assert ours.handlers.count(probe) == 1
+    finally:
+        theirs.removeHandler(probe)
+        for h in list(ours.handlers):
+            ours.removeHandler(h)
+        for h in saved[0]:
+            ours.addHandler(h)
+        ours.setLevel(saved[1])

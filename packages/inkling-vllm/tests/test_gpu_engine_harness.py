@@ -113,3 +113,15 @@ def test_a_child_that_ran_out_of_time_gives_its_last_partial_record(tmp_path: Pa
     out = capsys.readouterr().out
     assert "| graphs-on | prefill 8192 (TTFT) | 180.0 | 45511 | |" in out
     assert "| graphs-off | ran out of time (started in 300.0 s) |" in out
+
+
+def test_bench_graph_settings_are_configs_vllm_accepts() -> None:
+    from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
+
+    assert gpu_engine.bench_compilation("off") is None
+    for graphs, mode in (("on", None), ("on-nocompile", CompilationMode.NONE)):
+        config = CompilationConfig(**gpu_engine.bench_compilation(graphs))
+        assert config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY, graphs
+        assert config.mode == mode, graphs  # None: vLLM's default (compiled) is resolved later
+        assert config.cudagraph_capture_sizes == gpu_engine.BENCH_CAPTURE_SIZES
+    assert gpu_engine.bench_key("on-nocompile", "peer") == "graphs-on-nocompile-peer"

@@ -406,3 +406,31 @@ def test_breakable_graphs_stay_off_for_the_plugins_engines(opt_out: bool, monkey
     assert decide(["DeepseekV4ForCausalLM"]) == vllm_default  # another model: vLLM's defaults
     monkeypatch.setattr(dispatch, "builtin_model_for", lambda cfg: object)  # the in-tree model serves
     assert decide([ARCHITECTURES[0]]) == vllm_default
+
+
+def test_warmup_follows_vllms_jit_warmup_switch(monkeypatch: pytest.MonkeyPatch, h200: torch.device) -> None:
+    """Off with vLLM's ``kernel_config.enable_jit_warmup`` (as ``enforce_eager`` sets
+    it): no dummy forward; on (vLLM's default, or no such field): the warm-up runs."""
+    from inkling_vllm.model import InklingForCausalLM
+
+    model = object.__new__(InklingForCausalLM)
+    monkeypatch.setattr(warmup, "_attention_problems", lambda m: PROBLEMS)
+    runs: list[int] = []
+
+    class Runner:
+        device, max_num_reqs, max_num_tokens, max_model_len, decode_query_len = h200, 4, 16, 256, 1
+
+        def __init__(self, enabled: bool | None) -> None:
+            if enabled is not None:
+                self.vllm_config = SimpleNamespace(kernel_config=SimpleNamespace(enable_jit_warmup=enabled))
+
+        def get_model(self) -> Any:
+            return model
+
+        def _dummy_run(self, num_tokens: int, *args: Any, context_len: int = 0, **kwargs: Any) -> None:
+            runs.append(num_tokens)
+
+    assert warmup.warm_up_kernels(Runner(False)) == 0 and runs == []
+    assert warmup.warm_up_kernels(Runner(True)) == len(runs) > 0
+    runs.clear()
+    assert warmup.warm_up_kernels(Runner(None)) == len(runs) > 0

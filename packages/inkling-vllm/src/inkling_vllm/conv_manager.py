@@ -398,8 +398,10 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             )
         end_index = self._table_end(num_tokens, num_tokens_main_model)
         junction_allowance = 0
-        if request_id in self.num_cached_block:  # running: no new hits
+        if request_id in self._extent or request_id in self.num_cached_block:  # running: no new hits
             start_index = len(self.req_to_blocks.get(request_id, ()))
+            if end_index <= start_index:  # most decode steps: no new table entry
+                return 0
             windows = list(self._windows.get(request_id, ()))
             start = self._extent.get(request_id, 0)
             evictable = 0
@@ -545,9 +547,12 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             if processed_computed_tokens < release
         ]
         self._windows[request_id] = windows
-        live = self._indices(windows)
         real = self._real.get(request_id, set())
-        dead = sorted((b for b in real if b not in live), reverse=True)
+        n = self.block_size
+        # a real block is dead when no window's rows [lo, hi) reach into it (a request
+        # holds a few real blocks and windows, so this beats building the live set)
+        dead = sorted((b for b in real if not any(lo < (b + 1) * n and hi > b * n and hi > lo
+                                                   for lo, hi, _ in windows)), reverse=True)
         if not dead:
             return
         blocks = self.req_to_blocks[request_id]

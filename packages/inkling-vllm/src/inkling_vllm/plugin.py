@@ -8,6 +8,7 @@ once. Imports stay lazy so loading the plugin costs nothing until vLLM asks.
 
 from __future__ import annotations
 
+import logging
 import os
 
 __all__ = ["ARCHITECTURES", "ARCHITECTURE", "MODEL_CLASS", "register"]
@@ -48,6 +49,8 @@ def register() -> None:
 
     from .dispatch import SWITCH_ENV, remember_builtin, switch
 
+    log_with_vllm()
+
     if os.environ.get(SWITCH_ENV) and switch() == "builtin":
         _registered = True
         return
@@ -76,3 +79,16 @@ def register() -> None:
     ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_MODEL_CLASS)
     install_mtp_hooks()
     _registered = True
+
+
+def log_with_vllm() -> None:
+    """Send the plugin's log records (``inkling_vllm.*``) to vLLM's handlers at vLLM's
+    level, so its start-up lines (the kernel warm-up's progress, a changed graph mode)
+    appear in the engine's log in vLLM's format; a logging set-up of the application's
+    own (handlers on ``inkling_vllm``) is left alone."""
+    ours, theirs = logging.getLogger("inkling_vllm"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.getEffectiveLevel())

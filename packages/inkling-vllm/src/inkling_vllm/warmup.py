@@ -7,7 +7,11 @@ while serving stalls for the compile. vLLM warms its own kernels and captures it
 CUDA graphs at start-up; :func:`warm_up_kernels` adds one eager forward of the model
 (no graph, metadata built by the model's own backends, every slot ``-1``: nothing is
 written to the caches) for each shape class the tile rules distinguish, right after
-vLLM's own kernel warm-up and before its graph capture and JIT monitor.
+vLLM's own kernel warm-up and before its graph capture and JIT monitor. Like vLLM's
+own, it runs only while ``kernel_config.enable_jit_warmup`` is on (vLLM's default;
+``enforce_eager`` turns it off). A first start on a machine compiles the kernels of a
+few hundred shape classes (minutes at the released widths); later starts find them in
+Triton's on-disk cache. It logs its progress.
 
 The plugin installs it (:func:`install_warmup_hook`); :func:`warmup_batches` is the
 pure shape-class logic (tested on the CPU against the tile rules).
@@ -30,6 +34,7 @@ __all__ = [
     "candidate_batches",
     "shape_classes",
     "install_warmup_hook",
+    "jit_warmup_enabled",
     "warm_up_kernels",
     "warmup_batches",
 ]
@@ -132,7 +137,7 @@ def conv_signature(batch: WarmupBatch) -> Hashable:
 
 def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], tuple[Hashable, ...]]:
     """A batch's relative-attention shape classes, one per layer kind: the tile config
-    the kernels' rule (``inkling_kernels.rel_attention.choose_rel_attention_config``)
+    the kernels' rule (``inkling_kernels.rel_attention.kernel.choose_rel_attention_config``)
     picks for each of ``problems`` (``RelAttentionProblem`` templates: the model's
     global and sliding layers) at the batch's rows, requests and longest context."""
     import dataclasses
@@ -241,6 +246,10 @@ def warm_up_kernels(runner: Any) -> int:
 
     if runner.device.type != "cuda" or not isinstance(runner.get_model(), InklingForCausalLM):
         return 0
+    if not jit_warmup_enabled(runner):
+        logger.info("inkling-vllm: kernel warm-up skipped, as vLLM's own (kernel_config.enable_jit_warmup is "
+                    "off; enforce_eager turns it off): kernels compile when a step first needs them")
+        return 0
     problems = _attention_problems(runner.get_model())
     if not problems:
         return 0
@@ -251,13 +260,36 @@ def warm_up_kernels(runner: Any) -> int:
     if v2:  # its dummy runs share rows evenly (remainder spread over the last requests)
         candidates = [b for b in candidates if b.kind != "mixed" and (b.kind == "uniform" or b.num_tokens % b.num_reqs == 0)]
     batches = warmup_batches(candidates, attention_signature(problems, runner.device))
-    start = time.perf_counter()
-    for batch in batches:
+    logger.info("inkling-vllm: kernel warm-up: %d shape classes (of %d candidate batches); a first start compiles "
+                "their kernels, later ones load them from Triton's cache", len(batches), len(candidates))
+    start = last = time.perf_counter()
+    took = []
+    for i, batch in enumerate(batches):
+        t0 = time.perf_counter()
         _dummy_forward(runner, batch)
+        now = time.perf_counter()
+        took.append((now - t0, batch))
+        if now - last >= PROGRESS_EVERY_S:
+            logger.info("inkling-vllm: kernel warm-up: %d/%d shape classes, %.0f s", i + 1, len(batches), now - start)
+            last = now
     runner._inkling_warmed = len(batches)
-    logger.info("Inkling kernel warm-up: %d shape classes (of %d candidate batches) in %.1f s",
-                len(batches), len(candidates), time.perf_counter() - start)
+    slowest = ", ".join(f"{b.num_tokens} rows/{b.num_reqs} requests/{b.seq_len} context ({b.kind}) {t:.1f} s"
+                        for t, b in sorted(took, key=lambda x: -x[0])[:3])
+    logger.info("inkling-vllm: kernel warm-up: %d shape classes in %.1f s (slowest: %s)",
+                len(batches), time.perf_counter() - start, slowest)
     return len(batches)
+
+
+#: Seconds between the warm-up's progress lines.
+PROGRESS_EVERY_S = 15.0
+
+
+def jit_warmup_enabled(runner: Any) -> bool:
+    """Whether the engine warms its kernels up: vLLM's ``kernel_config.enable_jit_warmup``
+    (on by default, off with ``enforce_eager``), which the plugin's warm-up follows as
+    vLLM's own does."""
+    config = getattr(getattr(runner, "vllm_config", None), "kernel_config", None)
+    return bool(getattr(config, "enable_jit_warmup", True))
 
 
 def install_warmup_hook() -> bool:

@@ -64,8 +64,7 @@ class GatheredNormConfig:
 
 def choose_gathered_norm_config(width: int) -> GatheredNormConfig:
     """One row a program, pieces in chunks of up to 2048 channels, four warps (the
-    tile sweep is in benchmarks/RESULTS.md; the row count does not change the
-    choice)."""
+    fastest tiles of a GPU sweep; the row count does not change the choice)."""
     block_s = min(2048, pow2_ceil(width))
     return GatheredNormConfig(1, block_s, max(1, min(4, block_s // 256)))
 

@@ -41,8 +41,6 @@ from .paged import paged_rel_attention, write_kv
 from .reference import rel_attention_ref
 
 __all__ = [
-    "RelAttentionConfig",
-    "choose_rel_attention_config",
     "paged_rel_attention",
     "paged_rel_attention_triton",
     "rel_attention_ref",
@@ -51,7 +49,7 @@ __all__ = [
     "write_kv_triton",
 ]
 
-_KERNEL_NAMES = ("RelAttentionConfig", "choose_rel_attention_config", "paged_rel_attention_triton", "write_kv_triton")
+_KERNEL_NAMES = ("paged_rel_attention_triton", "write_kv_triton")
 
 
 CPU_ATTENTION_ENV = "INKLING_KERNELS_CPU_ATTENTION"

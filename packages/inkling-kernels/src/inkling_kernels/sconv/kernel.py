@@ -390,7 +390,8 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
                   one_load: bool = True, rows: bool = True, num_requests: int | None = None,
                   num_prefill_tokens: int | None = None) -> SconvConfig:
     """Heuristic tile choice per shape class (one config each: no autotuning; the
-    classes and tiles come from GPU sweeps, benchmarks/RESULTS.md).
+    classes and tiles come from GPU sweeps; benchmarks/RESULTS.md has the resulting
+    times).
 
     BLOCK_C: the largest power of two dividing the stream width (<= 256; <= 128 with
     a tap map), so tiles never straddle heads and no lanes idle.
@@ -431,7 +432,7 @@ def choose_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bo
             return SconvConfig(block_t=8, block_c=256, num_warps=2, rows=True)
         block_c = min(block_c, 128)
         if one_load and work >= MAP_MIN_WORK:
-            # 32-row tiles with the one-load tap were much slower (registers: an
+            # 32-row tiles with the one-load tap are much slower (registers: an
             # address tile per tap); 16 rows keep the 16-byte vector loads.
             return SconvConfig(block_t=16, block_c=block_c, num_warps=max(1, min(4, 16 * block_c // 512)),
                                tap_select=True)

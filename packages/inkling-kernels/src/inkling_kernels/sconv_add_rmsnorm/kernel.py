@@ -74,10 +74,10 @@ __all__ = [
     "NormConfig",
     "choose_add_config",
     "choose_norm_config",
+    "fused_sconv_add_rmsnorm_triton",
+    "fused_sconv_add_triton",
     "interpreter_norm_config",
     "row_loop_config",
-    "sconv_add_rmsnorm_triton",
-    "sconv_add_triton",
 ]
 
 
@@ -88,14 +88,12 @@ def _column(table, kidx, i: tl.constexpr):
 
 
 @triton.jit
-def _tap(d_ptr, cache_ptr, d_off, d_on, c_off, c_on, chan, ccol, con, TAP_SELECT: tl.constexpr):
+def _tap(d_ptr, cache_ptr, d_off, d_on, c_off, c_on, chan, ccol, con):
     """One earlier tap's values (fp32, 0 where a row has none): each row reads its row
     of ``d`` (``d_on``: in this forward, or a same-step writer) or its cache slot
-    (``c_on``); never both. ``TAP_SELECT``: one load, its address picked per row;
-    else two masked loads, one of them always off (both issue)."""
-    if TAP_SELECT:
-        src = tl.where(d_on, d_ptr + d_off + chan, cache_ptr + c_off + ccol)
-        return tl.load(src, mask=(d_on | c_on) & con, other=0.0).to(tl.float32)
+    (``c_on``); never both: two masked loads, one of them always off (both issue).
+    One load with its address picked per row (``fused_sconv``'s ``tap_select``) is
+    slower in this kernel's tilings."""
     tap = tl.load(d_ptr + d_off + chan, mask=d_on & con, other=0.0).to(tl.float32)
     tap += tl.load(cache_ptr + c_off + ccol, mask=c_on & con, other=0.0).to(tl.float32)
     return tap
@@ -107,7 +105,7 @@ def _chunk(
     row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
     stride_wc, stride_wk, stride_ch, stream_offset,
     NH: tl.constexpr, WS: tl.constexpr, W: tl.constexpr, NJ: tl.constexpr, NCH: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_J: tl.constexpr, TAP_SELECT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     """Chunk ``ci`` of the rows: slot store, conv, residual adds, ``new_h`` store.
     Returns ``new_h`` ([BLOCK_T, BLOCK_H, BLOCK_J], d's dtype, 0 where masked) and the
@@ -129,7 +127,7 @@ def _chunk(
     acc = wv.to(tl.float32) * d32
     for i in tl.static_range(W - 1):
         wv = tl.load(w_ptr + chan * stride_wc + i * stride_wk, mask=con, other=0.0)
-        tap = _tap(d_ptr, cache_ptr, d_off[i], d_on[i], c_off[i], c_on[i], chan, ccol, con, TAP_SELECT)
+        tap = _tap(d_ptr, cache_ptr, d_off[i], d_on[i], c_off[i], c_on[i], chan, ccol, con)
         acc += wv.to(tl.float32) * tap
     s = (d32 + acc).to(d_ptr.dtype.element_ty).to(tl.float32)
     new_h = (h_tile.to(tl.float32) + s).to(d_ptr.dtype.element_ty)
@@ -184,7 +182,6 @@ def _sconv_add_rmsnorm_kernel(
     USE_MAP: tl.constexpr,
     ROW_LOOP: tl.constexpr,
     HAS_NORM: tl.constexpr,
-    TAP_SELECT: tl.constexpr = False,
 ):
     CHANNELS: tl.constexpr = NH * WS
     NJ: tl.constexpr = (WS + BLOCK_J - 1) // BLOCK_J
@@ -263,7 +260,7 @@ def _sconv_add_rmsnorm_kernel(
                 tl.program_id(1) + k * SPLIT, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
                 row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
                 stride_wc, stride_wk, stride_ch, stream_offset,
-                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J, TAP_SELECT,
+                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
             )
     elif ROW_LOOP:
         # (SPLIT == 1) the rows' tiles in a runtime loop, squares kept as a
@@ -287,7 +284,7 @@ def _sconv_add_rmsnorm_kernel(
                 conv = wl.to(tl.float32) * dv32
                 for i in tl.static_range(W - 1):
                     wl = tl.load(w_ptr + ch * stride_wc + i * stride_wk, mask=cm, other=0.0)
-                    tv = _tap(d_ptr, cache_ptr, d_off[i], d_on[i], c_off[i], c_on[i], ch, cc, cm, TAP_SELECT)
+                    tv = _tap(d_ptr, cache_ptr, d_off[i], d_on[i], c_off[i], c_on[i], ch, cc, cm)
                     conv += wl.to(tl.float32) * tv
                 sv = (dv32 + conv).to(d_ptr.dtype.element_ty).to(tl.float32)
                 nhv = (hv_t.to(tl.float32) + sv).to(d_ptr.dtype.element_ty)
@@ -320,7 +317,7 @@ def _sconv_add_rmsnorm_kernel(
                 ci, hidden_ptr, d_ptr, w_ptr, cache_ptr, new_h_ptr,
                 row_off, row_on, dst3, wr_on, d_off, d_on, c_off, c_on,
                 stride_wc, stride_wk, stride_ch, stream_offset,
-                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J, TAP_SELECT,
+                NH, WS, W, NJ, NCH, BLOCK_H, BLOCK_J,
             )
             kept = kept + (nh,)
             sumsq += sq
@@ -382,9 +379,6 @@ class NormConfig:
     scan: int = 256
     split: int = 1
     row_loop: bool = False
-    # one load a tap (its address picked per row: the row of d or the cache slot)
-    # instead of two masked loads; opt-in: slower in this kernel's default tilings
-    tap_select: bool = False
     # the row-register kernel (rows_kernel.py): ``block_t`` rows (block_t * (W - 1) <= 64)
     # as register vectors of ``block_j`` channels (flat across heads; C % block_j == 0),
     # block_h 1; needs the step's tap map (built for the launch when the batch has none);
@@ -419,7 +413,8 @@ def row_loop_config(num_heads: int, stream_width: int) -> NormConfig:
 def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped: bool = False,
                        num_requests: int | None = None, num_prefill_tokens: int | None = None) -> NormConfig:
     """Tile choice (no autotuning: the grid must depend on T alone), per size class
-    the configuration that measured fastest on a GPU (benchmarks/RESULTS.md).
+    the configuration that measured fastest in a GPU sweep (benchmarks/RESULTS.md has
+    the resulting times).
 
     - mapped prompt-heavy launches: the row-register kernel (:func:`rows_norm_config`);
     - T <= 16: split rows, every ``BLOCK_J``-channel chunk (:func:`_block_j`) of one
@@ -427,9 +422,6 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
     - 16 < T < 8192: the row loop (:func:`row_loop_config`);
     - T >= 8192: one row a program, the whole row in registers as 2048-element chunks,
       four warps.
-
-    The one-load tap (``NormConfig.tap_select``) is never chosen: it made this kernel
-    slower at decode and mixed batches.
     """
     rows = rows_norm_config(num_tokens, num_heads, stream_width, mapped, num_requests, num_prefill_tokens)
     if rows is not None:
@@ -463,7 +455,7 @@ def rows_norm_config(num_tokens: int, num_heads: int, stream_width: int, mapped:
     ``num_prefill_tokens``; :func:`inkling_kernels.sconv.kernel.rows_batch` with
     ``either``), and whole 256-channel chunks; else None (the tile kernel).
 
-    Tiles (measured fastest on a GPU, benchmarks/RESULTS.md):
+    Tiles (measured fastest in a GPU sweep):
 
     - with the norm, prompts only (``>= NORM_ROWS_PROMPT_TOKENS_PER_REQUEST`` rows a
       request): 2 rows of 512 channels, four warps;
@@ -609,7 +601,6 @@ def _launch(
         USE_MAP=tap_map is not None,
         ROW_LOOP=cfg.row_loop,
         HAS_NORM=norm is not None,
-        TAP_SELECT=cfg.tap_select,
         num_warps=cfg.num_warps,
     )
 
@@ -621,8 +612,8 @@ def rows_launch_map(batch: SconvBatch, prob: SconvProblem, cfg: NormConfig, devi
     from ..checks import TAP_MAP_MAX_SLOTS
     from ..sconv.rows_kernel import rows_unfit
 
-    if cfg.block_h != 1 or cfg.split != 1 or cfg.row_loop or cfg.tap_select:
-        return None, "a rows config has block_h 1, split 1, no row_loop and no tap_select"
+    if cfg.block_h != 1 or cfg.split != 1 or cfg.row_loop:
+        return None, "a rows config has block_h 1, split 1 and no row_loop"
     why = rows_unfit(prob.num_tokens, prob.channels, prob.channels, prob.kernel_size, cfg.block_t, cfg.block_j)
     if why is None and batch.tap_map is None and prob.num_slots > TAP_MAP_MAX_SLOTS:
         why = f"the cache's {prob.num_slots} slots are more than a tap map can name"
@@ -770,7 +761,7 @@ def choose_add_config(num_tokens: int, num_heads: int, stream_width: int, mapped
     keys = conv.block_t * pow2_ceil(kernel_size)
     scan = max(16, min(256, 1 << (max(1, 1024 * conv.num_warps // keys).bit_length() - 1)))
     return NormConfig(block_t=conv.block_t, block_h=block_h, block_j=block_j, num_warps=conv.num_warps,
-                      scan=scan, split=min(chunks, _MAX_GRID_1), tap_select=conv.tap_select)
+                      scan=scan, split=min(chunks, _MAX_GRID_1))
 
 
 def launch_sconv_add(
@@ -836,7 +827,7 @@ def launch_sconv_add(
     return out
 
 
-def sconv_add_rmsnorm_triton(
+def fused_sconv_add_rmsnorm_triton(
     hidden: torch.Tensor,
     d: torch.Tensor,
     weight: torch.Tensor,
@@ -863,7 +854,7 @@ def sconv_add_rmsnorm_triton(
     )
 
 
-def sconv_add_triton(
+def fused_sconv_add_triton(
     hidden: torch.Tensor,
     d: torch.Tensor,
     weight: torch.Tensor,

@@ -109,7 +109,7 @@ def hazard_tiles(num_tokens: int) -> tuple[int, int, int]:
     slots per program. The grid is (T * (W-1) / KEYS) x (T / SPAN) programs; those
     whose entries hold no pre-forward slot (most of a prefill) leave after one load,
     so long batches take wider key tiles and spans (fewer programs)."""
-    # (tiles from a GPU sweep, benchmarks/RESULTS.md)
+    # (tiles chosen by a GPU sweep; benchmarks/run.py times the result)
     if num_tokens <= 4096:
         keys, chunk, span = 32, 128, 512
     else:

@@ -18,12 +18,15 @@ Three modes, each writing JSON (and ``report`` a Markdown table of them):
     be none), and the counters that show each feature ran (prefix-cache hits,
     preemptions, drafted and accepted tokens, chunked prompts).
 
-``bench OUT.json [--graphs on off] [--conv ours peer] [--peer DIR]``
+``bench OUT.json [--graphs on on-nocompile off] [--conv ours peer] [--peer DIR]``
     A 4-layer model at the released layer widths (:func:`bench_config`; random
     bfloat16 weights drawn by vLLM's dummy loader on the GPU, no checkpoint moved):
     prefill tokens/s and time to first token for 8k prompts, decode step time and
-    tokens/s at 1, 64 and 256 concurrent requests over 1k-8k contexts, with CUDA graphs
-    on and off, and the share of decode-step wall time outside kernels (profiler).
+    tokens/s at 1, 64 and 256 concurrent requests over 1k-8k contexts (decode step
+    times also of the engine core alone, a server's GPU process), with CUDA graphs
+    on (compiled or not: :data:`BENCH_GRAPHS`) and off, and the share of decode-step
+    wall time outside kernels (profiler). Its engines skip the start-up JIT warm-up:
+    kernels compile when a case first needs them, before its measured steps.
     ``--conv peer`` runs the same engine with vLLM 0.33.0's in-tree Triton conv
     swapped in behind the plugin's conv ops (:mod:`.peer_conv`; the module extracted
     into ``DIR`` by ``packages/inkling-kernels/benchmarks/fetch_peer.py``); each
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import statistics
@@ -252,6 +256,13 @@ def cmd_engine(args: argparse.Namespace) -> int:
         from ..attention import InklingRelAttentionMetadataBuilder as builder
 
         builder._padded_slots = lambda self, slots, n: slots[:n].clone()  # type: ignore[method-assign]
+    if args.keep_piecewise:
+        # a diagnosis of why piecewise graphs go wrong: vLLM's graph wrappers compare
+        # input addresses at each replay when its logger is at DEBUG
+        from .. import attention
+
+        attention.drop_piecewise_graphs = lambda vllm_config: False  # type: ignore[assignment]
+        logging.getLogger("vllm").setLevel(logging.DEBUG)
     settings = {**_BASE, "dtype": "float32", **kwargs}
     started = time.time()
     llm = LLM(model=args.checkpoint, **settings)
@@ -350,9 +361,10 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
     def run(name: str) -> tuple[str, dict[str, Any] | None, str, float]:
         start = time.time()
-        extra = ["--break-persistent"] if name.endswith("+break") else []
+        base, _, variant = name.partition("+")
+        extra = {"": [], "break": ["--break-persistent"], "piecewise": ["--keep-piecewise"]}[variant]
         log = Path(args.logs) / f"{name.replace('+', '-')}.log" if args.logs else None
-        rec, tail = _child(["engine", name.removesuffix("+break"), args.checkpoint, *extra], args.timeout, log)
+        rec, tail = _child(["engine", base, args.checkpoint, *extra], args.timeout, log)
         return name, rec, tail, time.time() - start
 
     ok = True
@@ -417,6 +429,24 @@ BENCH_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 DECODE_CASES = [(1, 1024), (1, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 4096)]
 
 
+#: The benchmark's graph settings: ``on`` is the plugin's serving mode (the model
+#: torch-compiled, full graphs of decode steps); ``on-nocompile`` the same graphs of
+#: the uncompiled model (vLLM's CUDA ops for its norms and activations; starts in a
+#: fraction of the time); ``off`` neither (``enforce_eager``).
+BENCH_GRAPHS = ("on", "on-nocompile", "off")
+
+
+def bench_compilation(graphs: str) -> dict[str, Any] | None:
+    """vLLM's ``compilation_config`` for a :data:`BENCH_GRAPHS` setting: full graphs of
+    decode steps at :data:`BENCH_CAPTURE_SIZES`."""
+    if graphs == "off":
+        return None
+    config: dict[str, Any] = {"cudagraph_capture_sizes": BENCH_CAPTURE_SIZES, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    if graphs == "on-nocompile":
+        config["mode"] = 0  # CompilationMode.NONE
+    return config
+
+
 def _step_until(engine: Any, done: Callable[[], bool], limit: int = 100000) -> list[float]:
     times = []
     for _ in range(limit):
@@ -426,6 +456,46 @@ def _step_until(engine: Any, done: Callable[[], bool], limit: int = 100000) -> l
         engine.step()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def _core_steps(engine: Any, n: int) -> list[float]:
+    """``n`` steps of the engine core alone (schedule, inputs, forward, sampling, the
+    scheduler's update), as the engine-core process of a server runs them; the
+    front end's per-request output handling, which a server does in another process,
+    is left out (its requests catch up on the next :meth:`step`)."""
+    core = engine.engine_core.engine_core
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        _, executed = core.step_fn()
+        core.post_step(model_executed=executed)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _profiled(run: Callable[[], Any]) -> dict[str, float]:
+    """:func:`_busy_share` of a profiler trace of ``run()``."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return _busy_share(prof)
+
+
+def _host_profile(run: Callable[[], Any], top: int = 25) -> str:
+    """The host functions ``run()`` spends its time in (cProfile, by cumulative time)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(run)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
 
 
 #: Gaps between kernels longer than this are host work between forwards (scheduling,
@@ -466,8 +536,6 @@ def busy_share(spans: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
-    import torch
-
     swap = None
     if args.conv == "peer":  # before vLLM builds the model: its builders and ops
         from .peer_conv import install
@@ -487,14 +555,14 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(args.tokenizer) / name, folder / name)
     prompt_len, cases = (256, [(1, 64), (4, 128)]) if args.smoke else (8192, DECODE_CASES)
-    graphs = args.graphs == "on"
     started = time.time()
     llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16",
               max_model_len=prompt_len + 256, max_num_seqs=256, max_num_batched_tokens=prompt_len,
-              enable_prefix_caching=False, enforce_eager=not graphs, seed=0, disable_log_stats=False,
-              # full graphs of decode steps, for the measured batch sizes (powers of two to 512)
-              compilation_config={"cudagraph_capture_sizes": BENCH_CAPTURE_SIZES,
-                                  "cudagraph_mode": "FULL_DECODE_ONLY"} if graphs else None,
+              enable_prefix_caching=False, enforce_eager=args.graphs == "off", seed=0, disable_log_stats=False,
+              compilation_config=bench_compilation(args.graphs),
+              # no start-up JIT warm-up (vLLM's or the plugin's; minutes on a cold Triton
+              # cache at these widths): kernels compile on first use, before the measured steps
+              kernel_config={"enable_jit_warmup": False},
               **({"kv_cache_memory_bytes": 1 << 30} if args.smoke else {"gpu_memory_utilization": 0.85}))
     startup = time.time() - started
     counters.arm()
@@ -546,15 +614,16 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
                     produced[o.request_id] = 1  # (vLLM may suffix the ids it was given)
         _step_until(engine, lambda: False, limit=5)
         steps = _step_until(engine, lambda: False, limit=args.steps)
-        case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps)}
+        core = _core_steps(engine, args.steps)
+        case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps),
+                "core_step_ms_median": 1e3 * statistics.median(core)}
         case["tokens_per_s"] = conc / (case["step_ms_median"] / 1e3)
         if (conc in (64, 256) and ctx == 1024) or args.smoke:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
-                _step_until(engine, lambda: False, limit=10)
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-            case["profile"] = _busy_share(prof)
+            # the engine core's steps (a server's GPU process), then whole engine steps
+            case["profile"] = _profiled(lambda: _core_steps(engine, 10))
+            case["profile_engine_step"] = _profiled(lambda: _step_until(engine, lambda: False, limit=10))
+            print(f"host profile, 10 engine-core steps of {conc} x {ctx}:\n"
+                  + _host_profile(lambda: _core_steps(engine, 10)), flush=True)
         engine.abort_request(list(produced))
         _step_until(engine, lambda: not engine.has_unfinished_requests(), limit=50)
         out["decode"].append(case)
@@ -642,8 +711,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.bench:
         b = json.loads(Path(args.bench).read_text())
         lines += ["", f"device: {b.get('device')}", "",
-                  "| graphs | case | step ms | tokens/s | outside kernels (launch gaps / host) |",
-                  "|---|---|---|---|---|"]
+                  "| graphs | case | step ms | tokens/s | engine-core step ms | outside kernels: engine core "
+                  "(launch gaps / host) | outside kernels: engine step |",
+                  "|---|---|---|---|---|---|---|"]
         for name, rec in b["cases"].items():
             if "error" in rec:
                 lines.append(f"| {name} | failed | | | |")
@@ -651,15 +721,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             p = rec.get("prefill") or {}
             if p:
                 lines.append(f"| {name} | prefill {p['prompt']} (TTFT) | {p['ttft_ms_median']:.1f} | "
-                             f"{p['tokens_per_s']:.0f} | |")
+                             f"{p['tokens_per_s']:.0f} | | | |")
             for c in rec["decode"]:
-                prof = c.get("profile", {})
+                prof, whole = c.get("profile", {}), c.get("profile_engine_step", {})
                 share = (f"{prof['outside_kernels']:.1%} ({prof.get('launch_gaps', 0):.1%} / "
                          f"{prof.get('host_gaps', 0):.1%})" if "outside_kernels" in prof else "")
+                core = f"{c['core_step_ms_median']:.2f}" if "core_step_ms_median" in c else ""
+                outside = f"{whole['outside_kernels']:.1%}" if "outside_kernels" in whole else ""
                 lines.append(f"| {name} | decode {c['concurrency']} x {c['context']} | {c['step_ms_median']:.2f} | "
-                             f"{c['tokens_per_s']:.0f} | {share} |")
+                             f"{c['tokens_per_s']:.0f} | {core} | {share} | {outside} |")
             if rec.get("incomplete"):
-                lines.append(f"| {name} | ran out of time (started in {rec.get('startup_s')} s) | | | |")
+                lines.append(f"| {name} | ran out of time (started in {rec.get('startup_s')} s) | | | | | |")
         lines += _peer_ratios(b["cases"])
     print("\n".join(lines))
     return 0
@@ -705,7 +777,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("reference")
     p.add_argument("out")
-    p.add_argument("--engines", nargs="*", help=f"of {sorted(ENGINES)}; NAME+break: the deliberate break")
+    p.add_argument("--engines", nargs="*", help=f"of {sorted(ENGINES)}; NAME+break: the deliberate break; "
+                   "NAME+piecewise: piecewise graphs kept, with vLLM's replay address checks")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--logs", help="folder for each engine's full output")
     p.add_argument("--parallel", type=int, default=1, help="engines at once (each takes a 1 GiB KV pool)")
@@ -713,9 +786,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("engine", choices=sorted(ENGINES))
     p.add_argument("checkpoint")
     p.add_argument("--break-persistent", action="store_true")
+    p.add_argument("--keep-piecewise", action="store_true",
+                   help="keep vLLM's piecewise graphs (the plugin drops them) and let vLLM check, at every "
+                        "replay, that each graph's inputs sit where they sat at capture")
     p = sub.add_parser("bench", help="throughput at the released layer widths")
     p.add_argument("out")
-    p.add_argument("--graphs", nargs="*", default=["on", "off"], choices=["on", "off"])
+    p.add_argument("--graphs", nargs="*", default=["on", "off"], choices=BENCH_GRAPHS,
+                   help="on: compiled, full decode graphs; on-nocompile: the same graphs, uncompiled; off: eager")
     p.add_argument("--workdir", default="/tmp/inkling-bench-model")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--timeout", type=float, default=400)
@@ -727,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(each its own engine)")
     p.add_argument("--peer", default=".peer", help="folder holding vllm_sconv_peer.py (fetch_peer.py's output)")
     p = sub.add_parser("bench-engine", help="(internal) one bench engine")
-    p.add_argument("graphs", choices=["on", "off"])
+    p.add_argument("graphs", choices=BENCH_GRAPHS)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--conv", choices=["ours", "peer"], default="ours")
     p.add_argument("--peer", default=".peer")

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out.prompt!r}\n  -> {out.outputs[0].text!r}  tokens {list(out.outputs[0].token_ids)}")
     print(flush=True)
 
-    started = _step(4, "checking parity against transformers (float32, no cache: ~1-2 min on CPU) ...")
+    started = _step(4, "checking parity against transformers (float32, without a KV cache; a line per prompt) ...")
     from .tiny import REFERENCE_DIR, reference_checkpoint
 
     reference = reference_checkpoint(model_path)
