@@ -36,8 +36,10 @@ RUNNER = HERE / "run_scenarios.py"
 ENGINE_TIMEOUT_S = 900
 #: tiny checkpoints the engines run on: "default" (transformers' format, every
 #: feature on), "padded" (the same with unpadded conv pages), "release" (the same
-#: weights in the original release layout)
-VARIANTS = ("default", "padded", "release")
+#: weights in the original release layout), "mtp" / "mtp-transformers" (a complete
+#: multi-token-prediction head in either layout), "mtp-predictive" (a head whose drafts
+#: are mostly accepted), "mtp-deep" (two depths, one sliding, a chain norm)
+VARIANTS = ("default", "padded", "release", "mtp", "mtp-transformers", "mtp-predictive", "mtp-deep")
 #: engines started first when several run side by side, longest first (two cores,
 #: beside another: interp_map ~160 s, interp_attn ~110 s, the TP 2 engines and
 #: "release" (their own processes) 75-85 s, the rest 40-100 s), so that no long one is

@@ -110,6 +110,22 @@ def sc_prefix(llm: Any) -> dict[str, Any]:
     }
 
 
+def sc_prefix_long(llm: Any) -> dict[str, Any]:
+    # prefix caching under EAGLE-style drafting (MTP): vLLM drops the last matched
+    # scheduler block (256 tokens here) of a hit, so the prompts share 600 tokens
+    shared = prompts(3, [600])[0]
+    ps = [shared + t for t in prompts(4, [1, 5, 17, 40])]
+    hits0 = _metric(llm, "vllm:prefix_cache_hits")
+    first = _run(llm, ps[:1], greedy(10))
+    rest = _run(llm, ps[1:], greedy(10))
+    return {
+        "prompts": ps,
+        "tokens": _tokens(first) + _tokens(rest),
+        "num_cached_tokens": [o.num_cached_tokens for o in list(first) + list(rest)],
+        "prefix_cache_hits": _metric(llm, "vllm:prefix_cache_hits") - hits0,
+    }
+
+
 def _junction_prompts() -> list[list[int]]:
     first = prompts(20, [700])[0]
     return [first] + [first[:300] + tail for tail in prompts(21, [300, 300])]
@@ -292,6 +308,66 @@ async def sc_streaming_sessions(engine: Any) -> dict[str, Any]:
     }
 
 
+def sc_conv_rows(llm: Any, out_path: str) -> dict[str, Any]:
+    """Two requests decoded step by step (engine core in this process): after every
+    step, each conv-state layer's cached rows for the ``W - 1`` positions below each
+    request's computed tokens (the rows its next step reads; settled: no later step
+    rewrites them) are copied out, keyed by layer, request and position. Saved beside
+    the JSON (``OUT.json.rows.pt``); the JSON names the layers and their stream ranges."""
+    import torch
+
+    from inkling_cache import Stream
+    from inkling_model import get_owner
+
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    groups = scheduler.kv_cache_config.kv_cache_groups
+    ps = prompts(30, [45, 70])
+    names = [f"rows-{i}" for i in range(len(ps))]
+    drafts0 = _metric(llm, "vllm:spec_decode_num_draft_tokens")
+    accepted0 = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
+    for name, p in zip(names, ps):
+        engine.add_request(name, {"prompt_token_ids": p}, greedy(24))
+    rows: dict[str, torch.Tensor] = {}
+    layers: dict[str, Any] = {}
+    done: dict[str, Any] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        steps += 1
+        for req_id, request in scheduler.requests.items():
+            short = next(n for n in names if req_id.startswith(n))
+            computed = request.num_computed_tokens
+            block_ids = scheduler.kv_cache_manager.get_block_ids(req_id)
+            for gid, group in enumerate(groups):
+                size = group.kv_cache_spec.block_size
+                for layer in group.layer_names:
+                    if not layer.endswith(".conv_state"):
+                        continue
+                    owner = get_owner(layer)
+                    cache = owner.cache
+                    rows_per_block = cache.shape[2]
+                    layers[layer] = {
+                        "group": gid,
+                        "streams": {s.name: list(owner.stream_range(s)) for s in Stream},
+                    }
+                    for pos in range(max(0, computed - (WINDOW - 1)), computed):
+                        block = block_ids[gid][pos // size]
+                        if block == 0:  # the null block: the manager keeps no row here
+                            continue
+                        slot = block * size + pos % size
+                        rows[f"{layer}|{short}|{pos}"] = cache[slot // rows_per_block, :, slot % rows_per_block].clone()
+    torch.save(rows, out_path + ".rows.pt")
+    out = [next(o for rid, o in done.items() if rid.startswith(n)) for n in names]
+    return {
+        "prompts": ps, "tokens": _tokens(out), "layers": layers, "steps": steps, "num_rows": len(rows),
+        "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
+        "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+    }
+
+
 def sc_inspect(llm: Any) -> dict[str, Any]:
     from inkling_vllm.demo.diagnostics import describe_conv_state
 
@@ -454,6 +530,44 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ),
         ["streaming_sessions"],
     ),
+    # MTP speculative decoding with the checkpoint's own head (k = 1, 2, 3 drafts per
+    # step): chunked prefill under a 37-token budget (chunks end inside blocks and
+    # inside the conv window), prefix caching (hits on a 600-token shared prefix),
+    # decode with drafts; eager, the default tail conv-state manager
+    "mtp_k1": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+                    max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
+               ["chunked", "prefix_long", "spec_decode"]),
+    "mtp_k2": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+                    max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
+               ["chunked", "prefix_long", "spec_decode"]),
+    "mtp_k3": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+                    max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+               ["chunked", "prefix_long", "spec_decode"]),
+    # MTP drafts (k = 3) under preemption and recompute: a KV cache too small for the
+    # batch, admission by chunk, prefix caching on
+    "mtp_preempt": (
+        dict(
+            _env=IN_PROCESS, enforce_eager=True, block_size=32, max_model_len=256, max_num_batched_tokens=64,
+            num_gpu_blocks_override=40, scheduler_reserve_full_isl=False, max_num_seqs=8,
+            speculative_config={"method": "mtp", "num_speculative_tokens": 3},
+        ),
+        ["preempt_spec"],
+    ),
+    # MTP drafts (k = 2) on two tensor-parallel ranks: the drafter's K/V heads sharded,
+    # its ATTN/MLP convs on the hidden shard like the target's
+    "mtp_tp2": (dict(enforce_eager=True, tensor_parallel_size=2, max_num_seqs=4,
+                     speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
+                ["concurrent_tiny", "spec_decode"]),
+    # every conv-state layer's rows by position after every step, with MTP drafts
+    # (k = 3) and without drafting: the rows of positions no later step rewrites
+    "mtp_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4,
+                      speculative_config={"method": "mtp", "num_speculative_tokens": 3}), ["conv_rows"]),
+    "nodraft_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4), ["conv_rows"]),
+    # the same with the drafter's conv layers deliberately given no metadata (their
+    # convs become the identity and store nothing): the rows test must catch it
+    "mtp_rows_broken": (dict(_env=IN_PROCESS, _break_drafter_conv=True, enforce_eager=True, max_num_seqs=4,
+                             speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+                        ["conv_rows"]),
     # bfloat16 activations and cache (fp32 conv weights and math)
     "bf16": (dict(_env=IN_PROCESS, enforce_eager=True, dtype="bfloat16", max_num_seqs=8), ["inspect", "logprobs"]),
 }
@@ -465,6 +579,7 @@ SCENARIOS = {
     "logprobs": sc_logprobs,
     "prefix": sc_prefix,
     "prefix_uncached": sc_prefix_uncached,
+    "prefix_long": sc_prefix_long,
     "junction": sc_junction,
     "same_step": sc_same_step,
     "chunked": sc_chunked,
@@ -473,6 +588,10 @@ SCENARIOS = {
     "spec_decode": sc_spec_decode,
     "preempt_spec": sc_preempt_spec,
     "small_mix": sc_small_mix,
+}
+# scenarios that write a file beside the JSON (they get its path)
+FILE_SCENARIOS = {
+    "conv_rows": sc_conv_rows,
 }
 # scenarios that drive an AsyncLLM (engines with ``_async``)
 ASYNC_SCENARIOS = {
@@ -503,6 +622,21 @@ def run_async(checkpoint: str, settings: dict[str, Any], names: list[str]) -> di
     return asyncio.run(go())
 
 
+def _break_mtp_conv_metadata() -> None:
+    """A deliberately broken drafter: its conv-state layers get no metadata, so their
+    convolutions are the identity and store no rows (engine core in this process)."""
+    from inkling_vllm.drafting import proposer_class
+
+    cls = proposer_class()
+    original = cls.build_per_group_and_layer_attn_metadata
+
+    def build(self: Any, common_attn_metadata: Any, draft_index: int = 0) -> Any:
+        groups, layers = original(self, common_attn_metadata, draft_index)
+        return groups, {k: v for k, v in layers.items() if not k.endswith(".conv_state")}
+
+    cls.build_per_group_and_layer_attn_metadata = build
+
+
 def main(argv: list[str]) -> int:
     engine, checkpoint, out_path = argv[1], argv[2], argv[3]
     settings, names = ENGINES[engine]
@@ -530,6 +664,8 @@ def main(argv: list[str]) -> int:
         with open(out_path, "w") as f:
             json.dump(run_async(checkpoint, settings, names), f)
         return 0
+    if settings.pop("_break_drafter_conv", False):
+        _break_mtp_conv_metadata()
     started = time.time()
     llm = LLM(model=checkpoint, **{**COMMON, **settings})
     results: dict[str, Any] = {"engine_start_s": time.time() - started}
@@ -540,7 +676,10 @@ def main(argv: list[str]) -> int:
         t = time.time()
         before = launch_counts.snapshot()
         ranks_before = llm.apply_model(launch_counts.snapshot_in_worker) if workers else []
-        results[name] = SCENARIOS[name](llm)
+        if name in FILE_SCENARIOS:
+            results[name] = FILE_SCENARIOS[name](llm, out_path)
+        else:
+            results[name] = SCENARIOS[name](llm)
         results[name]["seconds"] = time.time() - t
         if count_launches:
             results[name]["triton_launches"] = launch_counts.difference(launch_counts.snapshot(), before)

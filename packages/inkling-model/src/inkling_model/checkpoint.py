@@ -32,6 +32,14 @@ Release name (``model.llm.`` + ...) -> transformers name (``InklingForCausalLM``
   ``mlp.shared_experts.gate_proj`` + ``up_proj`` [S, I, H];
   ``mlp.shared_experts.shared_w2_weight`` -> ``mlp.shared_experts.down_proj``.
 
+The multi-token-prediction head (``model.mtp.*``, the same prefix in both layouts):
+per depth ``j``, ``model.mtp.layers.{j}.`` + ``hidden_norm.weight``,
+``embed_norm.weight``, ``input_proj.weight`` and ``transformer_block.`` + one dense
+decoder layer, its tensors in release names (``attn.wq_du.weight``, ...) or in
+transformers' (``self_attn.q_proj.weight``, ...); optionally one shared
+``model.mtp.chain_norm.weight``. :func:`iter_mtp_weights` maps them to transformers'
+names.
+
 A fused release ``w13`` holds gate and up rows alternately (gate row ``j`` at
 ``2j``, up row ``j`` at ``2j + 1``) along its ``2I`` axis; transformers' experts
 ``gate_up_proj`` holds all gate rows first, then all up rows.
@@ -51,12 +59,16 @@ if TYPE_CHECKING:
     from inkling_cache import InklingTextSpec
 
 __all__ = [
+    "MTP_HEAD_PARTS",
     "TextShapeCheck",
     "TextWeights",
     "WeightKind",
     "check_text_shapes",
     "expected_text_shapes",
+    "iter_mtp_weights",
     "iter_text_weights",
+    "missing_mtp_tensors",
+    "mtp_depths_stored",
     "release_to_transformers",
     "transformers_to_release",
     "weight_kind",
@@ -498,3 +510,100 @@ def check_text_shapes(stored: Mapping[str, Sequence[int]], spec: InklingTextSpec
             result.wrong.append((name, shape, expected[key]))
     result.missing = [(name, shape) for name, shape in sorted(expected.items()) if name not in seen]
     return result
+
+
+# --- the multi-token-prediction head ------------------------------------------------
+_MTP_LAYER_RE = re.compile(r"^model\.mtp\.layers\.(\d+)\.(.+)$")
+_MTP_CHAIN_NORM = "model.mtp.chain_norm.weight"
+_MTP_BLOCK = "transformer_block."
+#: The per-depth tensors outside the decoder layer (same names in both layouts).
+MTP_HEAD_PARTS = ("hidden_norm.weight", "embed_norm.weight", "input_proj.weight")
+# a dense decoder layer's tensors (the MTP block's): release names and transformers' names
+_DENSE_RELEASE = tuple(
+    n for n in [*_LAYER_RENAMES, *_LAYER_FUSED]
+    if not n.startswith(("mlp.gate.", "mlp.experts.", "mlp.shared_experts."))
+)
+_DENSE_TRANSFORMERS = tuple(sorted(
+    {_LAYER_RENAMES[n] for n in _DENSE_RELEASE if n in _LAYER_RENAMES}
+    | {x for n in _DENSE_RELEASE if n in _LAYER_FUSED for x in _LAYER_FUSED[n][1:] if x is not None}
+))
+
+
+def _mtp_block_tensors(name: str, inner: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """One MTP decoder-layer tensor (``inner``: its name inside ``transformer_block.``)
+    under transformers' name(s)."""
+    if inner in _DENSE_TRANSFORMERS:
+        return [(inner, tensor)]
+    if inner in _LAYER_RENAMES and inner in _DENSE_RELEASE:
+        return [(_LAYER_RENAMES[inner], tensor)]
+    if inner in _LAYER_FUSED and inner in _DENSE_RELEASE:
+        axis, gate_name, up_name = _LAYER_FUSED[inner]
+        gate, up = _deinterleave(tensor, axis, name)
+        assert up_name is not None  # the dense MLP's pair is kept apart
+        return [(gate_name, gate), (up_name, up)]
+    raise ValueError(
+        f"unknown MTP tensor {name!r}: an MTP block is a dense Inkling decoder layer "
+        "(release or transformers names)"
+    )
+
+
+def iter_mtp_weights(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[int | None, str, torch.Tensor]]:
+    """The multi-token-prediction head's tensors of a checkpoint (either layout), as
+    ``(depth, name, tensor)`` with ``name`` in transformers' terms: one of
+    :data:`MTP_HEAD_PARTS`, or ``"transformer_block."`` + an ``InklingDecoderLayer``
+    name (``self_attn.q_proj.weight``, ``mlp.gate_proj.weight``, ...; a release
+    ``mlp.w13_dn.weight`` comes back as its gate and up halves). The shared
+    ``model.mtp.chain_norm.weight`` comes as ``(None, "chain_norm.weight", t)``. Every
+    other tensor (text model, towers) is passed over.
+
+    Raises:
+        ValueError (while iterating): a ``model.mtp.*`` name no rule maps.
+    """
+    for name, tensor in weights:
+        if weight_kind(name) != "mtp":
+            continue
+        if name == _MTP_CHAIN_NORM:
+            yield None, "chain_norm.weight", tensor
+            continue
+        match = _MTP_LAYER_RE.match(name)
+        if match is None:
+            raise ValueError(f"unknown MTP tensor {name!r}: expected model.mtp.layers.{{j}}.* or {_MTP_CHAIN_NORM}")
+        depth, rest = int(match.group(1)), match.group(2)
+        if rest in MTP_HEAD_PARTS:
+            yield depth, rest, tensor
+        elif rest.startswith(_MTP_BLOCK):
+            for inner, part in _mtp_block_tensors(name, rest[len(_MTP_BLOCK):], tensor):
+                yield depth, _MTP_BLOCK + inner, part
+        else:
+            raise ValueError(f"unknown MTP tensor {name!r}: no rule for {rest!r} in an MTP depth block")
+
+
+def mtp_depths_stored(names: Iterable[str]) -> list[int]:
+    """The MTP depths (``j`` of ``model.mtp.layers.{j}.*``) that ``names`` hold any
+    tensor for, sorted."""
+    depths = set()
+    for name in names:
+        match = _MTP_LAYER_RE.match(name)
+        if match is not None:
+            depths.add(int(match.group(1)))
+    return sorted(depths)
+
+
+def missing_mtp_tensors(names: Iterable[str], depths: int) -> list[str]:
+    """The MTP tensors a checkpoint holding ``names`` lacks for ``depths`` depth
+    blocks, in checkpoint names (each depth in the layout most of its stored block
+    tensors use; release names when it stores none). Empty when the head is complete.
+    Shapes are not checked (the loader does)."""
+    stored = set(names)
+    missing: list[str] = []
+    for depth in range(depths):
+        head = f"model.mtp.layers.{depth}."
+        block = head + _MTP_BLOCK
+        release = sum(block + n in stored for n in _DENSE_RELEASE)
+        ours = sum(block + n in stored for n in _DENSE_TRANSFORMERS)
+        inner = _DENSE_TRANSFORMERS if ours > release else _DENSE_RELEASE
+        missing += [head + n for n in MTP_HEAD_PARTS if head + n not in stored]
+        missing += [block + n for n in inner if block + n not in stored]
+    return missing

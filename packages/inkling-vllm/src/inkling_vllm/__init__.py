@@ -10,6 +10,10 @@ Modules (imported on demand; importing this package imports neither vllm nor tor
 - ``moe``: the MoE layer (fused routed experts + sink experts);
 - ``model``: ``InklingForCausalLM``, the full Inkling text model, from transformers-format
   or release-layout checkpoints;
+- ``mtp``: ``InklingMTP``, the checkpoint's multi-token-prediction head as vLLM's
+  draft model (speculative method ``"mtp"``);
+- ``drafting``: the MTP drafter's engine side: draft config for both layouts, the
+  refusal of checkpoints without a head, the multi-group proposer, the hooks into vLLM;
 - ``dispatch``: when to step aside for vLLM's in-tree Inkling;
 - ``compat``: supported vLLM versions and the recorded vLLM API the adapter uses;
 - ``demo``: not the adapter: the tiny checkpoint, the transformers reference, engine

@@ -93,7 +93,13 @@ from .compat import check_vllm_version
 from .conv_state import InklingConvStateLayer, share_pages_without_padding
 from .moe import InklingMoE
 
-__all__ = ["InklingForCausalLM", "UnsupportedCheckpoint", "check_supported_config", "served_spec"]
+__all__ = [
+    "InklingForCausalLM",
+    "UnsupportedCheckpoint",
+    "check_supported_config",
+    "load_layer_tensor",
+    "served_spec",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -554,48 +560,67 @@ class InklingForCausalLM(nn.Module):
     ) -> set[str]:
         if name == "model.embed_tokens.embed_norm.weight":
             name = "model.embed_norm.weight"
-        if name.endswith(_CONV_SUFFIX):
-            module_name = name[: -len(_CONV_SUFFIX)]
-            conv = modules.get(module_name)
-            if not isinstance(conv, InklingShortConv):
-                raise UnsupportedCheckpoint(f"checkpoint tensor {name!r}: no short conv {module_name!r} in the model")
-            conv.load_weight(tensor, tp_rank, tp_size)
-            return {f"{module_name}.weight"}
-        if name.endswith(_REL_PROJ_SUFFIX):
-            module_name = name[: -len(".rel_logits_proj.proj")] + ".attn"
-            attn = modules.get(module_name)
-            if not isinstance(attn, InklingRelAttention):
-                raise UnsupportedCheckpoint(f"checkpoint tensor {name!r}: no attention {module_name!r} in the model")
-            attn.load_rel_proj(tensor)
-            return {f"{module_name}.rel_proj"}
-        for part in _MOE_PARTS:
-            if part in name:
-                mlp_name, rest = name.split(".mlp.", 1)
-                moe = modules.get(f"{mlp_name}.mlp")
-                if not isinstance(moe, InklingMoE):
-                    raise UnsupportedCheckpoint(
-                        f"checkpoint tensor {name!r} is an MoE weight but the config marks "
-                        f"{mlp_name} as a dense layer (mlp_layer_types)"
-                    )
-                return {f"{mlp_name}.mlp.{p}" for p in moe.load_weight(rest, tensor)}
-        for ckpt, ours, shard in _STACKED:
-            if ckpt in name:
-                target = name.replace(ckpt, ours)
-                param = params[target]
-                param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]
-                return {target}
-        if name not in params:
-            raise UnsupportedCheckpoint(f"checkpoint tensor {name!r} has no parameter in InklingForCausalLM")
-        param = params[name]
-        if param.dim() == tensor.dim() and tuple(param.shape) != tuple(tensor.shape) and not hasattr(
-            param, "weight_loader"
-        ):
-            raise UnsupportedCheckpoint(
-                f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(param.shape)}"
-            )
-        loader = getattr(param, "weight_loader", default_weight_loader)
-        loader(param, tensor)
-        return {name}
+        return load_layer_tensor(name, tensor, params, modules, tp_rank, tp_size, "InklingForCausalLM")
+
+
+def load_layer_tensor(
+    name: str,
+    tensor: torch.Tensor,
+    params: dict[str, nn.Parameter],
+    modules: dict[str, nn.Module],
+    tp_rank: int,
+    tp_size: int,
+    owner: str,
+) -> set[str]:
+    """Load one checkpoint tensor, under its transformers name (``name``, relative to
+    the module whose ``named_parameters`` / ``named_modules`` are ``params`` /
+    ``modules``), into this package's Inkling layers: short-conv weights, relative-logit
+    projections, MoE parts, stacked q/k/v and gate/up projections, and plain
+    parameters (through their ``weight_loader``, which shards for TP). Returns the
+    parameter names filled; raises :class:`UnsupportedCheckpoint` (``owner`` names the
+    model) for a name with no parameter or a wrong shape."""
+    if name.endswith(_CONV_SUFFIX):
+        module_name = name[: -len(_CONV_SUFFIX)]
+        conv = modules.get(module_name)
+        if not isinstance(conv, InklingShortConv):
+            raise UnsupportedCheckpoint(f"checkpoint tensor {name!r}: no short conv {module_name!r} in the model")
+        conv.load_weight(tensor, tp_rank, tp_size)
+        return {f"{module_name}.weight"}
+    if name.endswith(_REL_PROJ_SUFFIX):
+        module_name = name[: -len(".rel_logits_proj.proj")] + ".attn"
+        attn = modules.get(module_name)
+        if not isinstance(attn, InklingRelAttention):
+            raise UnsupportedCheckpoint(f"checkpoint tensor {name!r}: no attention {module_name!r} in the model")
+        attn.load_rel_proj(tensor)
+        return {f"{module_name}.rel_proj"}
+    for part in _MOE_PARTS:
+        if part in name:
+            mlp_name, rest = name.split(".mlp.", 1)
+            moe = modules.get(f"{mlp_name}.mlp")
+            if not isinstance(moe, InklingMoE):
+                raise UnsupportedCheckpoint(
+                    f"checkpoint tensor {name!r} is an MoE weight but the config marks "
+                    f"{mlp_name} as a dense layer (mlp_layer_types)"
+                )
+            return {f"{mlp_name}.mlp.{p}" for p in moe.load_weight(rest, tensor)}
+    for ckpt, ours, shard in _STACKED:
+        if ckpt in name:
+            target = name.replace(ckpt, ours)
+            param = params[target]
+            param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]
+            return {target}
+    if name not in params:
+        raise UnsupportedCheckpoint(f"checkpoint tensor {name!r} has no parameter in {owner}")
+    param = params[name]
+    if param.dim() == tensor.dim() and tuple(param.shape) != tuple(tensor.shape) and not hasattr(
+        param, "weight_loader"
+    ):
+        raise UnsupportedCheckpoint(
+            f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(param.shape)}"
+        )
+    loader = getattr(param, "weight_loader", default_weight_loader)
+    loader(param, tensor)
+    return {name}
 
 
 def _join(prefix: str, name: str) -> str:

@@ -34,7 +34,10 @@ def register() -> None:
     the GPU worker compile the model's kernels before serving
     (:func:`inkling_vllm.warmup.install_warmup_hook`) and keeps vLLM's breakable CUDA
     graphs off for the engines it serves
-    (:func:`inkling_vllm.attention.keep_breakable_graphs_off`). With the environment
+    (:func:`inkling_vllm.attention.keep_breakable_graphs_off`). It registers the
+    checkpoint's multi-token-prediction head as the drafter for speculative method
+    ``"mtp"`` (:data:`inkling_vllm.drafting.MTP_ARCHITECTURE`,
+    :func:`inkling_vllm.drafting.install_mtp_hooks`). With the environment
     variable ``INKLING_VLLM_MODEL=builtin`` the plugin registers nothing. An
     unsupported vLLM version is not refused here (that would break vLLM for every
     model): building the Inkling model raises ``UnsupportedVllmVersion`` instead.
@@ -69,6 +72,12 @@ def register() -> None:
     for arch in ARCHITECTURES:
         remember_builtin(arch, models.get(arch))
         ModelRegistry.register_model(arch, MODEL_CLASS)
+    # The checkpoint's MTP head as vLLM's drafter (speculative method "mtp").
+    from .drafting import MTP_ARCHITECTURE, MTP_MODEL_CLASS, install_mtp_hooks
+
+    remember_builtin(MTP_ARCHITECTURE, models.get(MTP_ARCHITECTURE))
+    ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_MODEL_CLASS)
+    install_mtp_hooks()
     _registered = True
 
 

@@ -36,6 +36,24 @@ Variants (same weights for a given seed):
   1) and small vision/audio towers (``model.visual.*``, ``model.audio.*``). A
   transformers-format copy of the same weights, saved by transformers itself, sits in
   the ``transformers-reference`` subfolder (:func:`reference_checkpoint`).
+* ``"mtp"``: the release layout with a complete multi-token-prediction head
+  (:data:`MTP_LAYERS` depth blocks under ``model.mtp.layers.{j}.*``: ``hidden_norm``,
+  ``embed_norm``, ``input_proj`` and a dense Inkling decoder layer
+  ``transformer_block.*`` in release names), drawn by :func:`mtp_head_tensors`; no
+  towers. Speculative decoding with ``method="mtp"`` drafts with it.
+* ``"mtp-transformers"``: transformers' format with the same head: ``num_mtp_layers``
+  in config.json and the head's tensors under ``model.mtp.layers.{j}.*`` with the
+  decoder layer in transformers' names (``transformer_block.self_attn.q_proj.weight``,
+  ...), which transformers' own loader ignores.
+* ``"mtp-predictive"``: the release layout with a head that predicts what the main
+  model will say: the main model's decoder layers are scaled down so that its greedy
+  next token is (nearly) a function of the current token, and the head maps the
+  next token's embedding through the same path (:func:`predictive_mtp_head`), so most
+  drafts are accepted. Its main model differs from the other variants' (transformers'
+  copy of it sits in ``transformers-reference``).
+* ``"mtp-deep"``: the release layout with a random two-depth head (:data:`DEEP_MTP`):
+  depth 1 with sliding-window attention (``mtp_config.local_layer_ids``) and a shared
+  ``chain_norm`` (``chain_hidden_post_norm``); the second draft step runs depth 1.
 
 Used by the tests, the main job and ``benchmarks/run.py full-width``; imports
 transformers/tokenizers lazily.
@@ -57,9 +75,12 @@ __all__ = [
     "TINY_CONFIG",
     "TINY_FORMAT_VERSION",
     "VARIANTS",
+    "MTP_LAYERS",
     "build_tiny_checkpoint",
     "default_cache_dir",
     "draw_weights",
+    "mtp_head_tensors",
+    "predictive_mtp_head",
     "reference_cache_dir",
     "reference_checkpoint",
     "tiny_config",
@@ -111,7 +132,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "padded": {"inkling_conv_state_padding": "none"},
     "release": {},
+    "mtp": {},
+    "mtp-transformers": {},
+    "mtp-predictive": {},
+    "mtp-deep": {},
 }
+
+#: Depth blocks of the ``mtp*`` variants' multi-token-prediction head.
+MTP_LAYERS = 1
+#: Variants written in the release layout (``model.llm.*``).
+RELEASE_VARIANTS = ("release", "mtp", "mtp-predictive", "mtp-deep")
+#: The ``mtp-deep`` variant's head: two depths, the second sliding-window, a chain norm.
+DEEP_MTP = {"num_nextn_predict_layers": 2, "local_layer_ids": [1], "chain_hidden_post_norm": True}
+#: How much the ``mtp-predictive`` variant scales its decoder layers' outputs down.
+PREDICTIVE_LAYER_SCALE = 0.05
 
 #: The release variant's multi-token-prediction depth (its ``model.mtp.*`` tensors are
 #: random: no loader of the text model reads them).
@@ -220,6 +254,101 @@ def _tiny_model(seed: int) -> Any:
     return model.eval()
 
 
+def _scale_layer_outputs(model: Any, scale: float) -> None:
+    """Multiply every decoder layer's output projections (attention ``o_proj``, dense
+    and expert ``down_proj``) by ``scale``: each sublayer then adds little to the
+    residual stream, which carries the token's embedding to the final norm."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("self_attn.o_proj.weight", "down_proj.weight", "experts.down_proj",
+                              "shared_experts.down_proj")):
+                p.mul_(scale)
+
+
+def _mtp_block_config(depths: int, local_layer_ids: tuple[int, ...] = ()) -> Any:
+    """transformers config whose decoder layers ``0 .. depths-1`` are MTP blocks:
+    sliding-window attention at ``local_layer_ids``, global elsewhere; dense MLPs."""
+    from transformers import InklingTextConfig
+
+    types = ["hybrid_sliding" if j in local_layer_ids else "hybrid" for j in range(depths)]
+    fields = {**TINY_CONFIG, "num_hidden_layers": depths, "layer_types": types,
+              "mlp_layer_types": ["dense"] * depths}
+    return InklingTextConfig(**fields)
+
+
+def mtp_head_tensors(
+    seed: int, *, depths: int = MTP_LAYERS, layout: str = "release", layer_scale: float = 1.0,
+    input_proj: Any = None, local_layer_ids: tuple[int, ...] = (), chain_norm: bool = False,
+) -> dict[str, Any]:
+    """A multi-token-prediction head for the tiny model, as checkpoint tensors.
+
+    Per depth ``j`` (``H`` = hidden size): ``model.mtp.layers.{j}.hidden_norm.weight``
+    and ``embed_norm.weight`` ``[H]``, ``input_proj.weight`` ``[H, 2H]`` (applied to the
+    normed previous hidden state and the normed next-token embedding, concatenated in
+    that order) and ``transformer_block.*``: one Inkling decoder layer with global
+    attention and a dense MLP, drawn by :func:`draw_weights` on transformers'
+    ``InklingDecoderLayer`` and named in ``layout`` (``"release"``: release names such
+    as ``transformer_block.attn.wq_du.weight``; ``"transformers"``:
+    ``transformer_block.self_attn.q_proj.weight``). ``layer_scale`` scales the block's
+    output projections; ``input_proj`` replaces the drawn projection (same for every
+    depth). Depths in ``local_layer_ids`` get sliding-window attention (the sliding
+    layers' head counts); ``chain_norm`` adds ``model.mtp.chain_norm.weight``."""
+    import torch
+    from transformers.models.inkling.modeling_inkling import InklingDecoderLayer
+
+    from inkling_model.checkpoint import transformers_to_release
+
+    if layout not in ("release", "transformers"):
+        raise ValueError(f"layout must be 'release' or 'transformers', got {layout!r}")
+    hidden = TINY_CONFIG["hidden_size"]
+    gen = torch.Generator().manual_seed(seed + 7)
+    config = _mtp_block_config(depths, local_layer_ids)
+    out: dict[str, torch.Tensor] = {}
+    for depth in range(depths):
+        head = f"model.mtp.layers.{depth}."
+        block = InklingDecoderLayer(config, depth).to(torch.float32)
+        draw_weights(block, gen)
+        _scale_layer_outputs(block, layer_scale)
+        state = {f"model.layers.{depth}.{k}": v for k, v in block.state_dict().items()}
+        if layout == "release":
+            state = transformers_to_release(state)
+        inner_prefix = f"model.llm.layers.{depth}." if layout == "release" else f"model.layers.{depth}."
+        for name, tensor in state.items():
+            out[head + "transformer_block." + name[len(inner_prefix):]] = tensor
+        out[head + "hidden_norm.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+        out[head + "embed_norm.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+        if input_proj is None:
+            out[head + "input_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) / math.sqrt(2 * hidden)
+        else:
+            out[head + "input_proj.weight"] = input_proj.clone()
+            out[head + "hidden_norm.weight"] = torch.ones(hidden)
+            out[head + "embed_norm.weight"] = torch.ones(hidden)
+    if chain_norm:
+        out["model.mtp.chain_norm.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+    return out
+
+
+def predictive_mtp_head(model: Any, seed: int, *, depths: int = MTP_LAYERS) -> dict[str, Any]:
+    """Release-layout MTP tensors that predict what ``model`` (whose decoder layers
+    :func:`_scale_layer_outputs` made small) says after the next token.
+
+    Such a model's last hidden state is close to its final norm of the current token's
+    normed embedding, so its greedy next token is nearly a function of the current
+    token. The head's ``input_proj`` ignores the previous hidden state and maps the
+    next token's normed embedding through the main model's final-norm weights; its
+    decoder layer is scaled down the same way, so its logits (through the shared LM
+    head) are nearly those the main model will compute one position later."""
+    import torch
+
+    hidden = TINY_CONFIG["hidden_size"]
+    proj = torch.zeros(hidden, 2 * hidden)
+    proj[:, hidden:] = torch.diag(model.model.norm.weight.detach().to(torch.float32))
+    return mtp_head_tensors(seed, depths=depths, layout="release", layer_scale=PREDICTIVE_LAYER_SCALE,
+                            input_proj=proj)
+
+
 def _release_extras(seed: int) -> dict[str, Any]:
     """Random MTP and vision/audio tensors under release names (shaped for
     transformers' towers, so its InklingForConditionalGeneration loads them too)."""
@@ -250,24 +379,26 @@ def _release_extras(seed: int) -> dict[str, Any]:
     return out
 
 
-def _release_config(model: Any) -> dict[str, Any]:
+def _release_config(model: Any, mtp_layers: int = RELEASE_MTP_LAYERS, towers: bool = True) -> dict[str, Any]:
     from inkling_cache import text_spec
 
     spec = text_spec(model.config)
     text = spec.to_release_config()
-    text["num_nextn_predict_layers"] = RELEASE_MTP_LAYERS
+    text["num_nextn_predict_layers"] = mtp_layers
     ids = {k: TINY_CONFIG[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    return {
+    config: dict[str, Any] = {
         "model_type": "inkling_mm_model",
         "architectures": ["InklingForConditionalGeneration"],
         "dtype": "float32",
         **ids,
         "text_config": {**text, **ids, "dtype": "float32"},
         # transformers reads the MTP depth from here, vLLM from the text config
-        "mtp_config": {"num_nextn_predict_layers": RELEASE_MTP_LAYERS},
-        "vision_config": dict(_VISION),
-        "audio_config": dict(_AUDIO),
+        "mtp_config": {"num_nextn_predict_layers": mtp_layers},
     }
+    if towers:
+        config["vision_config"] = dict(_VISION)
+        config["audio_config"] = dict(_AUDIO)
+    return config
 
 
 def build_tiny_checkpoint(path: str | Path, *, variant: str = "default", seed: int = 0) -> Path:
@@ -286,24 +417,44 @@ def build_tiny_checkpoint(path: str | Path, *, variant: str = "default", seed: i
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model = _tiny_model(seed)
+    if variant == "mtp-predictive":
+        _scale_layer_outputs(model, PREDICTIVE_LAYER_SCALE)
     unpadded = TINY_CONFIG["unpadded_vocab_size"]
-    if variant != "release":
+    if variant not in RELEASE_VARIANTS:
         model.save_pretrained(str(path), safe_serialization=True)
-        if extra:
-            config_path = path / "config.json"
-            data = json.loads(config_path.read_text())
-            data.update(extra)
-            config_path.write_text(json.dumps(data, indent=2))
+        config_path = path / "config.json"
+        data = json.loads(config_path.read_text())
+        data.update(extra)
+        if variant == "mtp-transformers":
+            # transformers saves no MTP head (it has none): add it beside the text model
+            from safetensors.torch import load_file
+
+            data["num_mtp_layers"] = MTP_LAYERS
+            weights = path / "model.safetensors"
+            tensors = {**load_file(str(weights)), **mtp_head_tensors(seed, layout="transformers")}
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
+        config_path.write_text(json.dumps(data, indent=2))
         _save_tokenizer(path, unpadded)
         return path
 
     reference = path / REFERENCE_DIR
     model.save_pretrained(str(reference), safe_serialization=True)
     _save_tokenizer(reference, unpadded)
-    tensors = {**transformers_to_release(model.state_dict()), **_release_extras(seed)}
+    if variant == "release":
+        extras, config = _release_extras(seed), _release_config(model)
+    elif variant == "mtp":
+        extras, config = mtp_head_tensors(seed), _release_config(model, MTP_LAYERS, towers=False)
+    elif variant == "mtp-deep":
+        extras = mtp_head_tensors(seed, depths=DEEP_MTP["num_nextn_predict_layers"],
+                                  local_layer_ids=tuple(DEEP_MTP["local_layer_ids"]), chain_norm=True)
+        config = _release_config(model, DEEP_MTP["num_nextn_predict_layers"], towers=False)
+        config["mtp_config"] = dict(DEEP_MTP)
+    else:  # mtp-predictive
+        extras, config = predictive_mtp_head(model, seed), _release_config(model, MTP_LAYERS, towers=False)
+    tensors = {**transformers_to_release(model.state_dict()), **extras}
     save_file({k: v.detach().to(torch.float32).contiguous() for k, v in tensors.items()},
               str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(_release_config(model), indent=2))
+    (path / "config.json").write_text(json.dumps(config, indent=2))
     if (reference / "generation_config.json").exists():
         shutil.copyfile(reference / "generation_config.json", path / "generation_config.json")
     _save_tokenizer(path, unpadded)

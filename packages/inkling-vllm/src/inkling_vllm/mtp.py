@@ -1,0 +1,257 @@
+"""Inkling's multi-token-prediction (MTP) head as vLLM's drafter (``method="mtp"``).
+
+Released Inkling checkpoints carry an MTP head: ``num_nextn_predict_layers`` depth
+blocks under ``model.mtp.layers.{j}.*`` (both checkpoint layouts; the tensor names are
+mapped by ``inkling_model.checkpoint.iter_mtp_weights``). Depth ``j`` drafts the
+token after next from the previous hidden state ``h`` and the next token's embedding
+``e`` (the target's embedding table and its ``embed_norm``)::
+
+    x = input_proj(cat(hidden_norm(h), embed_norm(e)))     (2H -> H)
+    y = transformer_block(x)        (one Inkling decoder layer, dense MLP: four short
+                                     convs and relative-logit attention, global or
+                                     sliding per ``mtp_local_layer_ids``)
+    y = chain_norm(y)               (when ``chain_hidden_post_norm``)
+    logits = the target's compute_logits(y)   (shared LM head, muP scale, padded
+                                               vocabulary masked)
+
+Draft step ``s`` runs depth ``s % depths`` (vLLM's in-tree Inkling MTP does the
+same) and feeds its ``y`` to the next step as ``h``. The first step sees the target's
+last hidden states of every verified position (vLLM's padded drafter batch), so each
+depth block's layers keep their state like the target's: the block's conv inputs by
+absolute position in its own paged conv-state cache (:class:`InklingConvStateLayer`)
+and its keys/values in its own attention KV cache; a rejected draft's rows are
+overwritten by the next step, never read.
+
+The draft model is :class:`InklingMTP` (registered as :data:`MTP_ARCHITECTURE`); the
+engine side (draft config, refusal of a checkpoint without a head, the proposer and
+the hooks into vLLM) is :mod:`inkling_vllm.drafting`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+)
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import ReplicatedLinear
+
+from inkling_cache import InklingTextSpec
+from inkling_model.checkpoint import iter_mtp_weights
+
+from .drafting import MTP_ARCHITECTURE, MtpHead, mtp_head
+from .model import (
+    InklingDecoderLayer,
+    UnsupportedCheckpoint,
+    _conv_padding,
+    _fused_tails,
+    _join,
+    _raw_config,
+    check_supported_config,
+    load_layer_tensor,
+    served_spec,
+)
+
+__all__ = ["MTP_ARCHITECTURE", "InklingMTP", "InklingMTPDepth"]
+
+
+# --- the draft model ---------------------------------------------------------------
+def _block_spec(spec: InklingTextSpec, head: MtpHead, depths: int) -> InklingTextSpec:
+    """The text spec with the MTP depth blocks as its decoder layers (dense MLPs)."""
+    return dataclasses.replace(
+        spec,
+        num_hidden_layers=depths,
+        layer_types=tuple(head.layer_type(j) for j in range(depths)),
+        mlp_layer_types=("dense",) * depths,
+    )
+
+
+def _fixed_norm(hidden_size: int, eps: float) -> RMSNorm:
+    """An RMSNorm with unit weight held as a buffer (no checkpoint tensor): the fused
+    sublayer tail always normalises its sum, the MTP block's output without a
+    ``chain_norm`` is the sum itself."""
+    norm = RMSNorm(hidden_size, eps=eps)
+    weight = torch.ones_like(norm.weight.data)
+    del norm.weight
+    norm.register_buffer("weight", weight, persistent=False)
+    return norm
+
+
+class InklingMTPDepth(nn.Module):
+    """One MTP depth block: both inputs RMS-normed, concatenated, projected
+    ``2H -> H``, then one Inkling decoder layer with its own conv state and KV cache."""
+
+    def __init__(self, spec: InklingTextSpec, depth: int, quant_config: Any, prefix: str, padding: str,
+                 fused: bool) -> None:
+        super().__init__()
+        hidden = spec.hidden_size
+        self.hidden_norm = RMSNorm(hidden, eps=spec.rms_norm_eps)
+        self.embed_norm = RMSNorm(hidden, eps=spec.rms_norm_eps)
+        self.input_proj = ReplicatedLinear(2 * hidden, hidden, bias=False, quant_config=quant_config,
+                                           prefix=f"{prefix}.input_proj")
+        self.transformer_block = InklingDecoderLayer(spec, depth, quant_config, f"{prefix}.transformer_block",
+                                                     padding, fused)
+
+    def combine(self, previous_hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """``input_proj(cat(hidden_norm(h), embed_norm(e)))``: ``[T, H]`` each -> ``[T, H]``."""
+        both = torch.cat([self.hidden_norm(previous_hidden), self.embed_norm(embeds)], dim=-1)
+        out, _ = self.input_proj(both)
+        return out
+
+
+class InklingMTP(nn.Module):
+    """vLLM draft model for an Inkling checkpoint's MTP head (both layouts).
+
+    Built from the checkpoint's own config.json (``served_spec``) and its MTP fields
+    (:func:`mtp_head`); only the depths the drafts use (``min(depths,
+    num_speculative_tokens)``) are built and loaded. The embedding and the LM head are
+    the target model's (:meth:`attach_target`, called by :class:`InklingMTPProposer`).
+
+    ``forward(input_ids, positions, hidden_states, inputs_embeds=None,
+    spec_step_idx=0)``: ``hidden_states`` ``[T, H]`` the previous hidden state of each
+    row (the target's for the first draft step), ``input_ids`` ``[T]`` the next tokens;
+    returns ``[T, H]``, the logits input and the next step's ``hidden_states``.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        model_config = vllm_config.model_config
+        raw = _raw_config(model_config)
+        spec = served_spec(vllm_config, raw)
+        check_supported_config(spec)
+        head = mtp_head(raw if raw is not None else model_config.hf_config)
+        speculative = vllm_config.speculative_config
+        num_spec = int(getattr(speculative, "num_speculative_tokens", 0) or 0)
+        if head.num_layers < 1:
+            raise UnsupportedCheckpoint(f"{getattr(model_config, 'model', '')}: the checkpoint declares no MTP head")
+        depths = min(head.num_layers, num_spec) if num_spec else head.num_layers
+        self.head = head
+        self.spec = _block_spec(spec, head, depths)
+        self.fused = _fused_tails(vllm_config, raw)
+        padding = _conv_padding(vllm_config, raw)
+        quant_config = vllm_config.quant_config
+        self.layers = nn.ModuleList(
+            InklingMTPDepth(self.spec, j, quant_config, _join(prefix, f"model.mtp.layers.{j}"), padding, self.fused)
+            for j in range(depths)
+        )
+        eps = spec.rms_norm_eps
+        self.chain_norm = RMSNorm(spec.hidden_size, eps=eps) if head.chain_hidden_post_norm else None
+        self.tail_norm = _fixed_norm(spec.hidden_size, eps)
+        self._target: list[nn.Module] = []  # not a submodule: its parameters are the target's
+        _share_conv_pages(vllm_config)
+
+    # -- the target's embedding and LM head ----------------------------------------
+    def attach_target(self, target: nn.Module) -> None:
+        """Share ``target``'s (an ``InklingForCausalLM``) embedding, ``embed_norm``
+        and LM head."""
+        self._target[:] = [target]
+
+    @property
+    def target(self) -> Any:
+        if not self._target:
+            raise RuntimeError("InklingMTP: attach_target() has not been called (vLLM's proposer does it)")
+        return self._target[0]
+
+    def embed_input_ids(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The target's normed embedding of ``input_ids``: ``[T]`` -> ``[T, H]``."""
+        return self.target.embed_input_ids(input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor | None:
+        """The target's logits of ``hidden_states`` (shared LM head, muP scale, padded
+        vocabulary masked)."""
+        return self.target.compute_logits(hidden_states)
+
+    def get_top_tokens(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        """Greedy draft tokens ``[T]``."""
+        logits = self.compute_logits(hidden_states, spec_step_idx)
+        assert logits is not None
+        return logits.argmax(dim=-1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+        spec_step_idx: int = 0,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            assert input_ids is not None  # vLLM passes one of the two
+            inputs_embeds = self.embed_input_ids(input_ids)
+        depth = self.layers[spec_step_idx % len(self.layers)]
+        block = depth.transformer_block
+        x = depth.combine(hidden_states, inputs_embeds)
+        normed = block.input_layernorm(x)
+        tp_size = get_tensor_model_parallel_world_size()
+        sharded = self.fused and tp_size > 1
+        if sharded:  # the fused tails keep the residual stream sharded by columns
+            x = x.chunk(tp_size, dim=-1)[get_tensor_model_parallel_rank()].contiguous()
+        norm = self.chain_norm if self.chain_norm is not None else self.tail_norm
+        out, out_normed = block(positions, x, normed, norm)
+        if self.chain_norm is not None:
+            return out_normed
+        return tensor_model_parallel_all_gather(out, dim=-1) if sharded else out
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load the ``model.mtp.*`` tensors of the depths built (either layout; every
+        other tensor belongs to the target). Returns the parameters filled; raises
+        :class:`UnsupportedCheckpoint` naming what is missing or does not fit."""
+        params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        loaded: set[str] = set()
+        try:
+            for depth, name, tensor in iter_mtp_weights(weights):
+                if depth is None:
+                    if self.chain_norm is None:
+                        raise UnsupportedCheckpoint(
+                            "the checkpoint holds model.mtp.chain_norm.weight but its config does not set "
+                            "chain_hidden_post_norm"
+                        )
+                    target = "chain_norm.weight"
+                elif depth >= len(self.layers):
+                    continue  # a depth no draft step uses
+                else:
+                    target = f"layers.{depth}.{name}"
+                try:
+                    loaded |= load_layer_tensor(target, tensor, params, modules, tp_rank, tp_size, "InklingMTP")
+                except UnsupportedCheckpoint:
+                    raise
+                except (AssertionError, RuntimeError, ValueError, KeyError) as exc:
+                    raise UnsupportedCheckpoint(
+                        f"MTP tensor {name!r} (depth {depth}) {tuple(tensor.shape)} does not fit the head built "
+                        f"from the config: {exc}"
+                    ) from None
+        except UnsupportedCheckpoint:
+            raise
+        except ValueError as exc:  # the name map refuses names it has no rule for
+            raise UnsupportedCheckpoint(str(exc)) from None
+        missing = sorted(n for n in params if n not in loaded)
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise UnsupportedCheckpoint(f"the checkpoint holds no MTP tensor for {len(missing)} parameters: {shown}")
+        return loaded
+
+
+def _share_conv_pages(vllm_config: VllmConfig) -> None:
+    """Size the rows per block of every conv-state layer in the engine (the target's
+    and the drafter's) together, so that vLLM's page unification pads no page with the
+    drafter's layers added (:func:`inkling_vllm.conv_state.share_pages_without_padding`)."""
+    from .attention import InklingAttentionLayer
+    from .conv_state import InklingConvStateLayer, share_pages_without_padding
+
+    context = vllm_config.compilation_config.static_forward_context
+    convs = [layer for layer in context.values() if isinstance(layer, InklingConvStateLayer)]
+    attention = [layer for layer in context.values() if isinstance(layer, InklingAttentionLayer)]
+    share_pages_without_padding(convs, [a.get_kv_cache_spec(vllm_config).page_size_bytes for a in attention])
+
+
