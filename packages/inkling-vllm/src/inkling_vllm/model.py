@@ -543,10 +543,7 @@ class InklingForCausalLM(nn.Module):
                 ) from None
         for kind, count in sorted(text_weights.skipped.items()):
             logger.info("inkling-vllm: skipped %d %s tensors (not part of the served text model)", count, kind)
-        missing = sorted(n for n in params if n not in loaded)
-        if missing:
-            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-            raise UnsupportedCheckpoint(f"the checkpoint holds no tensor for {len(missing)} parameters: {shown}")
+        refuse_unfilled(params, loaded, "tensor")
         return loaded
 
     def _load_one(
@@ -561,6 +558,15 @@ class InklingForCausalLM(nn.Module):
         if name == "model.embed_tokens.embed_norm.weight":
             name = "model.embed_norm.weight"
         return load_layer_tensor(name, tensor, params, modules, tp_rank, tp_size, "InklingForCausalLM")
+
+
+def refuse_unfilled(params: dict[str, nn.Parameter], loaded: set[str], what: str) -> None:
+    """Raise :class:`UnsupportedCheckpoint` naming (up to 8 of) the parameters no
+    checkpoint ``what`` (e.g. ``"tensor"``, ``"MTP tensor"``) filled."""
+    missing = sorted(n for n in params if n not in loaded)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise UnsupportedCheckpoint(f"the checkpoint holds no {what} for {len(missing)} parameters: {shown}")
 
 
 def load_layer_tensor(

@@ -57,6 +57,7 @@ from .model import (
     _raw_config,
     check_supported_config,
     load_layer_tensor,
+    refuse_unfilled,
     served_spec,
 )
 
@@ -235,10 +236,7 @@ class InklingMTP(nn.Module):
             raise
         except ValueError as exc:  # the name map refuses names it has no rule for
             raise UnsupportedCheckpoint(str(exc)) from None
-        missing = sorted(n for n in params if n not in loaded)
-        if missing:
-            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-            raise UnsupportedCheckpoint(f"the checkpoint holds no MTP tensor for {len(missing)} parameters: {shown}")
+        refuse_unfilled(params, loaded, "MTP tensor")
         return loaded
 
 
