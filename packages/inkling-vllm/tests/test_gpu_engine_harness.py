@@ -125,3 +125,42 @@ def test_bench_graph_settings_are_configs_vllm_accepts() -> None:
         assert config.mode == mode, graphs  # None: vLLM's default (compiled) is resolved later
         assert config.cudagraph_capture_sizes == gpu_engine.BENCH_CAPTURE_SIZES
     assert gpu_engine.bench_key("on-nocompile", "peer") == "graphs-on-nocompile-peer"
+
+
+def test_bench_model_grows_by_layers_and_carries_an_mtp_head_on_request() -> None:
+    """Deeper benchmark models continue sliding / global in turn after the first two
+    dense layers; an MTP head is declared where both vLLM and the plugin look for it."""
+    from inkling_vllm.drafting import mtp_head
+
+    config = gpu_engine.bench_config(layers=8, mtp_layers=1)
+    text = config["text_config"]
+    assert text["num_hidden_layers"] == 8 and text["local_layer_ids"] == [0, 2, 4, 6]
+    assert text["num_nextn_predict_layers"] == 1 and config["mtp_config"] == {"num_nextn_predict_layers": 1}
+    assert mtp_head(config).num_layers == 1
+    assert mtp_head(gpu_engine.bench_config()).num_layers == 0 and "mtp_config" not in gpu_engine.bench_config()
+    assert gpu_engine.bench_key("on", "ours", 1, 16) == "graphs-on-mtp1-L16"
+
+
+def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> None:
+    """Both drafting tables put each run beside the same engine without drafts."""
+    spec = _bench_record(3000.0, 450.0)
+    spec["decode"][0]["acceptance"] = 0.004  # type: ignore[index]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": {}, "cases": {
+        "graphs-on": _bench_record(3000.0, 500.0), "graphs-on-mtp1": spec}}))
+
+    def case(conc: int, rate: float, **extra: float) -> dict[str, float]:
+        return {"concurrency": conc, "tokens": 256, "tokens_per_s": rate, **extra}
+
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"device": {}, "prompt": 64, "runs": [
+        {"checkpoint": "pred", "drafts": 0, "cases": [case(1, 100.0), case(16, 1000.0)]},
+        {"checkpoint": "pred", "drafts": 3, "cases": [case(1, 250.0, acceptance=0.75, tokens_per_draft_step=3.25)]},
+        {"checkpoint": "rand", "drafts": 3, "error": "boom"},
+    ]}))
+    assert gpu_engine.main(["report", "--bench", str(bench), "--draft", str(draft)]) == 0
+    out = capsys.readouterr().out
+    assert "| graphs-on-mtp1 | decode 64 x 1024 | 500 | 450 | 0.90 | 0.004 |" in out
+    assert "| pred | 3 | 1 x 256 | 250 | 2.50 | 0.750 | 3.25 |" in out
+    assert "| pred | 0 | 16 x 256 | 1000 | 1.00 |  |  |" in out
+    assert "| rand | 3 | failed to run |" in out

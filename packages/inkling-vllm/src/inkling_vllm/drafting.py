@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from collections.abc import Mapping
 from copy import copy
 from pathlib import Path
@@ -338,7 +339,48 @@ def install_mtp_hooks() -> bool:
 
         hf_config_override._inkling_mtp = True  # type: ignore[attr-defined]
         SpeculativeConfig.hf_config_override = staticmethod(hf_config_override)
+    _install_runner_choice_hook()
     return _install_runner_hook()
+
+
+#: vLLM's switch between its model runners (unset: V2 wherever V2 supports the engine).
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def _install_runner_choice_hook() -> bool:
+    """Serve MTP drafting engines with vLLM's V1 GPU model runner.
+
+    vLLM 0.32 picks its V2 model runner on CUDA wherever V2 supports the engine; V2
+    drafts through its own speculators, which load a draft model by vLLM's EAGLE
+    conventions and know nothing of :class:`InklingMTPProposer` (the multi-group conv
+    metadata, the shared embedding and LM head). An engine drafting with an Inkling
+    MTP head therefore runs the V1 runner, where the proposer is installed; asking
+    for V2 explicitly (``VLLM_USE_V2_MODEL_RUNNER=1``) is refused at configuration."""
+    try:
+        from vllm.config import VllmConfig
+    except ImportError:
+        return False
+    prop = VllmConfig.__dict__.get("use_v2_model_runner")
+    if not isinstance(prop, property) or prop.fget is None:
+        return False
+    if getattr(prop.fget, "_inkling_mtp", False):
+        return True
+    original = prop.fget
+
+    @functools.wraps(original)
+    def use_v2_model_runner(self: Any) -> bool:
+        if not uses_inkling_mtp(self):
+            return bool(original(self))
+        if os.environ.get(V2_RUNNER_ENV, "").strip().lower() in ("1", "true"):
+            raise ValueError(
+                f"Inkling MTP drafting runs on vLLM's V1 GPU model runner, but {V2_RUNNER_ENV}=1 asks for V2 "
+                f"(whose speculators cannot drive the Inkling MTP head); unset {V2_RUNNER_ENV} or set it to 0"
+            )
+        return False
+
+    use_v2_model_runner._inkling_mtp = True  # type: ignore[attr-defined]
+    VllmConfig.use_v2_model_runner = property(use_v2_model_runner)  # type: ignore[method-assign,assignment]
+    return True
 
 
 def _install_runner_hook() -> bool:

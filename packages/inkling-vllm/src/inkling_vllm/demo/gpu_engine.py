@@ -1,6 +1,6 @@
 """Serve Inkling through the plugin on a machine with CUDA vLLM: parity and throughput.
 
-Three modes, each writing JSON (and ``report`` a Markdown table of them):
+Four modes, each writing JSON (and ``report`` Markdown tables of them):
 
 ``reference CKPT OUT.json``
     transformers' greedy tokens (float32, no cache) for every parity scenario's
@@ -32,11 +32,17 @@ Three modes, each writing JSON (and ``report`` a Markdown table of them):
     into ``DIR`` by ``packages/inkling-kernels/benchmarks/fetch_peer.py``); each
     combination is its own process, and ``report`` gives the ratios ours / peer.
 
+``draft-bench OUT.json --checkpoints CKPT ... [--drafts 0 1 3]``
+    Decode tokens/s and the MTP head's acceptance on checkpoints with a head (the tiny
+    ``mtp`` and ``mtp-predictive`` variants), each draft count its own engine, one
+    after another. ``bench --drafts 0 1`` gives the benchmark model a random one-depth
+    head and drafts with it (the cost of a head that is never right).
+
     python -m inkling_vllm.demo.gpu_engine reference CKPT ref.json
     python -m inkling_vllm.demo.gpu_engine parity CKPT ref.json parity.json
     python -m inkling_vllm.demo.gpu_engine bench bench.json --tokenizer CKPT
     python -m inkling_vllm.demo.gpu_engine bench bench.json --tokenizer CKPT --conv ours peer --peer .peer
-    python -m inkling_vllm.demo.gpu_engine report parity.json bench.json > report.md
+    python -m inkling_vllm.demo.gpu_engine report --parity parity.json --bench bench.json > report.md
 
 Every engine runs in its own process with vLLM's engine core in that process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the counters above can be read from the
@@ -104,6 +110,14 @@ _SMALL_POOL = {"num_gpu_blocks_override": 48, "max_model_len": 512}
 _DECODE_GRAPHS = {"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}
 _WINDOW = {"INKLING_CONV_STATE": "window"}
 
+
+def mtp_drafts(k: int) -> dict[str, Any]:
+    """``LLM`` settings for drafting ``k`` tokens a step with the checkpoint's MTP head."""
+    return {"speculative_config": {"method": "mtp", "num_speculative_tokens": k}}
+
+
+_MTP_SCENARIOS = ["chunked", "prefix", "same_step", "spec"]
+
 #: name -> (LLM keyword arguments, environment, scenarios).
 ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
     "graphs": ({}, {}, _FULL),
@@ -119,6 +133,15 @@ ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
     "spec": (_NGRAM, {}, ["spec", "batched"]),
     "window-spec": (_NGRAM, _WINDOW, ["spec"]),
     "bf16": ({"dtype": "bfloat16"}, {}, ["batched"]),
+    # the checkpoint's own MTP head drafting (a checkpoint with one: tiny variants
+    # "mtp", random, and "mtp-predictive", mostly accepted)
+    "mtp": (mtp_drafts(3), {}, ["batched", *_MTP_SCENARIOS]),
+    "mtp-k1": (mtp_drafts(1), {}, _MTP_SCENARIOS),
+    "mtp-k2": (mtp_drafts(2), {}, _MTP_SCENARIOS),
+    "mtp-eager": ({**mtp_drafts(3), "enforce_eager": True}, {}, _MTP_SCENARIOS),
+    # the drafter's layers add KV groups: 48 blocks hold no 512-token request then
+    "mtp-preempt": ({**_SMALL_POOL, "num_gpu_blocks_override": 256, **mtp_drafts(3)}, {}, ["preemption"]),
+    "mtp-window": (mtp_drafts(3), _WINDOW, _MTP_SCENARIOS),
 }
 
 
@@ -389,22 +412,24 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 
 # --- throughput at released widths ---------------------------------------------------
-def bench_config(vocab: int = 32768, smoke: bool = False) -> dict[str, Any]:
-    """A release-layout ``config.json`` at the released layer widths, 4 layers:
-    dense-sliding, dense-global, MoE-sliding, MoE-global. Hidden 6144; 64 query heads
+def bench_config(vocab: int = 32768, smoke: bool = False, layers: int = 4, mtp_layers: int = 0) -> dict[str, Any]:
+    """A release-layout ``config.json`` at the released layer widths, 4 layers by
+    default: dense-sliding, dense-global, MoE-sliding, MoE-global (more ``layers``
+    continue with MoE layers, sliding and global in turn). Hidden 6144; 64 query heads
     of 128; 8 KV heads on global layers, 16 on sliding ones (window 512); ``d_rel``
     16 reaching 1024 tokens back; MoE of 8 routed experts of width 3072, top 6, plus 2
-    shared sink experts; dense MLP width 24576; conv kernel 4."""
+    shared sink experts; dense MLP width 24576; conv kernel 4; ``mtp_layers`` MTP
+    depth blocks (0: no head)."""
     text = {
-        "vocab_size": vocab, "unpadded_vocab_size": vocab - 64, "hidden_size": 6144, "num_hidden_layers": 4,
-        "local_layer_ids": [0, 2], "dense_mlp_idx": 2,
+        "vocab_size": vocab, "unpadded_vocab_size": vocab - 64, "hidden_size": 6144, "num_hidden_layers": layers,
+        "local_layer_ids": list(range(0, layers, 2)), "dense_mlp_idx": 2,
         "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
         "swa_num_attention_heads": 64, "swa_num_key_value_heads": 16, "swa_head_dim": 128,
         "sliding_window_size": 512, "d_rel": 16, "rel_extent": 1024,
         "log_scaling_n_floor": 64, "log_scaling_alpha": 0.1, "sconv_kernel_size": 4,
         "intermediate_size": 3072, "dense_intermediate_size": 24576, "n_routed_experts": 8,
         "num_experts_per_tok": 6, "n_shared_experts": 2, "route_scale": 8.0, "rms_norm_eps": 1e-6,
-        "hidden_act": "silu", "logits_mup_width_multiplier": 24.0, "num_nextn_predict_layers": 0,
+        "hidden_act": "silu", "logits_mup_width_multiplier": 24.0, "num_nextn_predict_layers": mtp_layers,
         "max_position_embeddings": 32768, "tie_word_embeddings": False, "use_sconv": True,
         "use_embed_norm": True, "use_gate_bias": True, "use_global_scale": True, "shared_expert_sink": True,
         "gate_activation": "sigmoid", "norm_after_topk": True, "inference_moe_w13_interleaved": True,
@@ -418,7 +443,8 @@ def bench_config(vocab: int = 32768, smoke: bool = False) -> dict[str, Any]:
     return {"model_type": "inkling_mm_model", "architectures": ["InklingForConditionalGeneration"],
             "dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "text_config": text,
             "vision_config": {"patch_size": 2, "temporal_patch_size": 2, "num_hidden_layers": 3, "num_channels": 1},
-            "audio_config": {"n_mel_bins": 2, "mel_vocab_size": 4}}
+            "audio_config": {"n_mel_bins": 2, "mel_vocab_size": 4},
+            **({"mtp_config": {"num_nextn_predict_layers": mtp_layers}} if mtp_layers else {})}
 
 
 #: CUDA-graph batch sizes of the benchmark engine (covers every decode case).
@@ -545,7 +571,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     counters = Counters()
     folder = Path(args.workdir)
     folder.mkdir(parents=True, exist_ok=True)
-    config = bench_config(smoke=args.smoke)
+    config = bench_config(smoke=args.smoke, layers=args.layers, mtp_layers=1 if args.drafts else 0)
     (folder / "config.json").write_text(json.dumps(config))
     import shutil
 
@@ -554,6 +580,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(args.tokenizer) / name, folder / name)
     prompt_len, cases = (256, [(1, 64), (4, 128)]) if args.smoke else (8192, DECODE_CASES)
+    if args.decode:
+        cases = [c for c in cases if f"{c[0]}x{c[1]}" in args.decode]
     started = time.time()
     llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16",
               max_model_len=prompt_len + 256, max_num_seqs=256, max_num_batched_tokens=prompt_len,
@@ -562,14 +590,15 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
               # no start-up JIT warm-up (vLLM's or the plugin's; minutes on a cold Triton
               # cache at these widths): kernels compile on first use, before the measured steps
               kernel_config={"enable_jit_warmup": False},
+              **(mtp_drafts(args.drafts) if args.drafts else {}),
               **({"kv_cache_memory_bytes": 1 << 30} if args.smoke else {"gpu_memory_utilization": 0.85}))
     startup = time.time() - started
     counters.arm()
     engine = llm.llm_engine
     rng = random.Random(0)
     vocab = config["text_config"]["unpadded_vocab_size"]
-    out: dict[str, Any] = {"graphs": args.graphs, "conv": args.conv, "startup_s": round(startup, 1), "decode": [],
-                           "prefill": {}}
+    out: dict[str, Any] = {"graphs": args.graphs, "conv": args.conv, "layers": args.layers, "drafts": args.drafts,
+                           "startup_s": round(startup, 1), "decode": [], "prefill": {}}
     print(f"started in {startup:.0f} s", flush=True)
     print("PARTIAL " + json.dumps(out), flush=True)
     seq = [0]
@@ -612,11 +641,17 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
                 if o.outputs and len(o.outputs[0].token_ids) > 0:
                     produced[o.request_id] = 1  # (vLLM may suffix the ids it was given)
         _step_until(engine, lambda: False, limit=5)
+        before = {m: _metric(llm, m) for m in _SPEC_COUNTERS}
         steps = _step_until(engine, lambda: False, limit=args.steps)
         core = _core_steps(engine, args.steps)
         case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps),
                 "core_step_ms_median": 1e3 * statistics.median(core)}
-        case["tokens_per_s"] = conc / (case["step_ms_median"] / 1e3)
+        # a step emits one token per request, plus its accepted drafts
+        drafted, accepted = (_metric(llm, m) - before[m] for m in _SPEC_COUNTERS)
+        case["tokens_per_step"] = conc * (1 + accepted / (len(steps) + len(core)))
+        case["tokens_per_s"] = case["tokens_per_step"] / (case["step_ms_median"] / 1e3)
+        if drafted:
+            case["acceptance"] = accepted / drafted
         if (conc in (64, 256) and ctx == 1024) or args.smoke:
             # the engine core's steps (a server's GPU process), then whole engine steps
             case["profile"] = _profiled(lambda: _core_steps(engine, 10))
@@ -639,9 +674,13 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_key(graphs: str, conv: str) -> str:
-    """A bench result's name: ``graphs-on``, ``graphs-on-peer``, ..."""
-    return f"graphs-{graphs}" + ("" if conv == "ours" else f"-{conv}")
+_SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+
+
+def bench_key(graphs: str, conv: str, drafts: int = 0, layers: int = 4) -> str:
+    """A bench result's name: ``graphs-on``, ``graphs-on-peer``, ``graphs-on-mtp1-L16``, ..."""
+    return (f"graphs-{graphs}" + ("" if conv == "ours" else f"-{conv}") + (f"-mtp{drafts}" if drafts else "")
+            + ("" if layers == 4 else f"-L{layers}"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -654,18 +693,111 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   "or name its folder with --peer", file=sys.stderr)
             return 2
     results: dict[str, Any] = {"device": _device(), "cases": {}}
-    for graphs in args.graphs:
-        for conv in args.conv:
-            key = bench_key(graphs, conv)
-            log = Path(args.logs) / f"bench-{key}.log" if args.logs else None
-            rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
-                                "--tokenizer", args.tokenizer, "--conv", conv, "--peer", str(Path(args.peer).resolve()),
-                                *(["--smoke"] if args.smoke else [])],
+    for graphs, conv, drafts in ((g, c, k) for g in args.graphs for c in args.conv for k in args.drafts):
+        key = bench_key(graphs, conv, drafts, args.layers)
+        log = Path(args.logs) / f"bench-{key}.log" if args.logs else None
+        rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
+                            "--tokenizer", args.tokenizer, "--conv", conv, "--peer", str(Path(args.peer).resolve()),
+                            "--layers", str(args.layers), "--drafts", str(drafts),
+                            *(["--decode", *args.decode] if args.decode else []),
+                            *(["--smoke"] if args.smoke else [])],
+                           args.timeout, log)
+        results["cases"][key] = rec if rec is not None else {"error": tail}
+        print(tail if rec is None else f"{key}: done", flush=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+# --- drafting with the MTP head: acceptance and decode speed ------------------------------
+#: (concurrent requests, tokens generated by each) of :func:`cmd_draft_bench`.
+DRAFT_CASES = [(1, 256), (16, 256)]
+#: Prompt tokens of each drafting-benchmark request.
+DRAFT_PROMPT = 64
+
+
+def cmd_draft_engine(args: argparse.Namespace) -> int:
+    """One drafting-benchmark engine (a child of ``draft-bench``): for every
+    :data:`DRAFT_CASES` entry, a round that compiles what it needs, then ``--repeats``
+    timed rounds of fresh random prompts generated to the end."""
+    from vllm import LLM, SamplingParams
+
+    settings: dict[str, Any] = dict(
+        max_model_len=1024, max_num_seqs=16, max_num_batched_tokens=2048, seed=0, disable_log_stats=False,
+        enable_prefix_caching=False, kv_cache_memory_bytes=1 << 30, kernel_config={"enable_jit_warmup": False},
+        **(mtp_drafts(args.drafts) if args.drafts else {}))
+    started = time.time()
+    llm = LLM(model=args.checkpoint, **settings)
+    rng = random.Random(0)
+    out: dict[str, Any] = {"checkpoint": Path(args.checkpoint).name, "drafts": args.drafts,
+                           "startup_s": round(time.time() - started, 1), "cases": []}
+    counters = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_accepted_tokens")
+    for conc, tokens in DRAFT_CASES:
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+
+        def round_() -> float:
+            batch = [{"prompt_token_ids": [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(DRAFT_PROMPT)]}
+                     for _ in range(conc)]
+            t0 = time.perf_counter()
+            outs = llm.generate(batch, params, use_tqdm=False)
+            wall = time.perf_counter() - t0
+            assert all(len(o.outputs[0].token_ids) == tokens for o in outs)
+            return wall
+
+        round_()
+        before = {m: _metric(llm, m) for m in counters}
+        walls = [round_() for _ in range(args.repeats)]
+        got = {m.split(":")[-1]: _metric(llm, m) - before[m] for m in counters}
+        case = {"concurrency": conc, "tokens": tokens, "wall_s_median": statistics.median(walls),
+                "tokens_per_s": conc * tokens / statistics.median(walls), **got}
+        if got["spec_decode_num_draft_tokens"]:
+            case["acceptance"] = got["spec_decode_num_accepted_tokens"] / got["spec_decode_num_draft_tokens"]
+            case["tokens_per_draft_step"] = 1 + got["spec_decode_num_accepted_tokens"] / got["spec_decode_num_drafts"]
+        out["cases"].append(case)
+        print(f"{out['checkpoint']} k={args.drafts} {conc} x {tokens}: {case['tokens_per_s']:.0f} tok/s "
+              f"acceptance {case.get('acceptance', '-')}", flush=True)
+    from .diagnostics import shutdown_llm
+
+    shutdown_llm(llm)
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+def cmd_draft_bench(args: argparse.Namespace) -> int:
+    """Decode tokens/s and MTP acceptance, per checkpoint and draft count (0: no
+    drafting), each its own engine, one after another (the timings do not share the GPU)."""
+    results: dict[str, Any] = {"device": _device(), "prompt": DRAFT_PROMPT, "runs": []}
+    for checkpoint in args.checkpoints:
+        for k in args.drafts:
+            log = Path(args.logs) / f"draft-{Path(checkpoint).name}-k{k}.log" if args.logs else None
+            rec, tail = _child(["draft-engine", checkpoint, "--drafts", str(k), "--repeats", str(args.repeats)],
                                args.timeout, log)
-            results["cases"][key] = rec if rec is not None else {"error": tail}
-            print(tail if rec is None else f"{key}: done", flush=True)
+            results["runs"].append(rec if rec is not None else
+                                   {"checkpoint": Path(checkpoint).name, "drafts": k, "error": tail})
+            print(tail if rec is None else f"{Path(checkpoint).name} k={k}: done", flush=True)
             Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def draft_report(runs: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows of :func:`cmd_draft_bench`'s runs, with tokens/s against the same
+    checkpoint without drafting."""
+    base = {(r["checkpoint"], c["concurrency"]): c["tokens_per_s"]
+            for r in runs if r.get("drafts") == 0 and "error" not in r for c in r["cases"]}
+    lines = ["| checkpoint | drafts k | requests x tokens | tokens/s | vs no drafting | acceptance "
+             "| tokens per step |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if "error" in r:
+            lines.append(f"| {r['checkpoint']} | {r['drafts']} | failed to run | | | | |")
+            continue
+        for c in r["cases"]:
+            ref = base.get((r["checkpoint"], c["concurrency"]))
+            ratio = f"{c['tokens_per_s'] / ref:.2f}" if ref else ""
+            accepted = f"{c['acceptance']:.3f}" if "acceptance" in c else ""
+            per_step = f"{c['tokens_per_draft_step']:.2f}" if "tokens_per_draft_step" in c else ""
+            lines.append(f"| {r['checkpoint']} | {r['drafts']} | {c['concurrency']} x {c['tokens']} | "
+                         f"{c['tokens_per_s']:.0f} | {ratio} | {accepted} | {per_step} |")
+    return lines
 
 
 def _device() -> dict[str, str]:
@@ -732,6 +864,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             if rec.get("incomplete"):
                 lines.append(f"| {name} | ran out of time (started in {rec.get('startup_s')} s) | | | | | |")
         lines += _peer_ratios(b["cases"])
+        lines += _draft_ratios(b["cases"])
+    if getattr(args, "draft", None):
+        d = json.loads(Path(args.draft).read_text())
+        lines += ["", f"device: {d.get('device')}; prompts of {d.get('prompt')} tokens", "", *draft_report(d["runs"])]
     print("\n".join(lines))
     return 0
 
@@ -762,6 +898,35 @@ def _peer_ratios(cases: dict[str, Any]) -> list[str]:
             if case in theirs:
                 lines.append(f"| {name.removesuffix('-peer')} | {case} | {rate:.0f} | {theirs[case]:.0f} | "
                              f"{rate / theirs[case]:.2f} |")
+    return lines
+
+
+def _bench_shape_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", type=int, default=4, help="decoder layers of the benchmark model (4: the issue's)")
+    p.add_argument("--decode", nargs="*", help="only these decode cases, as REQUESTSxCONTEXT (e.g. 64x1024)")
+
+
+def _draft_ratios(cases: dict[str, Any]) -> list[str]:
+    """Drafting with the MTP head against the same engine without: tokens/s, their
+    ratio and the acceptance, for every ``...-mtpK...`` result with its draft-free twin."""
+    import re
+
+    lines: list[str] = []
+    for name, spec in cases.items():
+        base = re.sub(r"-mtp\d+", "", name)
+        plain = cases.get(base) if base != name else None
+        if plain is None or "error" in plain or "error" in spec:
+            continue
+        if not lines:
+            lines += ["", "| engine | case | without drafts tokens/s | with drafts tokens/s | with / without | acceptance |",
+                      "|---|---|---|---|---|---|"]
+        accept = {f"decode {c['concurrency']} x {c['context']}": c.get("acceptance") for c in spec["decode"]}
+        mine, theirs = _bench_rows(spec), _bench_rows(plain)
+        for case, rate in mine.items():
+            if case in theirs and case.startswith("decode"):
+                a = accept.get(case)
+                lines.append(f"| {name} | {case} | {theirs[case]:.0f} | {rate:.0f} | {rate / theirs[case]:.2f} | "
+                             f"{'' if a is None else f'{a:.3f}'} |")
     return lines
 
 
@@ -803,6 +968,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="whose conv kernels run: the project's, vLLM 0.33.0's in-tree ones swapped in, or both "
                         "(each its own engine)")
     p.add_argument("--peer", default=".peer", help="folder holding vllm_sconv_peer.py (fetch_peer.py's output)")
+    _bench_shape_args(p)
+    p.add_argument("--drafts", nargs="+", type=int, default=[0],
+                   help="tokens the model's MTP head (random, one depth) drafts a step; 0: no drafting")
     p = sub.add_parser("bench-engine", help="(internal) one bench engine")
     p.add_argument("graphs", choices=BENCH_GRAPHS)
     p.add_argument("--tokenizer", required=True)
@@ -811,12 +979,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--workdir", required=True)
     p.add_argument("--steps", type=int, default=20)
-    p = sub.add_parser("report", help="Markdown tables of parity / bench JSON")
+    _bench_shape_args(p)
+    p.add_argument("--drafts", type=int, default=0)
+    p = sub.add_parser("draft-bench", help="MTP acceptance and decode tokens/s with and without drafting")
+    p.add_argument("out")
+    p.add_argument("--checkpoints", nargs="+", required=True, help="checkpoints with an MTP head")
+    p.add_argument("--drafts", nargs="+", type=int, default=[0, 1, 3], help="tokens drafted a step (0: none)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--logs", help="folder for each engine's full output")
+    p = sub.add_parser("draft-engine", help="(internal) one drafting-benchmark engine")
+    p.add_argument("checkpoint")
+    p.add_argument("--drafts", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("report", help="Markdown tables of parity / bench / draft-bench JSON")
     p.add_argument("--parity")
     p.add_argument("--bench")
+    p.add_argument("--draft")
     args = parser.parse_args(argv)
     commands = {"reference": cmd_reference, "parity": cmd_parity, "engine": cmd_engine, "bench": cmd_bench,
-                "bench-engine": cmd_bench_engine, "report": cmd_report}
+                "bench-engine": cmd_bench_engine, "draft-bench": cmd_draft_bench, "draft-engine": cmd_draft_engine,
+                "report": cmd_report}
     return commands[args.cmd](args)
 
 
