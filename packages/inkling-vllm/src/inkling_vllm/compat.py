@@ -227,6 +227,22 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         params=("self", "param", "loaded_weight", "loaded_shard_id"),
         method="weight_loader",
     ),
+    # MTP drafting (inkling_vllm.drafting): the draft-config hook, the runner choice,
+    # the model runner's drafter and the multi-group MTP proposer the plugin's extends
+    ApiItem("vllm.config.speculative", "SpeculativeConfig",
+            fields=("hf_config_override", "draft_model_config", "num_speculative_tokens")),
+    ApiItem("vllm.config", "VllmConfig", fields=("use_v2_model_runner",)),
+    ApiItem("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", params=("self", "vllm_config", "device"),
+            method="__init__"),
+    ApiItem("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer", params=("self", "kv_cache_config", "kernel_block_sizes"),
+            method="initialize_attn_backend",
+            fields=("_maybe_share_embeddings", "_maybe_share_lm_head")),
+    ApiItem("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer",
+            params=("self", "positions", "common_attn_metadata", "batch_size", "input_batch_size", "block_size"),
+            method="_update_positions_dependent_metadata"),
+    ApiItem("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer", params=("self",),
+            method="build_per_group_and_layer_attn_metadata"),
+    ApiItem("vllm.v1.spec_decode.utils", "PADDING_SLOT_ID"),
     # the conv-state spec and manager (inkling_vllm.conv_manager)
     ApiItem(
         "vllm.config", "VllmConfig",
