@@ -105,26 +105,35 @@ def test_other_models_pass_through_unchanged() -> None:
 def test_mtp_engines_run_the_v1_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's V2 GPU runner drafts through speculators that cannot drive the Inkling
     MTP head: an engine drafting with one is served by the V1 runner (where the
-    plugin's proposer is); other engines keep vLLM's choice; asking for V2 is refused."""
+    plugin's proposer is); other engines keep vLLM's choice; asking for V2 (by the
+    environment or by a feature vLLM serves only there) is refused."""
     from types import SimpleNamespace
 
     from vllm.config import VllmConfig
 
     from inkling_vllm.drafting import V2_RUNNER_ENV, install_mtp_hooks
 
-    install_mtp_hooks()
+    assert install_mtp_hooks() in (True, False)  # the runner hook needs a GPU build's runner
     choose = VllmConfig.use_v2_model_runner.fget
     assert getattr(choose, "_inkling_mtp", False)
     draft = SimpleNamespace(hf_config=SimpleNamespace(architectures=[MTP_ARCHITECTURE]))
-    mtp = SimpleNamespace(speculative_config=SimpleNamespace(method="mtp", draft_model_config=draft))
-    monkeypatch.delenv(V2_RUNNER_ENV, raising=False)
-    assert choose(mtp) is False
+
+    def config(method: str, draft_config: Any = draft, **extra: Any) -> SimpleNamespace:
+        return SimpleNamespace(speculative_config=SimpleNamespace(method=method, draft_model_config=draft_config),
+                               attention_config=SimpleNamespace(hisparse_config=None), **extra)
+
+    for value in (None, "0"):
+        if value is None:
+            monkeypatch.delenv(V2_RUNNER_ENV, raising=False)
+        else:
+            monkeypatch.setenv(V2_RUNNER_ENV, value)
+        assert choose(config("mtp")) is False
+    with pytest.raises(ValueError, match="watermarking needs V2"):
+        choose(config("mtp", watermark_config=object()))
     monkeypatch.setenv(V2_RUNNER_ENV, "1")
-    with pytest.raises(ValueError, match=f"unset {V2_RUNNER_ENV}"):
-        choose(mtp)
+    with pytest.raises(ValueError, match=f"{V2_RUNNER_ENV}=1 needs V2"):
+        choose(config("mtp"))
     # any other engine reaches vLLM's own rule (here: the environment's explicit choice)
-    ngram = SimpleNamespace(speculative_config=SimpleNamespace(method="ngram", draft_model_config=None),
-                            attention_config=SimpleNamespace(hisparse_config=None))
-    assert choose(ngram) is True
+    assert choose(config("ngram", None)) is True
     monkeypatch.setenv(V2_RUNNER_ENV, "0")
-    assert choose(ngram) is False
+    assert choose(config("ngram", None)) is False

@@ -164,3 +164,16 @@ def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> 
     assert "| pred | 3 | 1 x 256 | 250 | 2.50 | 0.750 | 3.25 |" in out
     assert "| pred | 0 | 16 x 256 | 1000 | 1.00 |  |  |" in out
     assert "| rand | 3 | failed to run |" in out
+
+
+def test_tokens_per_step_adds_the_accepted_drafts_once() -> None:
+    """vLLM counts accepted drafts over all requests: 64 requests accepting 32 drafts
+    in 16 steps emit 66 tokens a step (not 64 x 1.03)."""
+    assert gpu_engine.tokens_per_step(64, 32.0, 16) == 66.0
+    assert gpu_engine.tokens_per_step(1, 0.0, 15) == 1.0
+
+
+def test_bench_refuses_an_unknown_decode_case(capsys: Any) -> None:
+    with pytest.raises(SystemExit):
+        gpu_engine.main(["bench", "out.json", "--tokenizer", ".", "--decode", "64x1k"])
+    assert "invalid choice: '64x1k'" in capsys.readouterr().err

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from collections.abc import Mapping
 from copy import copy
 from pathlib import Path
@@ -339,7 +338,8 @@ def install_mtp_hooks() -> bool:
 
         hf_config_override._inkling_mtp = True  # type: ignore[attr-defined]
         SpeculativeConfig.hf_config_override = staticmethod(hf_config_override)
-    _install_runner_choice_hook()
+    if not _install_runner_choice_hook():
+        return False
     return _install_runner_hook()
 
 
@@ -355,7 +355,8 @@ def _install_runner_choice_hook() -> bool:
     conventions and know nothing of :class:`InklingMTPProposer` (the multi-group conv
     metadata, the shared embedding and LM head). An engine drafting with an Inkling
     MTP head therefore runs the V1 runner, where the proposer is installed; asking
-    for V2 explicitly (``VLLM_USE_V2_MODEL_RUNNER=1``) is refused at configuration."""
+    for V2 (``VLLM_USE_V2_MODEL_RUNNER=1``, or a feature vLLM serves only there) is
+    refused at configuration. Returns False where vLLM has no such property."""
     try:
         from vllm.config import VllmConfig
     except ImportError:
@@ -371,10 +372,18 @@ def _install_runner_choice_hook() -> bool:
     def use_v2_model_runner(self: Any) -> bool:
         if not uses_inkling_mtp(self):
             return bool(original(self))
-        if os.environ.get(V2_RUNNER_ENV, "").strip().lower() in ("1", "true"):
+        import vllm.envs as envs
+
+        asks = [f"{V2_RUNNER_ENV}=1"] if envs.VLLM_USE_V2_MODEL_RUNNER is True else []
+        # features vLLM serves only on V2 (it switches to V2 for them)
+        asks += [name for name, value in (
+            ("hisparse attention", getattr(getattr(self, "attention_config", None), "hisparse_config", None)),
+            ("watermarking", getattr(self, "watermark_config", None)),
+        ) if value is not None]
+        if asks:
             raise ValueError(
-                f"Inkling MTP drafting runs on vLLM's V1 GPU model runner, but {V2_RUNNER_ENV}=1 asks for V2 "
-                f"(whose speculators cannot drive the Inkling MTP head); unset {V2_RUNNER_ENV} or set it to 0"
+                f"Inkling MTP drafting runs on vLLM's V1 GPU model runner, but {' and '.join(asks)} needs V2 "
+                f"(whose speculators cannot drive the Inkling MTP head); drop it, or draft with another method"
             )
         return False
 

@@ -33,7 +33,8 @@ Four modes, each writing JSON (and ``report`` Markdown tables of them):
     combination is its own process, and ``report`` gives the ratios ours / peer.
 
 ``draft-bench OUT.json --checkpoints CKPT ... [--drafts 0 1 3]``
-    Decode tokens/s and the MTP head's acceptance on checkpoints with a head (the tiny
+    End-to-end tokens/s (a short prompt, then decoding) and the MTP head's acceptance
+    on checkpoints with a head (the tiny
     ``mtp`` and ``mtp-predictive`` variants), each draft count its own engine, one
     after another. ``bench --drafts 0 1`` gives the benchmark model a random one-depth
     head and drafts with it (the cost of a head that is never right).
@@ -643,12 +644,12 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         _step_until(engine, lambda: False, limit=5)
         before = {m: _metric(llm, m) for m in _SPEC_COUNTERS}
         steps = _step_until(engine, lambda: False, limit=args.steps)
+        # (read before the core steps: their outputs, statistics included, are dropped)
+        drafted, accepted = (_metric(llm, m) - before[m] for m in _SPEC_COUNTERS)
         core = _core_steps(engine, args.steps)
         case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps),
                 "core_step_ms_median": 1e3 * statistics.median(core)}
-        # a step emits one token per request, plus its accepted drafts
-        drafted, accepted = (_metric(llm, m) - before[m] for m in _SPEC_COUNTERS)
-        case["tokens_per_step"] = conc * (1 + accepted / (len(steps) + len(core)))
+        case["tokens_per_step"] = tokens_per_step(conc, accepted, len(steps))
         case["tokens_per_s"] = case["tokens_per_step"] / (case["step_ms_median"] / 1e3)
         if drafted:
             case["acceptance"] = accepted / drafted
@@ -675,6 +676,12 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 
 _SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+
+
+def tokens_per_step(requests: int, accepted: float, steps: int) -> float:
+    """Tokens a decode step emits: one per request, plus the drafts accepted over
+    ``steps`` steps (vLLM counts ``accepted`` over all requests)."""
+    return requests + accepted / steps
 
 
 def bench_key(graphs: str, conv: str, drafts: int = 0, layers: int = 4) -> str:
@@ -764,7 +771,7 @@ def cmd_draft_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_draft_bench(args: argparse.Namespace) -> int:
-    """Decode tokens/s and MTP acceptance, per checkpoint and draft count (0: no
+    """End-to-end tokens/s and MTP acceptance, per checkpoint and draft count (0: no
     drafting), each its own engine, one after another (the timings do not share the GPU)."""
     results: dict[str, Any] = {"device": _device(), "prompt": DRAFT_PROMPT, "runs": []}
     for checkpoint in args.checkpoints:
@@ -902,8 +909,9 @@ def _peer_ratios(cases: dict[str, Any]) -> list[str]:
 
 
 def _bench_shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", type=int, default=4, help="decoder layers of the benchmark model (4: the issue's)")
-    p.add_argument("--decode", nargs="*", help="only these decode cases, as REQUESTSxCONTEXT (e.g. 64x1024)")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers of the benchmark model (default 4)")
+    p.add_argument("--decode", nargs="*", choices=[f"{r}x{c}" for r, c in DECODE_CASES],
+                   help="only these decode cases, as REQUESTSxCONTEXT")
 
 
 def _draft_ratios(cases: dict[str, Any]) -> list[str]:
@@ -981,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     _bench_shape_args(p)
     p.add_argument("--drafts", type=int, default=0)
-    p = sub.add_parser("draft-bench", help="MTP acceptance and decode tokens/s with and without drafting")
+    p = sub.add_parser("draft-bench", help="MTP acceptance and end-to-end tokens/s with and without drafting")
     p.add_argument("out")
     p.add_argument("--checkpoints", nargs="+", required=True, help="checkpoints with an MTP head")
     p.add_argument("--drafts", nargs="+", type=int, default=[0, 1, 3], help="tokens drafted a step (0: none)")
