@@ -57,6 +57,7 @@ import json
 import logging
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -737,8 +738,7 @@ def cmd_draft_engine(args: argparse.Namespace) -> int:
     rng = random.Random(0)
     out: dict[str, Any] = {"checkpoint": Path(args.checkpoint).name, "drafts": args.drafts,
                            "startup_s": round(time.time() - started, 1), "cases": []}
-    counters = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                "vllm:spec_decode_num_accepted_tokens")
+    counters = ("vllm:spec_decode_num_drafts", *_SPEC_COUNTERS)
     for conc, tokens in DRAFT_CASES:
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
 
@@ -879,11 +879,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decode_case(case: dict[str, Any]) -> str:
+    """A bench decode case's name in the report: ``decode 64 x 1024``."""
+    return f"decode {case['concurrency']} x {case['context']}"
+
+
 def _bench_rows(rec: dict[str, Any]) -> dict[str, float]:
     """``case -> tokens/s`` of one bench engine's result."""
     p = rec.get("prefill") or {}
     rows = {f"prefill {p['prompt']} (TTFT)": p["tokens_per_s"]} if p else {}
-    rows.update({f"decode {c['concurrency']} x {c['context']}": c["tokens_per_s"] for c in rec["decode"]})
+    rows.update({_decode_case(c): c["tokens_per_s"] for c in rec["decode"]})
     return rows
 
 
@@ -917,8 +922,6 @@ def _bench_shape_args(p: argparse.ArgumentParser) -> None:
 def _draft_ratios(cases: dict[str, Any]) -> list[str]:
     """Drafting with the MTP head against the same engine without: tokens/s, their
     ratio and the acceptance, for every ``...-mtpK...`` result with its draft-free twin."""
-    import re
-
     lines: list[str] = []
     for name, spec in cases.items():
         base = re.sub(r"-mtp\d+", "", name)
@@ -928,7 +931,7 @@ def _draft_ratios(cases: dict[str, Any]) -> list[str]:
         if not lines:
             lines += ["", "| engine | case | without drafts tokens/s | with drafts tokens/s | with / without | acceptance |",
                       "|---|---|---|---|---|---|"]
-        accept = {f"decode {c['concurrency']} x {c['context']}": c.get("acceptance") for c in spec["decode"]}
+        accept = {_decode_case(c): c.get("acceptance") for c in spec["decode"]}
         mine, theirs = _bench_rows(spec), _bench_rows(plain)
         for case, rate in mine.items():
             if case in theirs and case.startswith("decode"):
