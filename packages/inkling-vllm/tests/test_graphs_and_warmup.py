@@ -329,18 +329,17 @@ def test_warmup_on_the_second_generation_runner(monkeypatch: pytest.MonkeyPatch,
         assert 0 <= context and context + tokens // reqs <= 1024
 
 
-@pytest.mark.parametrize("mode,want", [("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"), ("PIECEWISE", "NONE"),
-                                       ("FULL_DECODE_ONLY", "FULL_DECODE_ONLY"), ("FULL", "FULL"), ("NONE", "NONE")])
-def test_piecewise_graphs_are_dropped_when_the_model_is_built(mode: str, want: str) -> None:
-    """Piecewise graphs are not supported: the model's build turns them off (full
-    decode graphs stay), before vLLM resolves its mode or captures anything."""
+@pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "PIECEWISE", "FULL_DECODE_ONLY", "FULL", "NONE"])
+def test_the_models_build_keeps_vllms_graph_mode(mode: str) -> None:
+    """Every graph mode vLLM has is served as it is (piecewise graphs included): the
+    model's build only adds its splitting ops."""
     from vllm.config import CUDAGraphMode
 
     config = _config(splitting=["vllm::unified_attention_with_output"])
     config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     attention.split_graphs_at_metadata_ops(config)
-    assert config.compilation_config.cudagraph_mode == CUDAGraphMode[want]
-    assert attention.drop_piecewise_graphs(config) is False  # idempotent
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode[mode]
+    assert config.compilation_config.splitting_ops == ["vllm::unified_attention_with_output", *attention.METADATA_OPS]
 
 
 def test_dummy_run_arguments_exist_in_vllms_runner() -> None:
@@ -400,9 +399,9 @@ def test_breakable_graphs_stay_off_for_the_plugins_engines(opt_out: bool, monkey
 
     vllm_default = (True, "1", "FULL_AND_PIECEWISE")
     for arch in ARCHITECTURES:
-        assert decide([arch]) == ((False, "0", "FULL_DECODE_ONLY") if opt_out else vllm_default)
-        # the user's breakable choice stands; piecewise graphs still go
-        assert decide([arch], "1") == ((True, "1", "FULL_DECODE_ONLY") if opt_out else vllm_default)
+        assert decide([arch]) == ((False, "0", "FULL_AND_PIECEWISE") if opt_out else vllm_default)
+        # the user's breakable choice stands
+        assert decide([arch], "1") == vllm_default
     assert decide(["DeepseekV4ForCausalLM"]) == vllm_default  # another model: vLLM's defaults
     monkeypatch.setattr(dispatch, "builtin_model_for", lambda cfg: object)  # the in-tree model serves
     assert decide([ARCHITECTURES[0]]) == vllm_default

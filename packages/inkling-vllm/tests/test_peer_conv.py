@@ -18,7 +18,15 @@ import pytest
 import torch
 
 from inkling_cache import ConvStateLayout, Stream
-from inkling_model import ConvStateOwner, SconvMetadataBuilder, forward_metadata
+from inkling_model import (
+    ConvStateOwner,
+    SconvMetadataBuilder,
+    forward_metadata,
+    paged_short_conv,
+    paged_short_conv_add,
+    paged_short_conv_add_rmsnorm,
+    paged_short_conv_kv,
+)
 
 PEER_DIR = Path(os.environ.get("INKLING_PEER_DIR", Path(__file__).resolve().parents[3] / ".peer"))
 if not (PEER_DIR / "vllm_sconv_peer.py").is_file():
@@ -27,7 +35,6 @@ pytest.importorskip("numpy")  # Triton's interpreter
 
 W = N = 4
 EPS = 1e-6
-OPS = torch.ops.inkling_model
 
 #: (history tokens, new tokens) per request, in batch order; pad rows after them.
 STEPS = {
@@ -92,10 +99,10 @@ def test_peer_ops_match_the_project_ops(swap, step, dtype):
 
     def run():
         with forward_metadata(batch):
-            return [*OPS.paged_short_conv_kv(k, v, wk, wv, name),
-                    *OPS.paged_short_conv_add_rmsnorm(hidden, d, w_attn, norm_weight, name, int(Stream.ATTN), EPS),
-                    OPS.paged_short_conv_add(hidden, d_mlp, w_mlp, name, int(Stream.MLP)),
-                    OPS.paged_short_conv(d_mlp, w_mlp, name, int(Stream.MLP))]
+            return [*paged_short_conv_kv(k, v, wk, wv, name),
+                    *paged_short_conv_add_rmsnorm(hidden, d, w_attn, norm_weight, name, int(Stream.ATTN), EPS),
+                    paged_short_conv_add(hidden, d_mlp, w_mlp, name, int(Stream.MLP)),
+                    paged_short_conv(d_mlp, w_mlp, name, int(Stream.MLP))]
 
     owner.bind_cache(cache.clone())
     want = run()

@@ -14,7 +14,7 @@ window on sliding layers and ``rel_extent`` on global ones.
 :class:`InklingRelAttention` holds the shared ``rel_proj [d_rel, extent]`` and a
 :class:`AttentionCacheOwner` (the layer's bound ``[num_blocks, Hkv, N, 2 * Dh]`` KV cache,
 registered by name). Its forward goes through the custom op
-``torch.ops.inkling_model.paged_rel_attention``, which at *run* time finds the owner and
+``torch.ops.inkling_model.paged_rel_attention_out``, which at *run* time finds the owner and
 the step's :class:`~inkling_model.metadata.RelAttentionMetadata` (from the process-wide
 metadata provider, as the short convolutions do), writes this step's K/V into the cache
 and attends through the block table: ``inkling_kernels.paged_rel_attention`` (PyTorch)
@@ -35,6 +35,7 @@ from inkling_kernels import write_kv
 from inkling_kernels.rel_attention import rel_attention_uses_triton
 
 from .metadata import RelAttentionMetadata
+from .sconv import described_rows
 from .state import NamedRegistry, current_metadata_of
 
 __all__ = [
@@ -160,7 +161,7 @@ def _live(owner_name: str, q: torch.Tensor) -> Optional[tuple[AttentionCacheOwne
     meta = current_metadata_of(owner_name, RelAttentionMetadata)
     if meta is None or not owner.is_bound:
         return None
-    if meta.num_tokens != q.shape[0]:
+    if meta.num_tokens > q.shape[0]:  # more rows are padding (described_rows)
         raise ValueError(
             f"layer {owner_name!r}: the metadata describes {meta.num_tokens} tokens but the input has "
             f"{q.shape[0]} rows; pad the batch to the metadata's padded token count"
@@ -188,7 +189,6 @@ def key_split_bound(meta: RelAttentionMetadata, device: torch.device) -> Optiona
     return meta.max_seq_len
 
 
-@torch.library.custom_op("inkling_model::paged_rel_attention", mutates_args=())
 def paged_rel_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -200,11 +200,35 @@ def paged_rel_attention(
 ) -> torch.Tensor:
     """Write ``k, v [T, Hkv, Dh]`` into owner ``owner_name``'s KV cache, then attend
     ``q [T, Hq, Dh]`` (relative states ``r [T, Hq, d_rel]``) over it; returns
-    ``[T, Hq, Dh]`` (zeros with no metadata / no bound cache, and on pad rows)."""
+    ``[T, Hq, Dh]`` (zeros with no metadata / no bound cache, and on pad rows).
+
+    The result is allocated here and written by the custom op
+    ``torch.ops.inkling_model.paged_rel_attention_out`` (an output of fixed address
+    inside a captured graph piece; see :func:`inkling_model.sconv.paged_short_conv_kv`)."""
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _paged_rel_attention_out(q, k, v, r, rel_proj, positions, owner_name, out)
+    return out
+
+
+@torch.library.custom_op("inkling_model::paged_rel_attention_out", mutates_args=("out",))
+def _paged_rel_attention_out(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    r: torch.Tensor,
+    rel_proj: torch.Tensor,
+    positions: torch.Tensor,
+    owner_name: str,
+    out: torch.Tensor,
+) -> None:
     state = _live(owner_name, q)
     if state is None:
-        return torch.zeros_like(q)
+        out.zero_()
+        return
     owner, meta = state
+    n = described_rows(q.shape[0], meta.num_tokens)
+    out[n:].zero_()
+    q, k, v, r, positions, out = q[:n], k[:n], v[:n], r[:n], positions[:n], out[:n]
     key_cache, value_cache = owner.kv_views()
     query_start, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
     extra = {}
@@ -221,7 +245,7 @@ def paged_rel_attention(
     else:
         attend, write = paged_rel_attention_op, write_kv
     write(k, v, key_cache, value_cache, meta.slot_mapping)
-    return attend(
+    attend(
         q,
         r,
         rel_proj,
@@ -234,12 +258,13 @@ def paged_rel_attention(
         scale=owner.scale,
         window=owner.window,
         log_scaling=owner.log_scaling,
+        out=out,
         **extra,
     )
 
 
-@paged_rel_attention.register_fake
-def _paged_rel_attention_fake(
+@_paged_rel_attention_out.register_fake
+def _paged_rel_attention_out_fake(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -247,8 +272,9 @@ def _paged_rel_attention_fake(
     rel_proj: torch.Tensor,
     positions: torch.Tensor,
     owner_name: str,
-) -> torch.Tensor:
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+    out: torch.Tensor,
+) -> None:
+    return None
 
 
 class InklingRelAttention(nn.Module):

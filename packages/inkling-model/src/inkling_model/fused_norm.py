@@ -11,7 +11,7 @@ next layer's ``input_layernorm``, or the model's final norm, after the MLP)::
 :class:`InklingShortConvAddRMSNorm` does the three in one pass through
 ``inkling_kernels.fused_sconv_add_rmsnorm``, reaching the cache and the metadata the
 way :class:`~inkling_model.InklingShortConv` does: a custom op
-(``torch.ops.inkling_model.paged_short_conv_add_rmsnorm``) looks the owner (by name)
+(``torch.ops.inkling_model.paged_short_conv_add_rmsnorm_out``) looks the owner (by name)
 and the current metadata (through the provider) up when it *runs*, so a graph traced
 on an engine's profiling pass still convolves later. With no metadata or no bound
 cache the conv is the identity and the op returns ``(hidden + d, rmsnorm(hidden + d))``.
@@ -20,7 +20,7 @@ Tensor parallelism: RMSNorm needs the whole hidden row, and with tp > 1 the layo
 convolves the ATTN/MLP streams on the rank's ``hidden/tp`` shard (between the
 reduce-scatter and the all-gather). The fused layer therefore requires a layout whose
 stream covers the whole hidden row (``tp_size == 1``). At tp > 1,
-:func:`paged_short_conv_add` (``torch.ops.inkling_model.paged_short_conv_add``) fuses
+:func:`paged_short_conv_add` (``torch.ops.inkling_model.paged_short_conv_add_out``) fuses
 the conv with the residual add on the shard, ``hidden_shard + d + conv(d)``; the model
 all-gathers that and runs the norm on whole rows (inkling-vllm's model does).
 """
@@ -37,13 +37,12 @@ from inkling_cache import Stream
 from inkling_kernels import fused_sconv_add
 from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_rmsnorm, rms_norm_ref
 
-from .sconv import InklingShortConv
+from .sconv import InklingShortConv, described_rows
 from .state import ConvStateOwner, live_state
 
 __all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add", "paged_short_conv_add_rmsnorm"]
 
 
-@torch.library.custom_op("inkling_model::paged_short_conv_add_rmsnorm", mutates_args=())
 def paged_short_conv_add_rmsnorm(
     hidden: torch.Tensor,
     d: torch.Tensor,
@@ -57,22 +56,22 @@ def paged_short_conv_add_rmsnorm(
     on the step's batch from the metadata provider.
 
     Writes ``d`` into the owner's cache. With no batch for this owner or no bound
-    cache the conv is the identity: ``(hidden + d, rmsnorm(hidden + d))`` (new
-    tensors; a custom op may not return its inputs).
+    cache the conv is the identity: ``(hidden + d, rmsnorm(hidden + d))``. Both
+    results are new contiguous tensors in d's dtype, allocated here and written by the
+    custom op ``torch.ops.inkling_model.paged_short_conv_add_rmsnorm_out`` (outputs of
+    fixed address inside a captured graph piece; see
+    :func:`inkling_model.sconv.paged_short_conv_kv`).
     """
-    state = live_state(owner_name)
-    if state is None:
-        new_hidden = hidden + d
-        return new_hidden, rms_norm_ref(new_hidden, norm_weight, eps)
-    owner, batch = state
-    offset, width = owner.stream_range(stream)
-    return fused_sconv_add_rmsnorm(
-        hidden.contiguous(), d.contiguous(), weight, owner.cache, batch, offset, width, norm_weight, eps
-    )
+    like = dict(memory_format=torch.contiguous_format)
+    new_hidden, normed = torch.empty_like(d, **like), torch.empty_like(d, **like)
+    _paged_short_conv_add_rmsnorm_out(hidden, d, weight, norm_weight, owner_name, stream, eps, new_hidden, normed)
+    return new_hidden, normed
 
 
-@paged_short_conv_add_rmsnorm.register_fake
-def _paged_short_conv_add_rmsnorm_fake(
+@torch.library.custom_op(
+    "inkling_model::paged_short_conv_add_rmsnorm_out", mutates_args=("hidden_out", "normed_out")
+)
+def _paged_short_conv_add_rmsnorm_out(
     hidden: torch.Tensor,
     d: torch.Tensor,
     weight: torch.Tensor,
@@ -80,12 +79,40 @@ def _paged_short_conv_add_rmsnorm_fake(
     owner_name: str,
     stream: int,
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    like = dict(memory_format=torch.contiguous_format)
-    return torch.empty_like(d, **like), torch.empty_like(d, **like)
+    hidden_out: torch.Tensor,
+    normed_out: torch.Tensor,
+) -> None:
+    state = live_state(owner_name)
+    if state is None:
+        torch.add(hidden, d, out=hidden_out)
+        normed_out.copy_(rms_norm_ref(hidden_out, norm_weight, eps))
+        return
+    owner, batch = state
+    offset, width = owner.stream_range(stream)
+    n = described_rows(d.shape[0], batch.num_tokens)
+    new_hidden, normed = fused_sconv_add_rmsnorm(
+        hidden[:n].contiguous(), d[:n].contiguous(), weight, owner.cache, batch, offset, width, norm_weight, eps
+    )
+    for out, new in ((hidden_out, new_hidden), (normed_out, normed)):
+        out[:n].copy_(new)
+        out[n:].zero_()
 
 
-@torch.library.custom_op("inkling_model::paged_short_conv_add", mutates_args=())
+@_paged_short_conv_add_rmsnorm_out.register_fake
+def _paged_short_conv_add_rmsnorm_out_fake(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    norm_weight: torch.Tensor,
+    owner_name: str,
+    stream: int,
+    eps: float,
+    hidden_out: torch.Tensor,
+    normed_out: torch.Tensor,
+) -> None:
+    return None
+
+
 def paged_short_conv_add(
     hidden: torch.Tensor,
     d: torch.Tensor,
@@ -98,25 +125,46 @@ def paged_short_conv_add(
     launch on CUDA (``inkling_kernels.fused_sconv_add``).
 
     Writes ``d`` into the owner's cache. With no batch for this owner or no bound
-    cache the conv is the identity: ``hidden + d`` (a new tensor).
+    cache the conv is the identity: ``hidden + d``. The result is a new contiguous
+    tensor, written by the custom op
+    ``torch.ops.inkling_model.paged_short_conv_add_out``.
     """
-    state = live_state(owner_name)
-    if state is None:
-        return hidden + d
-    owner, batch = state
-    offset, width = owner.stream_range(stream)
-    return fused_sconv_add(hidden.contiguous(), d.contiguous(), weight, owner.cache, batch, offset, width)
+    out = torch.empty_like(d, memory_format=torch.contiguous_format)
+    _paged_short_conv_add_out(hidden, d, weight, owner_name, stream, out)
+    return out
 
 
-@paged_short_conv_add.register_fake
-def _paged_short_conv_add_fake(
+@torch.library.custom_op("inkling_model::paged_short_conv_add_out", mutates_args=("out",))
+def _paged_short_conv_add_out(
     hidden: torch.Tensor,
     d: torch.Tensor,
     weight: torch.Tensor,
     owner_name: str,
     stream: int,
-) -> torch.Tensor:
-    return torch.empty_like(d, memory_format=torch.contiguous_format)
+    out: torch.Tensor,
+) -> None:
+    state = live_state(owner_name)
+    if state is None:
+        torch.add(hidden, d, out=out)
+        return
+    owner, batch = state
+    offset, width = owner.stream_range(stream)
+    n = described_rows(d.shape[0], batch.num_tokens)
+    out[:n].copy_(fused_sconv_add(hidden[:n].contiguous(), d[:n].contiguous(), weight, owner.cache, batch, offset,
+                                  width))
+    out[n:].zero_()
+
+
+@_paged_short_conv_add_out.register_fake
+def _paged_short_conv_add_out_fake(
+    hidden: torch.Tensor,
+    d: torch.Tensor,
+    weight: torch.Tensor,
+    owner_name: str,
+    stream: int,
+    out: torch.Tensor,
+) -> None:
+    return None
 
 
 class InklingShortConvAddRMSNorm(nn.Module):

@@ -5,15 +5,15 @@
     y[p, c] = x[p, c] + sum_i w[c, i] * x[p - (W-1) + i, c]        (fp32, cast back)
 
 reading earlier positions from its owner's paged cache and writing ``x`` into it.
-The call goes through the custom op ``torch.ops.inkling_model.paged_short_conv``,
-which finds the owner (by name) and the current metadata (through the provider) when
+The call goes through the custom op ``torch.ops.inkling_model.paged_short_conv_out``
+(it writes into an output allocated before it), which finds the owner (by name) and the current metadata (through the provider) when
 it *runs*, not when it is traced: an engine that traces the model on its profiling
 pass (no metadata, no cache) gets a graph that still convolves on later passes.
 
 :func:`short_conv_kv` runs a layer's K and V convs together, in one launch
 (``inkling_kernels.fused_sconv_kv``), on k and v as they come out of a fused QKV
 projection (column slices, no copy); its custom op is
-``torch.ops.inkling_model.paged_short_conv_kv``.
+``torch.ops.inkling_model.paged_short_conv_kv_out``.
 """
 
 # No ``from __future__ import annotations``: torch.library infers the op schema
@@ -28,39 +28,52 @@ from inkling_kernels import fused_sconv, fused_sconv_kv
 
 from .state import ConvStateOwner, live_state
 
-__all__ = ["InklingShortConv", "paged_short_conv", "paged_short_conv_kv", "short_conv_kv"]
+__all__ = ["InklingShortConv", "described_rows", "paged_short_conv", "paged_short_conv_kv", "short_conv_kv"]
 
 
-@torch.library.custom_op("inkling_model::paged_short_conv", mutates_args=())
-def paged_short_conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    owner_name: str,
-    stream: int,
-) -> torch.Tensor:
+def paged_short_conv(x: torch.Tensor, weight: torch.Tensor, owner_name: str, stream: int) -> torch.Tensor:
     """Paged short conv of ``x [T, C]`` for owner ``owner_name``'s ``stream``.
 
-    Writes ``x`` into the owner's cache and returns ``x + conv(x)``, on the step's
-    batch (``inkling_kernels.SconvBatch``: positions, block table, tap map, ...) from
-    the metadata provider; with no batch for this owner or no bound cache it returns
-    a copy of ``x`` (a custom op may not return its input).
+    Writes ``x`` into the owner's cache and returns ``x + conv(x)`` (a new contiguous
+    tensor), on the step's batch (``inkling_kernels.SconvBatch``: positions, block
+    table, tap map, ...) from the metadata provider; with no batch for this owner or no
+    bound cache it returns a copy of ``x``. The work runs in the custom op
+    ``torch.ops.inkling_model.paged_short_conv_out``, which writes into an output
+    allocated here (see :func:`paged_short_conv_kv` for why).
     """
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _paged_short_conv_out(x, weight, owner_name, stream, out)
+    return out
+
+
+def described_rows(rows: int, described: int) -> int:
+    """The rows of an op's input that the step's metadata describes.
+
+    An engine may pad a forward beyond the batch its metadata describes (vLLM's
+    drafters pad to the size of a captured graph piece): the rows past ``described``
+    are padding, which the ops fill with zeros. An input shorter than the batch is left
+    to the kernels' checks (an error)."""
+    return described if rows > described else rows
+
+
+@torch.library.custom_op("inkling_model::paged_short_conv_out", mutates_args=("out",))
+def _paged_short_conv_out(x: torch.Tensor, weight: torch.Tensor, owner_name: str, stream: int,
+                          out: torch.Tensor) -> None:
     state = live_state(owner_name)
     if state is None:
-        return x.clone()
+        out.copy_(x)
+        return
     owner, batch = state
     offset, width = owner.stream_range(stream)
-    return fused_sconv(x.contiguous(), weight, owner.cache, batch, offset, width)
+    n = described_rows(x.shape[0], batch.num_tokens)
+    out[:n].copy_(fused_sconv(x[:n].contiguous(), weight, owner.cache, batch, offset, width))
+    out[n:].zero_()
 
 
-@paged_short_conv.register_fake
-def _paged_short_conv_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    owner_name: str,
-    stream: int,
-) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+@_paged_short_conv_out.register_fake
+def _paged_short_conv_out_fake(x: torch.Tensor, weight: torch.Tensor, owner_name: str, stream: int,
+                               out: torch.Tensor) -> None:
+    return None
 
 
 class InklingShortConv(nn.Module):
@@ -186,7 +199,6 @@ def _unit_columns(x: torch.Tensor) -> torch.Tensor:
     return x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
 
 
-@torch.library.custom_op("inkling_model::paged_short_conv_kv", mutates_args=())
 def paged_short_conv_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -200,28 +212,59 @@ def paged_short_conv_kv(
     Writes both into the owner's cache and returns ``(k + conv(k), v + conv(v))`` as
     new contiguous tensors, on the step's batch from the metadata provider; with no
     batch for this owner or no bound cache, contiguous copies of ``k`` and ``v``.
+
+    The outputs are allocated here and the custom op
+    ``torch.ops.inkling_model.paged_short_conv_kv_out`` writes into them. An engine
+    that splits its compiled graph at these ops and captures the pieces between them as
+    CUDA graphs (vLLM's piecewise graphs) then hands each piece the op's output at the
+    address the piece was captured with: the allocation is part of the piece before
+    the op, so it lives in that piece's graph memory. An op returning a tensor it
+    allocated itself would hand the next piece a new address at every replay.
     """
-    state = live_state(owner_name)
-    if state is None:
-        like = dict(memory_format=torch.contiguous_format)
-        return k.clone(**like), v.clone(**like)
-    owner, batch = state
-    k_offset, width = owner.stream_range(Stream.K)
-    v_offset, _ = owner.stream_range(Stream.V)
-    return fused_sconv_kv(
-        _unit_columns(k), _unit_columns(v), k_weight, v_weight, owner.cache, batch, k_offset, v_offset, width
-    )
+    like = dict(memory_format=torch.contiguous_format)
+    k_out, v_out = torch.empty_like(k, **like), torch.empty_like(v, **like)
+    _paged_short_conv_kv_out(k, v, k_weight, v_weight, owner_name, k_out, v_out)
+    return k_out, v_out
 
 
-@paged_short_conv_kv.register_fake
-def _paged_short_conv_kv_fake(
+@torch.library.custom_op("inkling_model::paged_short_conv_kv_out", mutates_args=("k_out", "v_out"))
+def _paged_short_conv_kv_out(
     k: torch.Tensor,
     v: torch.Tensor,
     k_weight: torch.Tensor,
     v_weight: torch.Tensor,
     owner_name: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return k.new_empty(k.shape), v.new_empty(v.shape)
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+) -> None:
+    state = live_state(owner_name)
+    if state is None:
+        k_out.copy_(k)
+        v_out.copy_(v)
+        return
+    owner, batch = state
+    k_offset, width = owner.stream_range(Stream.K)
+    v_offset, _ = owner.stream_range(Stream.V)
+    n = described_rows(k.shape[0], batch.num_tokens)
+    k_new, v_new = fused_sconv_kv(
+        _unit_columns(k[:n]), _unit_columns(v[:n]), k_weight, v_weight, owner.cache, batch, k_offset, v_offset, width
+    )
+    for out, new in ((k_out, k_new), (v_out, v_new)):
+        out[:n].copy_(new)
+        out[n:].zero_()
+
+
+@_paged_short_conv_kv_out.register_fake
+def _paged_short_conv_kv_out_fake(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_weight: torch.Tensor,
+    v_weight: torch.Tensor,
+    owner_name: str,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+) -> None:
+    return None
 
 
 def short_conv_kv(

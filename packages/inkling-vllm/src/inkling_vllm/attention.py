@@ -44,7 +44,6 @@ __all__ = [
     "InklingRelAttentionMetadataBuilder",
     "METADATA_OPS",
     "host_seq_lens",
-    "drop_piecewise_graphs",
     "keep_breakable_graphs_off",
     "split_graphs_at_metadata_ops",
 ]
@@ -54,22 +53,24 @@ logger = logging.getLogger(__name__)
 ATTENTION_BACKEND_NAME = "INKLING_REL_ATTN"
 
 
-ATTENTION_OP = "inkling_model::paged_rel_attention"
+ATTENTION_OP = "inkling_model::paged_rel_attention_out"
 
-#: The model's custom ops that read per-step metadata. vLLM's first GPU model runner
-#: captures piecewise CUDA graphs without attention metadata, so an op captured inside
-#: a piece would replay as what it does without metadata (the identity); its
-#: second-generation runner captures them with the capture step's metadata, whose host
-#: values (request count, prompt rows) would then be baked in. Every one of them is
-#: therefore a graph-splitting op: between the pieces it runs eagerly on the step's
-#: metadata. Full (decode) graphs capture the whole forward, these ops included, with
-#: metadata built for the capture (their launches depend only on the padded sizes).
+#: The model's custom ops that read per-step metadata. Each is one of vLLM's
+#: graph-splitting ops: piecewise CUDA graphs capture the pieces between them (vLLM's
+#: first GPU model runner captures those without attention metadata; its second one
+#: with the capture step's, whose host values, request count and prompt rows, would be
+#: baked in), and the ops run eagerly between the pieces on the step's metadata. Each
+#: writes into outputs allocated before it, inside the previous piece, so the next piece
+#: finds them at the address it was captured with (a piece replays reading its inputs
+#: where they were at capture). Full (decode) graphs capture the whole forward, these
+#: ops included, with metadata built for the capture (their launches depend only on the
+#: padded sizes).
 METADATA_OPS = (
     ATTENTION_OP,
-    "inkling_model::paged_short_conv",
-    "inkling_model::paged_short_conv_kv",
-    "inkling_model::paged_short_conv_add",
-    "inkling_model::paged_short_conv_add_rmsnorm",
+    "inkling_model::paged_short_conv_out",
+    "inkling_model::paged_short_conv_kv_out",
+    "inkling_model::paged_short_conv_add_out",
+    "inkling_model::paged_short_conv_add_rmsnorm_out",
 )
 
 #: vLLM's opt-in capture that breaks graphs at decorated ops instead of splitting ops.
@@ -78,39 +79,14 @@ BREAKABLE_GRAPHS_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
 
 def split_graphs_at_metadata_ops(vllm_config: VllmConfig) -> None:
     """Add :data:`METADATA_OPS` to vLLM's graph-splitting ops (idempotent), as vLLM
-    does for its own attention and conv ops, and drop piecewise CUDA graphs
-    (:func:`drop_piecewise_graphs`). Called while the model is built, before vLLM
-    resolves its graph mode or captures anything."""
-    drop_piecewise_graphs(vllm_config)
+    does for its own attention and conv ops. Called while the model is built, before
+    vLLM captures anything."""
     ops = vllm_config.compilation_config.splitting_ops
     if not ops:
         return
     for op in METADATA_OPS:
         if op not in ops:
             ops.append(op)
-
-
-def drop_piecewise_graphs(vllm_config: Any) -> bool:
-    """Serve without piecewise CUDA graphs: ``FULL_AND_PIECEWISE`` (vLLM's default)
-    becomes ``FULL_DECODE_ONLY`` and ``PIECEWISE`` becomes ``NONE``; returns whether it
-    changed the mode. Steps that are not uniform decodes (prefill, chunked prefill,
-    mixed batches) then run the compiled model without graphs.
-
-    Piecewise graphs are not supported: their replays of non-uniform steps gave wrong
-    tokens on a GPU engine (chunked prefill, same-step prefix hits, preemption
-    recompute, speculative verification), where full decode graphs, compiled-only and
-    eager engines agree with transformers."""
-    cc = getattr(vllm_config, "compilation_config", None)
-    mode = getattr(cc, "cudagraph_mode", None)
-    without_piecewise = getattr(mode, "without_piecewise", None)
-    fallback = without_piecewise() if without_piecewise is not None else mode
-    if fallback == mode:
-        return False
-    logger.warning("inkling-vllm: cudagraph_mode %s -> %s (piecewise CUDA graphs are not supported by "
-                   "the Inkling plugin's model; prefill and mixed steps run without graphs)",
-                   mode.name, fallback.name)
-    cc.cudagraph_mode = fallback
-    return True
 
 
 def keep_breakable_graphs_off() -> bool:
@@ -122,9 +98,8 @@ def keep_breakable_graphs_off() -> bool:
     in-tree model is built for them), and with them it compiles nothing. For an engine
     whose model is the plugin's (:func:`inkling_vllm.dispatch.builtin_model_for` gives
     None) and where the user did not set :data:`BREAKABLE_GRAPHS_ENV`, it is set to
-    ``0`` before vLLM decides, so the model is torch-compiled; and piecewise graphs are
-    dropped (:func:`drop_piecewise_graphs`) in the engine's config, so every process
-    of the engine sees the same mode. A value the user set is left alone."""
+    ``0`` before vLLM decides, so the model is torch-compiled and captured as vLLM's
+    piecewise and full graphs. A value the user set is left alone."""
     original = getattr(VllmConfig, "_maybe_enable_breakable_cudagraph", None)
     if original is None:
         return False
@@ -132,13 +107,9 @@ def keep_breakable_graphs_off() -> bool:
         return True
 
     def maybe_enable(self: Any, *args: Any, **kwargs: Any) -> Any:
-        served = _served_by_plugin(self)
-        if served and BREAKABLE_GRAPHS_ENV not in os.environ:
+        if BREAKABLE_GRAPHS_ENV not in os.environ and _served_by_plugin(self):
             os.environ[BREAKABLE_GRAPHS_ENV] = "0"
-        result = original(self, *args, **kwargs)
-        if served:
-            drop_piecewise_graphs(self)
-        return result
+        return original(self, *args, **kwargs)
 
     maybe_enable._inkling_opt_out = True  # type: ignore[attr-defined]
     VllmConfig._maybe_enable_breakable_cudagraph = maybe_enable
@@ -172,8 +143,8 @@ class InklingRelAttentionMetadataBuilder(AttentionMetadataBuilder[RelAttentionMe
 
     Both copies of the query starts and sequence lengths travel: the host ones for the
     PyTorch path (it walks the requests on the host), vLLM's device buffers for the
-    Triton kernels. Mixed batches run without graphs (:func:`drop_piecewise_graphs`);
-    the ops stay vLLM's splitting ops all the same (:func:`split_graphs_at_metadata_ops`)."""
+    Triton kernels. Prefill and mixed steps replay piecewise graphs, between which the
+    op runs eagerly (:func:`split_graphs_at_metadata_ops`)."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 

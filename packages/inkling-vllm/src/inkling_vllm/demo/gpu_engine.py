@@ -282,13 +282,6 @@ def cmd_engine(args: argparse.Namespace) -> int:
         from ..attention import InklingRelAttentionMetadataBuilder as builder
 
         builder._padded_slots = lambda self, slots, n: slots[:n].clone()  # type: ignore[method-assign]
-    if args.keep_piecewise:
-        # a diagnosis of why piecewise graphs go wrong: vLLM's graph wrappers compare
-        # input addresses at each replay when its logger is at DEBUG
-        from .. import attention
-
-        attention.drop_piecewise_graphs = lambda vllm_config: False  # type: ignore[assignment]
-        logging.getLogger("vllm").setLevel(logging.DEBUG)
     settings = {**_BASE, "dtype": "float32", **kwargs}
     started = time.time()
     llm = LLM(model=args.checkpoint, **settings)
@@ -386,7 +379,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
     def run(name: str) -> tuple[str, dict[str, Any] | None, str, float]:
         start = time.time()
         base, _, variant = name.partition("+")
-        extra = {"": [], "break": ["--break-persistent"], "piecewise": ["--keep-piecewise"]}[variant]
+        extra = {"": [], "break": ["--break-persistent"]}[variant]
         log = Path(args.logs) / f"{name.replace('+', '-')}.log" if args.logs else None
         rec, tail = _child(["engine", base, args.checkpoint, *extra], args.timeout, log)
         return name, rec, tail, time.time() - start
@@ -456,21 +449,22 @@ BENCH_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 DECODE_CASES = [(1, 1024), (1, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 4096)]
 
 
-#: The benchmark's graph settings: ``on`` is the plugin's serving mode (the model
-#: torch-compiled, full graphs of decode steps); ``on-nocompile`` the same graphs of
-#: the uncompiled model (vLLM's CUDA ops for its norms and activations; starts in a
-#: fraction of the time); ``off`` neither (``enforce_eager``).
+#: The benchmark's graph settings: ``on`` is the plugin's serving mode, vLLM's default
+#: (the model torch-compiled, full graphs of decode steps, piecewise graphs of the
+#: others); ``on-nocompile`` full decode graphs of the uncompiled model (vLLM's CUDA ops
+#: for its norms and activations; starts in a fraction of the time; piecewise graphs
+#: need the compiled model); ``off`` neither (``enforce_eager``).
 BENCH_GRAPHS = ("on", "on-nocompile", "off")
 
 
 def bench_compilation(graphs: str) -> dict[str, Any] | None:
-    """vLLM's ``compilation_config`` for a :data:`BENCH_GRAPHS` setting: full graphs of
-    decode steps at :data:`BENCH_CAPTURE_SIZES`."""
+    """vLLM's ``compilation_config`` for a :data:`BENCH_GRAPHS` setting: graphs at
+    :data:`BENCH_CAPTURE_SIZES`."""
     if graphs == "off":
         return None
-    config: dict[str, Any] = {"cudagraph_capture_sizes": BENCH_CAPTURE_SIZES, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    config: dict[str, Any] = {"cudagraph_capture_sizes": BENCH_CAPTURE_SIZES}
     if graphs == "on-nocompile":
-        config["mode"] = 0  # CompilationMode.NONE
+        config.update(mode=0, cudagraph_mode="FULL_DECODE_ONLY")  # CompilationMode.NONE
     return config
 
 
@@ -952,8 +946,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("reference")
     p.add_argument("out")
-    p.add_argument("--engines", nargs="*", help=f"of {sorted(ENGINES)}; NAME+break: the deliberate break; "
-                   "NAME+piecewise: piecewise graphs kept, with vLLM's replay address checks")
+    p.add_argument("--engines", nargs="*", help=f"of {sorted(ENGINES)}; NAME+break: the deliberate break")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--logs", help="folder for each engine's full output")
     p.add_argument("--parallel", type=int, default=1, help="engines at once (each takes a 1 GiB KV pool)")
@@ -961,13 +954,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("engine", choices=sorted(ENGINES))
     p.add_argument("checkpoint")
     p.add_argument("--break-persistent", action="store_true")
-    p.add_argument("--keep-piecewise", action="store_true",
-                   help="keep vLLM's piecewise graphs (the plugin drops them) and let vLLM check, at every "
-                        "replay, that each graph's inputs sit where they sat at capture")
     p = sub.add_parser("bench", help="throughput at the released layer widths")
     p.add_argument("out")
     p.add_argument("--graphs", nargs="*", default=["on", "off"], choices=BENCH_GRAPHS,
-                   help="on: compiled, full decode graphs; on-nocompile: the same graphs, uncompiled; off: eager")
+                   help="on: compiled, full decode and piecewise graphs; on-nocompile: full decode graphs, "
+                        "uncompiled; off: eager")
     p.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "inkling-bench-model"),
                    help="where the benchmark model's config and tokenizer are written")
     p.add_argument("--steps", type=int, default=20)

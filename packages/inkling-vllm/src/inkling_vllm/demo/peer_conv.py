@@ -2,8 +2,8 @@
 
 For the engine benchmark only (``gpu_engine bench --conv peer``): the same engine,
 model and metadata, with the implementations behind the four conv custom ops
-(``inkling_model::paged_short_conv``, ``paged_short_conv_kv``, ``paged_short_conv_add``,
-``paged_short_conv_add_rmsnorm``) replaced by the arrangement vLLM's in-tree Inkling
+(``inkling_model::paged_short_conv_out``, ``paged_short_conv_kv_out``,
+``paged_short_conv_add_out``, ``paged_short_conv_add_rmsnorm_out``) replaced by the arrangement vLLM's in-tree Inkling
 model runs:
 
 * K and V: the peer's ``fused_sconv`` twice, on contiguous copies of the column
@@ -45,8 +45,11 @@ __all__ = ["PEER_MODULE", "PeerConv", "install", "load_peer", "note_step"]
 
 PEER_MODULE = "vllm_sconv_peer.py"
 
-#: The plugin's conv custom ops this swap replaces (namespace ``inkling_model``).
-CONV_OPS = ("paged_short_conv", "paged_short_conv_kv", "paged_short_conv_add", "paged_short_conv_add_rmsnorm")
+#: The plugin's conv functions this swap replaces, with the number of outputs each
+#: returns: the custom op behind ``name`` is ``inkling_model::{name}_out``, which takes
+#: the function's arguments followed by that many outputs to write.
+CONV_OPS = {"paged_short_conv": 1, "paged_short_conv_kv": 2, "paged_short_conv_add": 1,
+            "paged_short_conv_add_rmsnorm": 2}
 
 
 def load_peer(folder: str | Path) -> ModuleType:
@@ -190,11 +193,22 @@ class PeerConv:
         (dispatch keys). They stay until the returned library is destroyed
         (``library._destroy()``, or dropping it), which restores the project's."""
         library = torch.library.Library("inkling_model", "IMPL")
-        for name in CONV_OPS:
-            impl: Callable[..., Any] = getattr(self, name)
+        for name, outputs in CONV_OPS.items():
+            impl = _writing_outputs(getattr(self, name), outputs)
             for key in device_types:
-                library.impl(name, impl, key)
+                library.impl(f"{name}_out", impl, key)
         return library
+
+
+def _writing_outputs(function: Callable[..., Any], outputs: int) -> Callable[..., None]:
+    """An ``*_out`` op implementation: ``function`` on the leading arguments, its
+    result(s) copied into the trailing ``outputs`` tensors."""
+    def write(*args: Any) -> None:
+        result = function(*args[:-outputs])
+        for out, value in zip(args[-outputs:], result if outputs > 1 else (result,)):
+            out.copy_(value)
+
+    return write
 
 
 _active: PeerConv | None = None
