@@ -199,6 +199,31 @@ def test_torch_compile_and_opcheck() -> None:
     torch.library.opcheck(torch.ops.inkling.sconv_seq_metadata.default, (qsl, 2, 5, bufs[0], bufs[1], 7))
 
 
+def test_eager_calls_skip_the_dispatcher_and_traced_calls_keep_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager call runs the op's implementation without the dispatcher's host cost;
+    under torch.compile (and fake tensors, test_fake_impl) the call is the op."""
+    from torch._library.custom_ops import CustomOpDef
+
+    kw = _base()
+    eager = _call(fused_sconv, {**kw, "cache": kw["cache"].clone()})
+    graphs = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    traced = torch.compile(lambda **k: _call(fused_sconv, k), backend=record, fullgraph=True)(
+        **{**kw, "cache": kw["cache"].clone()})
+    torch.testing.assert_close(traced, eager)
+    assert any("inkling.fused_sconv" in str(n.target) for g in graphs for n in g.graph.nodes)
+
+    def through_the_dispatcher(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{self._qualname} went through the dispatcher")
+
+    monkeypatch.setattr(CustomOpDef, "__call__", through_the_dispatcher)
+    torch.testing.assert_close(_call(fused_sconv, {**kw, "cache": kw["cache"].clone()}), eager)
+
+
 def test_tap_map_ops_compile_and_opcheck() -> None:
     """sconv_tap_map is a mutating custom op with a fake impl; a batch carrying the
     map survives torch.compile (map build + conv in one graph)."""

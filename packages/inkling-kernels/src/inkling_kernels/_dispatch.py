@@ -10,10 +10,12 @@ code path (slowly; large tiles keep the interpreter's per-program cost down).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["CPU_BACKEND_ENV", "uses_triton"]
+__all__ = ["CPU_BACKEND_ENV", "run_op", "uses_triton"]
 
 CPU_BACKEND_ENV = "INKLING_KERNELS_CPU_BACKEND"
 
@@ -28,3 +30,18 @@ def uses_triton(device: torch.device) -> bool:
     if value not in ("reference", "triton"):
         raise ValueError(f"{CPU_BACKEND_ENV} must be 'reference' or 'triton', got {value!r}")
     return value == "triton"
+
+
+def run_op(op: Any, *args: Any) -> Any:
+    """Call the custom op ``op`` (a ``torch.library.custom_op``) on ``args``.
+
+    Where nothing traces the call, its implementation runs directly: the dispatcher's
+    own work (schema checks, the mutation and aliasing bookkeeping of a Python custom
+    op) costs tens of microseconds of host time per call, more than a kernel launch,
+    and the ops run once per layer and step. Under ``torch.compile`` and under any
+    dispatch mode (fake tensors, ``make_fx``, ``torch.export``) the call goes through
+    ``torch.ops`` as before, so traced graphs keep the op."""
+    impl = getattr(op, "_init_fn", None)
+    if impl is None or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return op(*args)
+    return impl(*args)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import uses_triton
+from .._dispatch import run_op, uses_triton
 from ..checks import check_gathered_rms_norm_args
 from .reference import gathered_rms_norm_ref
 
@@ -55,4 +55,4 @@ def gathered_rms_norm(shards: torch.Tensor, norm_weight: torch.Tensor, eps: floa
     the reference, CUDA tensors the Triton kernel (one launch; CUDA-graph safe).
     """
     check_gathered_rms_norm_args(shards, norm_weight, eps)
-    return torch.ops.inkling.gathered_rms_norm(shards, norm_weight, float(eps))
+    return run_op(_gathered_rms_norm_op, shards, norm_weight, float(eps))

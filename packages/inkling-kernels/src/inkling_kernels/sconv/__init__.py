@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._dispatch import uses_triton
+from .._dispatch import run_op, uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import SconvProblem, check_conv_call
 from .reference import causal_conv_ref, fused_sconv_ref, reference_fused_sconv
@@ -97,6 +97,6 @@ def fused_sconv(
     inside the window resolve through valid block-table entries.
     """
     check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
-    return torch.ops.inkling.fused_sconv(
-        x, weight, cache, *batch.op_args(), stream_offset, stream_width, activation, residual
+    return run_op(  # type: ignore[no-any-return]
+        _fused_sconv_op, x, weight, cache, *batch.op_args(), stream_offset, stream_width, activation, residual
     )

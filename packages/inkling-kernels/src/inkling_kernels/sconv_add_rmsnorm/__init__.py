@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .._dispatch import uses_triton
+from .._dispatch import run_op, uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import SconvProblem, check_add_extras, check_conv_call, check_norm_extras
 from .reference import (
@@ -133,8 +133,8 @@ def fused_sconv_add_rmsnorm(
         points where transformers rounds (see :mod:`.reference`).
     """
     check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
-    return torch.ops.inkling.fused_sconv_add_rmsnorm(  # type: ignore[no-any-return]
-        hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width, norm_weight, float(eps)
+    return run_op(  # type: ignore[no-any-return]
+        _fused_sconv_add_rmsnorm_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width, norm_weight, float(eps)
     )
 
 
@@ -215,6 +215,6 @@ def fused_sconv_add(
         output, bit for bit on the CPU path).
     """
     check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
-    return torch.ops.inkling.fused_sconv_add(  # type: ignore[no-any-return]
-        hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width
+    return run_op(  # type: ignore[no-any-return]
+        _fused_sconv_add_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width
     )

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._dispatch import uses_triton
+from .._dispatch import run_op, uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import SconvProblem, check_kv_call
 from ..sconv import _interpreter_config
@@ -103,6 +103,7 @@ def fused_sconv_kv(
     including the same-step hazard ("insert the whole batch, then convolve").
     """
     check_kv_call(k, v, k_weight, v_weight, cache, batch, k_offset, v_offset, head_dim, activation, residual)
-    return torch.ops.inkling.fused_sconv_kv(
-        k, v, k_weight, v_weight, cache, *batch.op_args(), k_offset, v_offset, head_dim, activation, residual
+    return run_op(  # type: ignore[no-any-return]
+        _fused_sconv_kv_op, k, v, k_weight, v_weight, cache, *batch.op_args(), k_offset, v_offset, head_dim,
+        activation, residual,
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .._dispatch import uses_triton
+from .._dispatch import run_op, uses_triton
 from ..checks import check_seq_metadata_args
 from .reference import reference_sconv_seq_metadata, sconv_seq_metadata_ref
 
@@ -58,6 +58,7 @@ def sconv_seq_metadata(
     check_seq_metadata_args(
         query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out, num_padded_tokens
     )
-    torch.ops.inkling.sconv_seq_metadata(
-        query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out, num_padded_tokens
+    run_op(
+        _sconv_seq_metadata_op, query_start_loc, num_reqs, num_actual_tokens, seq_idx_out, query_start_out,
+        num_padded_tokens,
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._dispatch import uses_triton
+from .._dispatch import run_op, uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
 from ..checks import check_tap_map_call
 from .reference import reference_sconv_tap_map, sconv_tap_map_ref
@@ -61,5 +61,5 @@ def sconv_tap_map(batch: SconvBatch, tap_map_out: torch.Tensor) -> SconvBatch:
             survives across steps, so CUDA graphs replay).
     """
     check_tap_map_call(batch, tap_map_out)
-    torch.ops.inkling.sconv_tap_map(*batch.op_args(), tap_map_out)
+    run_op(_sconv_tap_map_op, *batch.op_args(), tap_map_out)
     return batch._replace_unchecked(tap_map=tap_map_out[: batch.num_tokens])  # checked above
