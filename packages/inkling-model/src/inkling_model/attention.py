@@ -35,7 +35,7 @@ from inkling_kernels import write_kv
 from inkling_kernels.rel_attention import rel_attention_uses_triton
 
 from .metadata import RelAttentionMetadata
-from .sconv import described_rows
+from .sconv import described_rows, fake_writes_only
 from .state import NamedRegistry, current_metadata_of
 
 __all__ = [
@@ -263,18 +263,7 @@ def _paged_rel_attention_out(
     )
 
 
-@_paged_rel_attention_out.register_fake
-def _paged_rel_attention_out_fake(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    r: torch.Tensor,
-    rel_proj: torch.Tensor,
-    positions: torch.Tensor,
-    owner_name: str,
-    out: torch.Tensor,
-) -> None:
-    return None
+_paged_rel_attention_out.register_fake(fake_writes_only)
 
 
 class InklingRelAttention(nn.Module):

@@ -37,7 +37,7 @@ from inkling_cache import Stream
 from inkling_kernels import fused_sconv_add
 from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_rmsnorm, rms_norm_ref
 
-from .sconv import InklingShortConv, described_rows
+from .sconv import InklingShortConv, described_rows, fake_writes_only
 from .state import ConvStateOwner, live_state
 
 __all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add", "paged_short_conv_add_rmsnorm"]
@@ -98,19 +98,7 @@ def _paged_short_conv_add_rmsnorm_out(
         out[n:].zero_()
 
 
-@_paged_short_conv_add_rmsnorm_out.register_fake
-def _paged_short_conv_add_rmsnorm_out_fake(
-    hidden: torch.Tensor,
-    d: torch.Tensor,
-    weight: torch.Tensor,
-    norm_weight: torch.Tensor,
-    owner_name: str,
-    stream: int,
-    eps: float,
-    hidden_out: torch.Tensor,
-    normed_out: torch.Tensor,
-) -> None:
-    return None
+_paged_short_conv_add_rmsnorm_out.register_fake(fake_writes_only)
 
 
 def paged_short_conv_add(
@@ -155,16 +143,7 @@ def _paged_short_conv_add_out(
     out[n:].zero_()
 
 
-@_paged_short_conv_add_out.register_fake
-def _paged_short_conv_add_out_fake(
-    hidden: torch.Tensor,
-    d: torch.Tensor,
-    weight: torch.Tensor,
-    owner_name: str,
-    stream: int,
-    out: torch.Tensor,
-) -> None:
-    return None
+_paged_short_conv_add_out.register_fake(fake_writes_only)
 
 
 class InklingShortConvAddRMSNorm(nn.Module):

@@ -46,6 +46,12 @@ def paged_short_conv(x: torch.Tensor, weight: torch.Tensor, owner_name: str, str
     return out
 
 
+def fake_writes_only(*args: object) -> None:
+    """The fake implementation of an op that only writes into its outputs (arguments
+    allocated before the call): under fake tensors it does nothing."""
+    return None
+
+
 def described_rows(rows: int, described: int) -> int:
     """The rows of an op's input that the step's metadata describes.
 
@@ -70,10 +76,7 @@ def _paged_short_conv_out(x: torch.Tensor, weight: torch.Tensor, owner_name: str
     out[n:].zero_()
 
 
-@_paged_short_conv_out.register_fake
-def _paged_short_conv_out_fake(x: torch.Tensor, weight: torch.Tensor, owner_name: str, stream: int,
-                               out: torch.Tensor) -> None:
-    return None
+_paged_short_conv_out.register_fake(fake_writes_only)
 
 
 class InklingShortConv(nn.Module):
@@ -254,17 +257,7 @@ def _paged_short_conv_kv_out(
         out[n:].zero_()
 
 
-@_paged_short_conv_kv_out.register_fake
-def _paged_short_conv_kv_out_fake(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_weight: torch.Tensor,
-    v_weight: torch.Tensor,
-    owner_name: str,
-    k_out: torch.Tensor,
-    v_out: torch.Tensor,
-) -> None:
-    return None
+_paged_short_conv_kv_out.register_fake(fake_writes_only)
 
 
 def short_conv_kv(
