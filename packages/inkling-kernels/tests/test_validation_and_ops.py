@@ -200,9 +200,12 @@ def test_torch_compile_and_opcheck() -> None:
 
 
 def test_eager_calls_skip_the_dispatcher_and_traced_calls_keep_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An eager call runs the op's implementation without the dispatcher's host cost;
-    under torch.compile (and fake tensors, test_fake_impl) the call is the op."""
+    """An eager call on plain tensors runs the op's implementation without the
+    dispatcher's host cost; under torch.compile, on fake tensors (in or out of their
+    mode, test_fake_impl has the former) and where autograd records the call, the call
+    is the op."""
     from torch._library.custom_ops import CustomOpDef
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     kw = _base()
     eager = _call(fused_sconv, {**kw, "cache": kw["cache"].clone()})
@@ -217,11 +220,33 @@ def test_eager_calls_skip_the_dispatcher_and_traced_calls_keep_the_op(monkeypatc
     torch.testing.assert_close(traced, eager)
     assert any("inkling.fused_sconv" in str(n.target) for g in graphs for n in g.graph.nodes)
 
-    def through_the_dispatcher(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError(f"{self._qualname} went through the dispatcher")
+    # fake tensors used after their mode: the op's fake implementation, no launch
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    assert _call(fused_sconv, fake).shape == kw["x"].shape
+    # autograd records the op, not the implementation's copies: the cache stays a plain buffer
+    cache = kw["cache"].clone()
+    with torch.enable_grad():
+        out = _call(fused_sconv, {**kw, "x": kw["x"].float().requires_grad_().to(kw["x"].dtype), "cache": cache})
+    assert not cache.requires_grad and cache.grad_fn is None
+    torch.testing.assert_close(out.detach(), eager)
 
-    monkeypatch.setattr(CustomOpDef, "__call__", through_the_dispatcher)
+    calls = []
+
+    def counting(original: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            name = (getattr(self, "_qualname", None) or getattr(self, "_qualified_op_name", None)
+                    or getattr(getattr(self, "_schema", None), "name", ""))
+            if "inkling" in name:
+                calls.append(name)
+            return original(self, *args, **kwargs)
+
+        return call
+
+    for cls in (CustomOpDef, torch._ops.OpOverloadPacket, torch._ops.OpOverload):
+        monkeypatch.setattr(cls, "__call__", counting(cls.__call__))
     torch.testing.assert_close(_call(fused_sconv, {**kw, "cache": kw["cache"].clone()}), eager)
+    assert not calls, f"eager call went through the dispatcher: {calls}"
 
 
 def test_tap_map_ops_compile_and_opcheck() -> None:

@@ -208,7 +208,7 @@ def test_no_op_hands_a_later_graph_piece_a_tensor_it_allocated(unique_name):
         assert written and not schema.returns, f"{node.target} must write its outputs into arguments"
 
 
-def test_rows_past_the_batch_are_padding(unique_name):
+def test_rows_past_the_batch_are_padding(unique_name, monkeypatch):
     """An engine may run a forward on more rows than the step's metadata describes
     (vLLM's drafters pad to a captured graph's size): every op computes the described
     rows as it would without the padding, writes the cache the same, and zeros the
@@ -250,6 +250,13 @@ def test_rows_past_the_batch_are_padding(unique_name):
         return got, owner.cache.clone(), attention.cache.clone()
 
     want, want_conv, want_kv = run("plain", rows)
+    empty_like = torch.empty_like
+
+    def poisoned(*args, **kwargs):  # fresh outputs start as NaN: every row must be written
+        out = empty_like(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty_like", poisoned)
     got, got_conv, got_kv = run("padded", rows + pad)
     for g, w in zip(got, want):
         assert g.shape[0] == rows + pad

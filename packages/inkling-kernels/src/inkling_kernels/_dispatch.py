@@ -35,13 +35,22 @@ def uses_triton(device: torch.device) -> bool:
 def run_op(op: Any, *args: Any) -> Any:
     """Call the custom op ``op`` (a ``torch.library.custom_op``) on ``args``.
 
-    Where nothing traces the call, its implementation runs directly: the dispatcher's
-    own work (schema checks, the mutation and aliasing bookkeeping of a Python custom
-    op) costs tens of microseconds of host time per call, more than a kernel launch,
-    and the ops run once per layer and step. Under ``torch.compile`` and under any
-    dispatch mode (fake tensors, ``make_fx``, ``torch.export``) the call goes through
-    ``torch.ops`` as before, so traced graphs keep the op."""
+    On plain tensors that need no gradient, with nothing tracing the call, its
+    implementation runs directly: the dispatcher's own work (schema checks, the mutation
+    and aliasing bookkeeping of a Python custom op) costs tens of microseconds of host
+    time per call, more than a kernel launch, and the ops run once per layer and step.
+    Otherwise the call goes through ``torch.ops``: under ``torch.compile``, any dispatch
+    mode (fake tensors, ``make_fx``, ``torch.export``) or functorch transform, on tensor
+    subclasses (fake tensors outside their mode included), and where autograd would
+    record the call, so traced graphs keep the op and autograd sees it as before. The
+    direct call does not bump the version counters of the arguments it writes."""
     impl = getattr(op, "_init_fn", None)
     if impl is None or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return op(*args)
+    if torch._C._are_functorch_transforms_active():
+        return op(*args)
+    grad = torch.is_grad_enabled()
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and (type(arg) is not torch.Tensor or (grad and arg.requires_grad)):
+            return op(*args)
     return impl(*args)

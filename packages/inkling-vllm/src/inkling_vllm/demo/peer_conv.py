@@ -39,17 +39,18 @@ import torch.nn.functional as F
 
 from inkling_cache import Stream
 from inkling_model import SconvMetadata
+from inkling_model.sconv import described_rows
 from inkling_model.state import live_state
 
 __all__ = ["PEER_MODULE", "PeerConv", "install", "load_peer", "note_step"]
 
 PEER_MODULE = "vllm_sconv_peer.py"
 
-#: The plugin's conv functions this swap replaces, with the number of outputs each
-#: returns: the custom op behind ``name`` is ``inkling_model::{name}_out``, which takes
-#: the function's arguments followed by that many outputs to write.
-CONV_OPS = {"paged_short_conv": 1, "paged_short_conv_kv": 2, "paged_short_conv_add": 1,
-            "paged_short_conv_add_rmsnorm": 2}
+#: The plugin's conv functions this swap replaces: (activations, outputs) of each. The
+#: custom op behind ``name`` is ``inkling_model::{name}_out``; it takes the function's
+#: arguments (the activations, ``[T, C]``, first) followed by the outputs to write.
+CONV_OPS = {"paged_short_conv": (1, 1), "paged_short_conv_kv": (2, 2), "paged_short_conv_add": (2, 1),
+            "paged_short_conv_add_rmsnorm": (2, 2)}
 
 
 def load_peer(folder: str | Path) -> ModuleType:
@@ -193,20 +194,27 @@ class PeerConv:
         (dispatch keys). They stay until the returned library is destroyed
         (``library._destroy()``, or dropping it), which restores the project's."""
         library = torch.library.Library("inkling_model", "IMPL")
-        for name, outputs in CONV_OPS.items():
-            impl = _writing_outputs(getattr(self, name), outputs)
+        for name, (activations, outputs) in CONV_OPS.items():
+            impl = _writing_outputs(getattr(self, name), activations, outputs)
             for key in device_types:
                 library.impl(f"{name}_out", impl, key)
         return library
 
 
-def _writing_outputs(function: Callable[..., Any], outputs: int) -> Callable[..., None]:
-    """An ``*_out`` op implementation: ``function`` on the leading arguments, its
-    result(s) copied into the trailing ``outputs`` tensors."""
+def _writing_outputs(function: Callable[..., Any], activations: int, outputs: int) -> Callable[..., None]:
+    """An ``*_out`` op implementation: ``function`` on the arguments before the trailing
+    ``outputs`` tensors, its result(s) copied into those. As the project's ops do, rows
+    of the leading ``activations`` past the step's batch are padding: left out of the
+    call, zeros in the outputs."""
     def write(*args: Any) -> None:
-        result = function(*args[:-outputs])
+        owner_name = next(a for a in args if isinstance(a, str))
+        rows = args[0].shape[0]
+        state = live_state(owner_name)
+        n = rows if state is None else described_rows(rows, state[1].num_tokens)
+        result = function(*(a[:n] for a in args[:activations]), *args[activations:-outputs])
         for out, value in zip(args[-outputs:], result if outputs > 1 else (result,)):
-            out.copy_(value)
+            out[:n].copy_(value)
+            out[n:].zero_()
 
     return write
 
