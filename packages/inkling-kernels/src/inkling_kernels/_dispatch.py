@@ -36,9 +36,9 @@ def run_op(op: Any, *args: Any) -> Any:
     """Call the custom op ``op`` (a ``torch.library.custom_op``) on ``args``.
 
     On plain tensors that need no gradient, with nothing tracing the call, its
-    implementation runs directly: the dispatcher's own work (schema checks, the mutation
-    and aliasing bookkeeping of a Python custom op) costs tens of microseconds of host
-    time per call, more than a kernel launch, and the ops run once per layer and step.
+    implementation runs directly, without the dispatcher's own host work (schema checks,
+    the mutation and aliasing bookkeeping of a Python custom op), which the ops would
+    otherwise pay once per layer and step.
     Otherwise the call goes through ``torch.ops``: under ``torch.compile``, any dispatch
     mode (fake tensors, ``make_fx``, ``torch.export``) or functorch transform, on tensor
     subclasses (fake tensors outside their mode included), and where autograd would

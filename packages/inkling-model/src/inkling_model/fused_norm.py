@@ -37,7 +37,7 @@ from inkling_cache import Stream
 from inkling_kernels import fused_sconv_add
 from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_rmsnorm, rms_norm_ref
 
-from .sconv import InklingShortConv, described_rows, fake_writes_only
+from .sconv import InklingShortConv, described_rows, fake_writes_only, write_rows
 from .state import ConvStateOwner, live_state
 
 __all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add", "paged_short_conv_add_rmsnorm"]
@@ -93,9 +93,7 @@ def _paged_short_conv_add_rmsnorm_out(
     new_hidden, normed = fused_sconv_add_rmsnorm(
         hidden[:n].contiguous(), d[:n].contiguous(), weight, owner.cache, batch, offset, width, norm_weight, eps
     )
-    for out, new in ((hidden_out, new_hidden), (normed_out, normed)):
-        out[:n].copy_(new)
-        out[n:].zero_()
+    write_rows((hidden_out, normed_out), (new_hidden, normed), n)
 
 
 _paged_short_conv_add_rmsnorm_out.register_fake(fake_writes_only)
@@ -138,9 +136,8 @@ def _paged_short_conv_add_out(
     owner, batch = state
     offset, width = owner.stream_range(stream)
     n = described_rows(d.shape[0], batch.num_tokens)
-    out[:n].copy_(fused_sconv_add(hidden[:n].contiguous(), d[:n].contiguous(), weight, owner.cache, batch, offset,
-                                  width))
-    out[n:].zero_()
+    new = fused_sconv_add(hidden[:n].contiguous(), d[:n].contiguous(), weight, owner.cache, batch, offset, width)
+    write_rows((out,), (new,), n)
 
 
 _paged_short_conv_add_out.register_fake(fake_writes_only)

@@ -28,7 +28,9 @@ from inkling_kernels import fused_sconv, fused_sconv_kv
 
 from .state import ConvStateOwner, live_state
 
-__all__ = ["InklingShortConv", "described_rows", "paged_short_conv", "paged_short_conv_kv", "short_conv_kv"]
+__all__ = [
+    "InklingShortConv", "described_rows", "paged_short_conv", "paged_short_conv_kv", "short_conv_kv", "write_rows",
+]
 
 
 def paged_short_conv(x: torch.Tensor, weight: torch.Tensor, owner_name: str, stream: int) -> torch.Tensor:
@@ -62,6 +64,15 @@ def described_rows(rows: int, described: int) -> int:
     return described if rows > described else rows
 
 
+def write_rows(outs: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...], n: int) -> None:
+    """Write each of ``values`` (``n`` rows) into the first ``n`` rows of its output;
+    the output rows past them are padding (:func:`described_rows`) and become zeros."""
+    for out, value in zip(outs, values):
+        out[:n].copy_(value)
+        if n < out.shape[0]:
+            out[n:].zero_()
+
+
 @torch.library.custom_op("inkling_model::paged_short_conv_out", mutates_args=("out",))
 def _paged_short_conv_out(x: torch.Tensor, weight: torch.Tensor, owner_name: str, stream: int,
                           out: torch.Tensor) -> None:
@@ -72,8 +83,7 @@ def _paged_short_conv_out(x: torch.Tensor, weight: torch.Tensor, owner_name: str
     owner, batch = state
     offset, width = owner.stream_range(stream)
     n = described_rows(x.shape[0], batch.num_tokens)
-    out[:n].copy_(fused_sconv(x[:n].contiguous(), weight, owner.cache, batch, offset, width))
-    out[n:].zero_()
+    write_rows((out,), (fused_sconv(x[:n].contiguous(), weight, owner.cache, batch, offset, width),), n)
 
 
 _paged_short_conv_out.register_fake(fake_writes_only)
@@ -252,9 +262,7 @@ def _paged_short_conv_kv_out(
     k_new, v_new = fused_sconv_kv(
         _unit_columns(k[:n]), _unit_columns(v[:n]), k_weight, v_weight, owner.cache, batch, k_offset, v_offset, width
     )
-    for out, new in ((k_out, k_new), (v_out, v_new)):
-        out[:n].copy_(new)
-        out[n:].zero_()
+    write_rows((k_out, v_out), (k_new, v_new), n)
 
 
 _paged_short_conv_kv_out.register_fake(fake_writes_only)
