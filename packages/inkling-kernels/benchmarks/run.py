@@ -38,6 +38,13 @@ rate heads each results file); "of copy" is the case's minimum bytes per second 
 case checks our output on its first set against the fp32 reference before timing; a
 case that fails (or raises) is marked FAIL and the exit status is 1.
 
+``--host`` times the host instead: the median wall-clock µs per eager call over
+back-to-back calls of the case's launches (no graph, no synchronisation inside a pass),
+ours and the peer's sequence: what an engine pays for each launch it makes from Python
+(between the pieces of a piecewise-captured graph, in an eager drafter). With ``--smoke``
+on CPU, the Triton launches are replaced by no-ops after each case's check, so only the
+Python work up to the launch is timed (the interpreter would dominate otherwise).
+
 On CPU, ``--smoke`` runs tiny shapes of every group with the Triton kernels under the
 interpreter (``TRITON_INTERPRET=1``, set here), wall-clock timed: it exercises the cases,
 not the device.
@@ -142,6 +149,54 @@ def time_wall(launches: list[Callable[[], Any]], reps: int) -> float:
     return statistics.median(times)
 
 
+def time_host(launches: list[Callable[[], Any]], reps: int) -> float:
+    """Host µs per eager call: median over ``reps`` passes of the wall clock of calling
+    every launch back to back (at least 200 calls a pass); the device is synchronised
+    between passes, not inside one."""
+    calls = launches * max(1, -(-200 // len(launches)))
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    for f in calls:
+        f()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for f in calls:
+            f()
+        times.append((time.perf_counter() - t0) * 1e6 / len(calls))
+    if cuda:
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` does nothing."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def without_triton_launches() -> Callable[[], None]:
+    """Replace every Triton kernel of the loaded ``inkling_kernels`` modules with
+    :class:`_NoLaunch`; returns the function that puts them back."""
+    from triton.runtime.jit import KernelInterface  # compiled and interpreted kernels alike
+
+    saved = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("inkling_kernels") and module is not None:
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, KernelInterface):
+                    saved.append((module, attr, value))
+                    setattr(module, attr, _NoLaunch())
+
+    def restore() -> None:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+    return restore
+
+
 def copy_baseline(cuda: bool) -> float:
     """GB/s (read + write) of ``b.copy_(a)``: COPY_LOOPS loops of COPY_LOOP copies of a
     2 GiB bf16 buffer, each loop between CUDA events (no graph: a captured copy becomes a
@@ -177,12 +232,16 @@ def copy_baseline(cuda: bool) -> float:
 
 
 def run_case(case: _cases.Case, env: _cases.Env, timer: Callable[..., float], reps: int, hot: bool,
-             copy_gbps: float) -> dict[str, Any]:
-    """Build, check and time one case; a failure is recorded, not raised."""
+             copy_gbps: float, stub_launches: bool = False) -> dict[str, Any]:
+    """Build, check and time one case; a failure is recorded, not raised.
+    ``stub_launches``: time with the Triton launches replaced by no-ops (after the check)."""
     row: dict[str, Any] = dict(case=case.name, group=case.group, peer_label=case.peer_label, ok=False)
+    restore: Callable[[], None] = lambda: None  # noqa: E731
     try:
         prep = case.prepare(env)
         row["sets"] = len(prep.ours)
+        if stub_launches:
+            restore = without_triton_launches()
 
         def t(launches: list[Callable[[], Any]]) -> float:
             return timer([launches[0]] * 16 if hot else launches, reps)
@@ -200,11 +259,13 @@ def run_case(case: _cases.Case, env: _cases.Env, timer: Callable[..., float], re
             row["peer_us"] = peer[row["peer_variant"]]
             row["ratio"] = row["peer_us"] / row["ours_us"]
         row["bytes"] = prep.nbytes
-        row["of_copy"] = prep.nbytes / (row["ours_us"] * 1e-6) / 1e9 / copy_gbps
+        row["of_copy"] = None if copy_gbps <= 0 else prep.nbytes / (row["ours_us"] * 1e-6) / 1e9 / copy_gbps
         row["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported in the table, exit status 1
         row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         traceback.print_exc()
+    finally:
+        restore()
     if env.device.type == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -221,7 +282,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {r['case']} | **FAIL** | | | | {r.get('error', '')} |")
             continue
         lines.append(f"| {r['case']} | {r['ours_us']:.2f} | {_f(r.get('peer_us'), '{:.2f}')} | "
-                     f"{_f(r.get('ratio'), '{:.2f}x')} | {r['of_copy']:.2f} | {r.get('peer_variant', '—')} |")
+                     f"{_f(r.get('ratio'), '{:.2f}x')} | {_f(r.get('of_copy'), '{:.2f}')} | "
+                     f"{r.get('peer_variant', '—')} |")
     return "\n".join(lines)
 
 
@@ -253,6 +315,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--capture", choices=["warmed", "fresh"], default="warmed",
                     help="fresh: capture on a stream that ran nothing before (warm-up on another)")
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
+    ap.add_argument("--host", action="store_true",
+                    help="time the host's µs per eager call (with --smoke: launches replaced by no-ops)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     args = ap.parse_args(argv)
     sizes = _cases.SMOKE if args.smoke else _cases.FULL
@@ -277,12 +341,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command="python3 packages/inkling-kernels/benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
         seed=args.seed, reps=reps, hot=args.hot, capture=args.capture)
-    meta["copy_GBps"] = copy_baseline(cuda)
-    print(f"{meta['device']}; {meta['versions']}; peer: {provenance}; copy {meta['copy_GBps']:.0f} GB/s", flush=True)
+    meta["copy_GBps"] = 0.0 if args.host else copy_baseline(cuda)
+    meta["host"] = args.host
+    print(f"{meta['device']}; {meta['versions']}; peer: {provenance}; copy {meta['copy_GBps']:.0f} GB/s"
+          + ("; host time per eager call" if args.host else ""), flush=True)
     rows = []
-    timer = functools.partial(time_graph, fresh=args.capture == "fresh") if cuda else time_wall
+    if args.host:
+        timer: Callable[..., float] = time_host
+    else:
+        timer = functools.partial(time_graph, fresh=args.capture == "fresh") if cuda else time_wall
     for case in cases:
-        r = run_case(case, env, timer, reps, args.hot, meta["copy_GBps"])
+        r = run_case(case, env, timer, reps, args.hot, meta["copy_GBps"], stub_launches=args.host and not cuda)
         rows.append(r)
         print(f"{case.name}: " + (f"{r['ours_us']:.2f} µs" + (f", peer {r['peer_us']:.2f} ({r['ratio']:.2f}x)"
                                                               if "peer_us" in r else "") if r["ok"]
@@ -297,9 +366,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         head = [f"- device: {meta['device']}",
                 "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
                 f"- peer: {provenance}", f"- date: {meta['date']}", f"- command: `{meta['command']}`",
-                f"- copy baseline: {meta['copy_GBps']:.0f} GB/s (read + write)",
+                (f"- copy baseline: {meta['copy_GBps']:.0f} GB/s (read + write)" if not args.host else
+                 "- host time per eager call" + ("" if cuda else " (Triton launches replaced by no-ops)")),
                 f"- timing: {'one set replayed (hot)' if args.hot else 'input sets beyond L2 (cold)'}, "
-                f"median of {reps} replays",
+                f"median of {reps} {'passes' if args.host else 'replays'}",
                 f"- capture: {'on a fresh stream' if args.capture == 'fresh' else 'on the warmed-up stream'}"]
         out.write_text("\n".join(head) + "\n\n" + md + "\n")
     print(f"results: {out}")

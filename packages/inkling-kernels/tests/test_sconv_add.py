@@ -179,12 +179,13 @@ def _world_args(tap_map: bool = False) -> tuple[PagedWorld, tuple]:
 
 @pytest.mark.parametrize("tap_map", [False, True], ids=["no-map", "map"])
 def test_custom_op_registration_and_fake_impl(tap_map: bool) -> None:
-    assert "Tensor(a!) cache" in str(torch.ops.inkling.fused_sconv_add.default._schema)  # declared as mutated
+    schema = str(torch.ops.inkling.fused_sconv_add.default._schema)
+    assert "Tensor(a!) cache" in schema and "Tensor(b!) out" in schema  # declared as mutated
     world, args = _world_args(tap_map)
     hidden, d, weight, cache, sb, off, width = args
     torch.library.opcheck(
         torch.ops.inkling.fused_sconv_add.default,
-        (hidden, d, weight, cache.clone(), *sb.op_args(), off, width),
+        (hidden, d, weight, cache.clone(), *sb.op_args(), off, width, torch.empty_like(d)),
         test_utils=("test_schema", "test_faketensor"),
     )
 

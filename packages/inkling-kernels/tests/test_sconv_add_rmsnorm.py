@@ -66,6 +66,7 @@ class Trace:
         return (
             self.hidden, self.d, self.weight, cache, *self.batch(tap_map).op_args(),
             self.stream_offset, self.stream_width, self.norm_weight, EPS,
+            torch.empty_like(self.d), torch.empty_like(self.d),
         )
 
 

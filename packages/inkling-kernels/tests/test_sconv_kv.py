@@ -274,14 +274,15 @@ def test_one_check_per_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _op_args(kw: dict[str, Any], cache: torch.Tensor) -> tuple[Any, ...]:
     return (kw["k"], kw["v"], kw["k_weight"], kw["v_weight"], cache, *kw["batch"].op_args(),
-            kw["k_offset"], kw["v_offset"], kw["head_dim"], kw["activation"], kw["residual"])
+            kw["k_offset"], kw["v_offset"], kw["head_dim"], kw["activation"], kw["residual"],
+            torch.empty(kw["k"].shape, dtype=kw["k"].dtype), torch.empty(kw["v"].shape, dtype=kw["v"].dtype))
 
 
 def test_custom_op_schema_fake_and_opcheck() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     schema = str(torch.ops.inkling.fused_sconv_kv.default._schema)
-    assert "Tensor(a!) cache" in schema and "-> (Tensor, Tensor)" in schema
+    assert "Tensor(a!) cache" in schema and "Tensor(b!) k_out" in schema and "Tensor(c!) v_out" in schema
     kw = _base()
     torch.library.opcheck(torch.ops.inkling.fused_sconv_kv.default, _op_args(kw, kw["cache"].clone()))
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:

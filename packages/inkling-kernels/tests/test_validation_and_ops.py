@@ -139,7 +139,7 @@ def test_prefill_token_hint_travels_through_the_ops() -> None:
                                  kw["stream_offset"], kw["stream_width"]), cache))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     args = (kw["x"], kw["weight"], kw["cache"], *_batch(kw, num_prefill_tokens=2).op_args(), kw["stream_offset"],
-            kw["stream_width"], kw["activation"], kw["residual"])
+            kw["stream_width"], kw["activation"], kw["residual"], torch.empty_like(kw["x"]))
     torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
 
 
@@ -161,7 +161,7 @@ def test_custom_ops_registered() -> None:
     assert hasattr(torch.ops.inkling, "fused_sconv")
     assert hasattr(torch.ops.inkling, "sconv_seq_metadata")
     schema = str(torch.ops.inkling.fused_sconv.default._schema)
-    assert "Tensor(a!) cache" in schema  # declared as mutated
+    assert "Tensor(a!) cache" in schema and "Tensor(b!) out" in schema  # declared as mutated
 
 
 def test_fake_impl() -> None:
@@ -192,7 +192,7 @@ def test_torch_compile_and_opcheck() -> None:
     assert torch.equal(cache_c, cache_eager)  # the mutation survives compilation
 
     args = (kw["x"], kw["weight"], kw["cache"], *_batch(kw).op_args(), kw["stream_offset"],
-            kw["stream_width"], kw["activation"], kw["residual"])
+            kw["stream_width"], kw["activation"], kw["residual"], torch.empty_like(kw["x"]))
     torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
     qsl = torch.tensor([0, 2, 5], dtype=torch.int32)
     bufs = (torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
@@ -272,7 +272,7 @@ def test_tap_map_ops_compile_and_opcheck() -> None:
     torch.testing.assert_close(out, eager)
     assert torch.equal(compiled_map, eager_map) and torch.equal(cache_c, cache_eager)
     args = (kw["x"], kw["weight"], kw["cache"], *batch.with_tap_map(eager_map).op_args(),
-            kw["stream_offset"], kw["stream_width"], kw["activation"], kw["residual"])
+            kw["stream_offset"], kw["stream_width"], kw["activation"], kw["residual"], torch.empty_like(kw["x"]))
     torch.library.opcheck(torch.ops.inkling.fused_sconv.default, args)
 
 
@@ -403,3 +403,73 @@ def test_attention_entry_points() -> None:
         "paged_rel_attention", "rel_attention_ref", "paged_rel_attention_triton", "rel_attention_uses_triton",
         "write_kv", "write_kv_triton",
     }
+
+
+def _out_cases() -> dict[str, tuple[Callable[..., Any], int, torch.Tensor]]:
+    """Each conv op as ``call(cache, out)`` on one batch, its result count and the
+    tensor its outputs are shaped like."""
+    from inkling_kernels import fused_sconv_add, fused_sconv_add_rmsnorm, fused_sconv_kv
+
+    world = PagedWorld(dtype=torch.float32, seed=3)
+    world.add_request(0, 5)
+    world.add_request(1, 0)
+    b = world.make_batch([(0, 3), (1, 2)], num_pad=1)
+    batch = SconvBatch(positions=b.positions, block_table=b.block_table, seq_idx=b.seq_idx,
+                       slot_mapping=b.slot_mapping, query_start=b.query_start, block_size=world.N)
+    (k_off, head), (v_off, _), (off, width) = world.streams[0], world.streams[1], world.streams[2]
+    x, k, v = b.x[2], b.x[0], b.x[1]
+    hidden, norm_weight = torch.randn_like(x), torch.rand(x.shape[1]) + 0.5
+    return {
+        "fused_sconv": (lambda c, out: fused_sconv(x, world.weights[2], c, batch, off, width, out=out), 1, x),
+        "fused_sconv_kv": (lambda c, out: fused_sconv_kv(k, v, world.weights[0], world.weights[1], c, batch,
+                                                         k_off, v_off, head, out=out), 2, k),
+        "fused_sconv_add": (lambda c, out: fused_sconv_add(hidden, x, world.weights[2], c, batch, off, width,
+                                                           out=out), 1, x),
+        "fused_sconv_add_rmsnorm": (lambda c, out: fused_sconv_add_rmsnorm(
+            hidden, x, world.weights[2], c, batch, off, width, norm_weight, 1e-6, out=out), 2, x),
+    }, world.cache
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("op", ["fused_sconv", "fused_sconv_kv", "fused_sconv_add", "fused_sconv_add_rmsnorm"])
+def test_out_receives_the_result(op: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out=``: the op writes into the caller's tensors (NaN-poisoned first) and returns
+    them, with the values and cache writes of a call that allocates; bad outputs are
+    refused before anything runs (the cache untouched)."""
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", backend)
+    cases, cache = _out_cases()
+    call, count, like = cases[op]
+    fresh_cache = cache.clone()
+    fresh = call(fresh_cache, None)
+    fresh = fresh if count == 2 else (fresh,)
+    given_cache = cache.clone()
+    outs = tuple(torch.full(like.shape, float("nan")) for _ in range(count))
+    got = call(given_cache, outs if count == 2 else outs[0])
+    got = got if count == 2 else (got,)
+    assert all(g is o for g, o in zip(got, outs))
+    for g, want in zip(got, fresh):
+        assert torch.equal(g, want)
+    assert torch.equal(given_cache, fresh_cache)
+
+    def good() -> list[torch.Tensor]:
+        return [torch.empty(like.shape) for _ in range(count)]
+
+    bad = [
+        (lambda o: o[0][:-1], ValueError, "shape"),
+        (lambda o: o[0].double(), TypeError, "float32"),
+        (lambda o: torch.empty(like.shape[1], like.shape[0]).t(), ValueError, "contiguous"),
+        (lambda o: "tensor", TypeError, "torch.Tensor"),
+    ]
+    for make, error, match in bad:
+        outs = good()
+        outs[0] = make(outs)
+        untouched = cache.clone()
+        with pytest.raises(error, match=match):
+            call(untouched, tuple(outs) if count == 2 else outs[0])
+        assert torch.equal(untouched, cache)
+    if count == 2:
+        one = torch.empty(like.shape)
+        with pytest.raises(ValueError, match="one tensor for both"):
+            call(cache.clone(), (one, one))
+        with pytest.raises(TypeError, match="pair of tensors"):
+            call(cache.clone(), one)

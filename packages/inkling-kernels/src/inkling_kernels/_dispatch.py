@@ -10,7 +10,7 @@ code path (slowly; large tiles keep the interpreter's per-program cost down).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -32,13 +32,15 @@ def uses_triton(device: torch.device) -> bool:
     return value == "triton"
 
 
-def run_op(op: Any, *args: Any) -> Any:
+def run_op(op: Any, *args: Any, direct: Optional[Callable[[], Any]] = None) -> Any:
     """Call the custom op ``op`` (a ``torch.library.custom_op``) on ``args``.
 
-    On plain tensors that need no gradient, with nothing tracing the call, its
+    On plain tensors that need no gradient, with nothing tracing the call, the op's
     implementation runs directly, without the dispatcher's own host work (schema checks,
     the mutation and aliasing bookkeeping of a Python custom op), which the ops would
-    otherwise pay once per layer and step.
+    otherwise pay once per layer and step: ``direct()`` when given (the caller's
+    shortcut to the same work, e.g. on the shapes its checks already derived, skipping
+    the unpacking of ``args``), else the implementation on ``args``.
     Otherwise the call goes through ``torch.ops``: under ``torch.compile``, any dispatch
     mode (fake tensors, ``make_fx``, ``torch.export``) or functorch transform, on tensor
     subclasses (fake tensors outside their mode included), and where autograd would
@@ -53,4 +55,4 @@ def run_op(op: Any, *args: Any) -> Any:
     for arg in args:
         if isinstance(arg, torch.Tensor) and (type(arg) is not torch.Tensor or (grad and arg.requires_grad)):
             return op(*args)
-    return impl(*args)
+    return impl(*args) if direct is None else direct()

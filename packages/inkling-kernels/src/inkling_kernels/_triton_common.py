@@ -49,6 +49,12 @@ def _major_capability(index: int | None) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for the host's grid arithmetic (``triton.cdiv`` called from Python
+    costs microseconds: it goes through Triton's function wrapper)."""
+    return -(-a // b)
+
+
 def pow2_ceil(n: int) -> int:
     """The smallest power of two >= n (>= 1)."""
     return 1 << (max(n, 1) - 1).bit_length()

@@ -22,8 +22,7 @@ and slot mapping int64, block table, seq_idx and query start int32, tap map int6
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -37,9 +36,9 @@ ACTIVATIONS = (None, "silu")
 TAP_MAP_MAX_SLOTS = 2**31
 
 
-@dataclass(frozen=True)
-class SconvProblem:
-    """Shapes of one conv launch, derived from its tensors (no checks)."""
+class SconvProblem(NamedTuple):
+    """Shapes of one conv launch, derived from its tensors (no checks). (A named tuple:
+    every eager launch builds one or two.)"""
 
     weight2d: torch.Tensor  # [C, W] view of the weight (any strides)
     num_tokens: int  # T
@@ -50,7 +49,7 @@ class SconvProblem:
 
     @classmethod
     def of(cls, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor) -> SconvProblem:
-        weight2d = weight[:, 0, :] if weight.dim() == 3 else weight
+        weight2d = weight.squeeze(1) if weight.dim() == 3 else weight
         num_blocks, num_heads, block, _ = cache.shape
         return cls(
             weight2d=weight2d,
@@ -199,47 +198,54 @@ def _check_stream(
     """One stream of a conv launch: its input rows, its weight, its range inside the
     cache's D, and the cache against the batch. ``row_strided``: ``x`` may be a
     column slice of a wider tensor (unit column stride, rows that do not overlap);
-    otherwise it must be contiguous."""
+    otherwise it must be contiguous. (Every eager launch runs this: each tensor
+    attribute is read once.)"""
     x = need_tensor(x_name, x)
     weight = need_tensor(w_name, weight)
     cache = need_tensor("cache", cache)
     stream_offset = need_int(offset_name, stream_offset)
 
-    if x.dim() != 2:
-        raise ValueError(f"{x_name} must be 2-D [T, H*stream_width], got shape {tuple(x.shape)}")
-    if x.dtype not in ACTIVATION_DTYPES:
-        raise TypeError(f"{x_name} must be bfloat16, float16 or float32, got {x.dtype}")
+    x_shape, x_dtype, x_device = x.shape, x.dtype, x.device
+    if len(x_shape) != 2:
+        raise ValueError(f"{x_name} must be 2-D [T, H*stream_width], got shape {tuple(x_shape)}")
+    rows, channels = x_shape
+    if x_dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"{x_name} must be bfloat16, float16 or float32, got {x_dtype}")
     if not row_strided:
         if not x.is_contiguous():
             raise ValueError(f"{x_name} must be contiguous: pass {x_name}.contiguous()")
-    elif x.shape[0] > 0 and x.shape[1] > 1 and x.stride(1) != 1:
+    else:
+        row_stride, col_stride = x.stride()
+        if rows > 0 and channels > 1 and col_stride != 1:
+            raise ValueError(
+                f"{x_name} must have unit column stride (a column slice of the projection "
+                f"output is fine), got strides {(row_stride, col_stride)}: pass {x_name}.contiguous()"
+            )
+        if rows > 1 and row_stride < channels:
+            raise ValueError(
+                f"{x_name}'s rows overlap: row stride {row_stride} < its {channels} columns; "
+                f"pass {x_name}.contiguous()"
+            )
+    positions = batch.positions
+    if rows != positions.shape[0]:
         raise ValueError(
-            f"{x_name} must have unit column stride (a column slice of the projection "
-            f"output is fine), got strides {tuple(x.stride())}: pass {x_name}.contiguous()"
-        )
-    elif x.shape[0] > 1 and x.stride(0) < x.shape[1]:
-        raise ValueError(
-            f"{x_name}'s rows overlap: row stride {x.stride(0)} < its {x.shape[1]} columns; "
-            f"pass {x_name}.contiguous()"
-        )
-    if x.shape[0] != batch.num_tokens:
-        raise ValueError(
-            f"{x_name} has {x.shape[0]} rows but the batch describes {batch.num_tokens} tokens: "
+            f"{x_name} has {rows} rows but the batch describes {batch.num_tokens} tokens: "
             f"pad {x_name} to the batch's (padded) token count"
         )
-    if x.device != batch.device:
-        raise ValueError(f"{x_name} is on {x.device} but the batch is on {batch.device}")
+    if x_device != positions.device:
+        raise ValueError(f"{x_name} is on {x_device} but the batch is on {batch.device}")
 
-    if cache.dim() != 4:
-        raise ValueError(f"cache must be 4-D [num_blocks, H, N, D], got shape {tuple(cache.shape)}")
-    if cache.dtype != x.dtype:
+    cache_shape = cache.shape
+    if len(cache_shape) != 4:
+        raise ValueError(f"cache must be 4-D [num_blocks, H, N, D], got shape {tuple(cache_shape)}")
+    if cache.dtype != x_dtype:
         raise TypeError(
-            f"cache dtype {cache.dtype} differs from {x_name} dtype {x.dtype}: the cache stores "
+            f"cache dtype {cache.dtype} differs from {x_name} dtype {x_dtype}: the cache stores "
             "the conv inputs, so both must have the same dtype"
         )
-    if cache.device != x.device:
-        raise ValueError(f"cache is on {cache.device} but {x_name} is on {x.device}")
-    num_blocks, num_heads, cache_block, head_size = cache.shape
+    if cache.device != x_device:
+        raise ValueError(f"cache is on {cache.device} but {x_name} is on {x_device}")
+    num_blocks, num_heads, cache_block, head_size = cache_shape
     if head_size > 1 and cache.stride(3) != 1:
         raise ValueError(
             f"cache's last (D) dimension must have stride 1, got {cache.stride(3)}; "
@@ -256,23 +262,23 @@ def _check_stream(
             f"stream range [{stream_offset}, {stream_offset + stream_width}) ({offset_name}) lies "
             f"outside the cache's head size D = {head_size}"
         )
-    channels = x.shape[1]
     if channels != num_heads * stream_width:
         raise ValueError(
             f"{x_name} has {channels} channels but the cache has H = {num_heads} heads of stream "
             f"width {stream_width} (H*stream_width = {num_heads * stream_width})"
         )
 
-    if weight.dim() == 3 and weight.shape[1] != 1:
-        raise ValueError(f"a 3-D {w_name} must be (dim, 1, W), got shape {tuple(weight.shape)}")
-    if weight.dim() not in (2, 3):
-        raise ValueError(f"{w_name} must be (dim, W) or (dim, 1, W), got shape {tuple(weight.shape)}")
-    if weight.shape[0] != channels:
+    w_shape = weight.shape
+    if len(w_shape) == 3 and w_shape[1] != 1:
+        raise ValueError(f"a 3-D {w_name} must be (dim, 1, W), got shape {tuple(w_shape)}")
+    if len(w_shape) not in (2, 3):
+        raise ValueError(f"{w_name} must be (dim, W) or (dim, 1, W), got shape {tuple(w_shape)}")
+    if w_shape[0] != channels:
         raise ValueError(
-            f"{w_name} has {weight.shape[0]} channels but {x_name} has {channels}: pass this "
+            f"{w_name} has {w_shape[0]} channels but {x_name} has {channels}: pass this "
             f"rank's shard of the weight"
         )
-    kernel_size = int(weight.shape[-1])
+    kernel_size = int(w_shape[-1])
     if kernel_size < 2:
         raise ValueError(f"kernel size W ({w_name}.shape[-1]) must be >= 2, got {kernel_size}")
     if batch.kernel_size is not None and kernel_size != batch.kernel_size:
@@ -280,16 +286,24 @@ def _check_stream(
             f"{w_name}'s kernel size {kernel_size} differs from the batch's kernel_size "
             f"{batch.kernel_size}: build the batch for this layer group's W"
         )
-    if weight.dtype not in (torch.float32, x.dtype):
-        raise TypeError(f"{w_name} must be float32 or {x_name}'s dtype {x.dtype}, got {weight.dtype}")
-    if weight.device != x.device:
-        raise ValueError(f"{w_name} is on {weight.device} but {x_name} is on {x.device}")
+    w_dtype = weight.dtype
+    if w_dtype is not torch.float32 and w_dtype != x_dtype:
+        raise TypeError(f"{w_name} must be float32 or {x_name}'s dtype {x_dtype}, got {w_dtype}")
+    if weight.device != x_device:
+        raise ValueError(f"{w_name} is on {weight.device} but {x_name} is on {x_device}")
     if batch.tap_map is not None and num_blocks * cache_block > TAP_MAP_MAX_SLOTS:
         raise ValueError(
             f"the cache has {num_blocks * cache_block} slots; a tap_map addresses at most "
             "2**31: build the batch without a tap map"
         )
-    return SconvProblem.of(x, weight, cache)
+    return SconvProblem(
+        weight2d=weight.squeeze(1) if len(w_shape) == 3 else weight,
+        num_tokens=rows,
+        channels=channels,
+        num_heads=num_heads,
+        kernel_size=kernel_size,
+        num_slots=num_blocks * cache_block,
+    )
 
 
 def check_conv_call(
@@ -351,6 +365,38 @@ def check_kv_call(
             "(0 and head_dim in the packed layout)"
         )
     return pk, pv
+
+
+def output_for(name: str, out: object, like: torch.Tensor) -> torch.Tensor:
+    """The tensor an op writes its ``[T, C]`` result into: ``out`` when the caller
+    passes one (``out=``), checked to be a contiguous tensor of ``like``'s shape, dtype
+    and device, else a new one. An output must not overlap the op's inputs or its other
+    output (not checked: the kernels read other rows of the inputs while writing)."""
+    if out is None:
+        return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    out = need_tensor(name, out)
+    if out.shape != like.shape:
+        raise ValueError(f"{name} must have the input's shape {tuple(like.shape)}, got {tuple(out.shape)}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"{name} must be {_dtype_name(like.dtype)} (the input's dtype), got {_dtype_name(out.dtype)}")
+    if out.device != like.device:
+        raise ValueError(f"{name} is on {out.device} but the input is on {like.device}: move it")
+    if not out.is_contiguous():
+        raise ValueError(f"{name} must be contiguous: pass a contiguous tensor (a leading row slice of one is)")
+    return out
+
+
+def outputs_for(name: str, out: object, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two outputs shaped like ``like`` (an op with two results): ``out`` as a pair of
+    distinct tensors, each checked by :func:`output_for`, or two new ones."""
+    if out is None:
+        return output_for(name, None, like), output_for(name, None, like)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"{name} must be a pair of tensors (one per result), got {type(out).__name__}")
+    first, second = output_for(f"{name}[0]", out[0], like), output_for(f"{name}[1]", out[1], like)
+    if first is second:
+        raise ValueError(f"{name} passes one tensor for both results: pass two")
+    return first, second
 
 
 def _check_hidden(hidden: object, d: torch.Tensor) -> None:

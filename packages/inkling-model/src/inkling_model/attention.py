@@ -23,8 +23,6 @@ on the CPU, ``paged_rel_attention_triton`` on the GPU and on the CPU under
 or no bound cache (an engine's profiling pass) it returns zeros.
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema
-# from the real annotation objects.
 from typing import Optional, Union
 
 import torch
@@ -34,8 +32,9 @@ from inkling_kernels import paged_rel_attention as paged_rel_attention_op
 from inkling_kernels import write_kv
 from inkling_kernels.rel_attention import rel_attention_uses_triton
 
+from ._ops import out_op
 from .metadata import RelAttentionMetadata
-from .sconv import described_rows, fake_writes_only
+from .sconv import described_rows, first_rows, zero_padding
 from .state import NamedRegistry, current_metadata_of
 
 __all__ = [
@@ -210,7 +209,9 @@ def paged_rel_attention(
     return out
 
 
-@torch.library.custom_op("inkling_model::paged_rel_attention_out", mutates_args=("out",))
+@out_op(
+    "(Tensor q, Tensor k, Tensor v, Tensor r, Tensor rel_proj, Tensor positions, str owner_name, Tensor(a!) out) -> ()"
+)
 def _paged_rel_attention_out(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -227,8 +228,8 @@ def _paged_rel_attention_out(
         return
     owner, meta = state
     n = described_rows(q.shape[0], meta.num_tokens)
-    out[n:].zero_()
-    q, k, v, r, positions, out = q[:n], k[:n], v[:n], r[:n], positions[:n], out[:n]
+    zero_padding((out,), n)
+    q, k, v, r, positions, out = (first_rows(t, n) for t in (q, k, v, r, positions, out))
     key_cache, value_cache = owner.kv_views()
     query_start, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
     extra = {}
@@ -261,9 +262,6 @@ def _paged_rel_attention_out(
         out=out,
         **extra,
     )
-
-
-_paged_rel_attention_out.register_fake(fake_writes_only)
 
 
 class InklingRelAttention(nn.Module):

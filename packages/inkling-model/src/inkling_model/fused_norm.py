@@ -25,8 +25,6 @@ the conv with the residual add on the shard, ``hidden_shard + d + conv(d)``; the
 all-gathers that and runs the norm on whole rows (inkling-vllm's model does).
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema
-# from the real annotation objects.
 import math
 from typing import Optional, Union
 
@@ -37,7 +35,8 @@ from inkling_cache import Stream
 from inkling_kernels import fused_sconv_add
 from inkling_kernels.sconv_add_rmsnorm import fused_sconv_add_rmsnorm, rms_norm_ref
 
-from .sconv import InklingShortConv, described_rows, fake_writes_only, write_rows
+from ._ops import out_op
+from .sconv import InklingShortConv, described_rows, first_rows, zero_padding
 from .state import ConvStateOwner, live_state
 
 __all__ = ["InklingShortConvAddRMSNorm", "paged_short_conv_add", "paged_short_conv_add_rmsnorm"]
@@ -68,8 +67,9 @@ def paged_short_conv_add_rmsnorm(
     return new_hidden, normed
 
 
-@torch.library.custom_op(
-    "inkling_model::paged_short_conv_add_rmsnorm_out", mutates_args=("hidden_out", "normed_out")
+@out_op(
+    "(Tensor hidden, Tensor d, Tensor weight, Tensor norm_weight, str owner_name, int stream, float eps, "
+    "Tensor(a!) hidden_out, Tensor(b!) normed_out) -> ()"
 )
 def _paged_short_conv_add_rmsnorm_out(
     hidden: torch.Tensor,
@@ -90,13 +90,11 @@ def _paged_short_conv_add_rmsnorm_out(
     owner, batch = state
     offset, width = owner.stream_range(stream)
     n = described_rows(d.shape[0], batch.num_tokens)
-    new_hidden, normed = fused_sconv_add_rmsnorm(
-        hidden[:n].contiguous(), d[:n].contiguous(), weight, owner.cache, batch, offset, width, norm_weight, eps
+    fused_sconv_add_rmsnorm(
+        first_rows(hidden, n).contiguous(), first_rows(d, n).contiguous(), weight, owner.cache, batch, offset, width,
+        norm_weight, eps, out=(first_rows(hidden_out, n), first_rows(normed_out, n)),
     )
-    write_rows((hidden_out, normed_out), (new_hidden, normed), n)
-
-
-_paged_short_conv_add_rmsnorm_out.register_fake(fake_writes_only)
+    zero_padding((hidden_out, normed_out), n)
 
 
 def paged_short_conv_add(
@@ -120,7 +118,7 @@ def paged_short_conv_add(
     return out
 
 
-@torch.library.custom_op("inkling_model::paged_short_conv_add_out", mutates_args=("out",))
+@out_op("(Tensor hidden, Tensor d, Tensor weight, str owner_name, int stream, Tensor(a!) out) -> ()")
 def _paged_short_conv_add_out(
     hidden: torch.Tensor,
     d: torch.Tensor,
@@ -136,11 +134,9 @@ def _paged_short_conv_add_out(
     owner, batch = state
     offset, width = owner.stream_range(stream)
     n = described_rows(d.shape[0], batch.num_tokens)
-    new = fused_sconv_add(hidden[:n].contiguous(), d[:n].contiguous(), weight, owner.cache, batch, offset, width)
-    write_rows((out,), (new,), n)
-
-
-_paged_short_conv_add_out.register_fake(fake_writes_only)
+    fused_sconv_add(first_rows(hidden, n).contiguous(), first_rows(d, n).contiguous(), weight, owner.cache, batch,
+                    offset, width, out=first_rows(out, n))
+    zero_padding((out,), n)
 
 
 class InklingShortConvAddRMSNorm(nn.Module):

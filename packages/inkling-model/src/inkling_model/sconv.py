@@ -16,8 +16,6 @@ projection (column slices, no copy); its custom op is
 ``torch.ops.inkling_model.paged_short_conv_kv_out``.
 """
 
-# No ``from __future__ import annotations``: torch.library infers the op schema
-# from the real annotation objects.
 from typing import Optional, Union
 
 import torch
@@ -26,10 +24,12 @@ from torch import nn
 from inkling_cache import Stream
 from inkling_kernels import fused_sconv, fused_sconv_kv
 
+from ._ops import out_op
 from .state import ConvStateOwner, live_state
 
 __all__ = [
-    "InklingShortConv", "described_rows", "paged_short_conv", "paged_short_conv_kv", "short_conv_kv", "write_rows",
+    "InklingShortConv", "described_rows", "paged_short_conv", "paged_short_conv_kv", "short_conv_kv", "first_rows",
+    "zero_padding",
 ]
 
 
@@ -48,12 +48,6 @@ def paged_short_conv(x: torch.Tensor, weight: torch.Tensor, owner_name: str, str
     return out
 
 
-def fake_writes_only(*args: object) -> None:
-    """The fake implementation of an op that only writes into its outputs (arguments
-    allocated before the call): under fake tensors it does nothing."""
-    return None
-
-
 def described_rows(rows: int, described: int) -> int:
     """The rows of an op's input that the step's metadata describes.
 
@@ -64,16 +58,21 @@ def described_rows(rows: int, described: int) -> int:
     return described if rows > described else rows
 
 
-def write_rows(outs: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...], n: int) -> None:
-    """Write each of ``values`` (``n`` rows) into the first ``n`` rows of its output;
-    the output rows past them are padding (:func:`described_rows`) and become zeros."""
-    for out, value in zip(outs, values):
-        out[:n].copy_(value)
+def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` rows of ``t``: ``t`` itself when it has no more (the usual case,
+    without the host cost of a view)."""
+    return t if t.shape[0] == n else t[:n]
+
+
+def zero_padding(outs: tuple[torch.Tensor, ...], n: int) -> None:
+    """Zero the rows of each output past its first ``n``: padding rows
+    (:func:`described_rows`), which no kernel writes."""
+    for out in outs:
         if n < out.shape[0]:
             out[n:].zero_()
 
 
-@torch.library.custom_op("inkling_model::paged_short_conv_out", mutates_args=("out",))
+@out_op("(Tensor x, Tensor weight, str owner_name, int stream, Tensor(a!) out) -> ()")
 def _paged_short_conv_out(x: torch.Tensor, weight: torch.Tensor, owner_name: str, stream: int,
                           out: torch.Tensor) -> None:
     state = live_state(owner_name)
@@ -83,10 +82,8 @@ def _paged_short_conv_out(x: torch.Tensor, weight: torch.Tensor, owner_name: str
     owner, batch = state
     offset, width = owner.stream_range(stream)
     n = described_rows(x.shape[0], batch.num_tokens)
-    write_rows((out,), (fused_sconv(x[:n].contiguous(), weight, owner.cache, batch, offset, width),), n)
-
-
-_paged_short_conv_out.register_fake(fake_writes_only)
+    fused_sconv(first_rows(x, n).contiguous(), weight, owner.cache, batch, offset, width, out=first_rows(out, n))
+    zero_padding((out,), n)
 
 
 class InklingShortConv(nn.Module):
@@ -240,7 +237,9 @@ def paged_short_conv_kv(
     return k_out, v_out
 
 
-@torch.library.custom_op("inkling_model::paged_short_conv_kv_out", mutates_args=("k_out", "v_out"))
+@out_op(
+    "(Tensor k, Tensor v, Tensor k_weight, Tensor v_weight, str owner_name, Tensor(a!) k_out, Tensor(b!) v_out) -> ()"
+)
 def _paged_short_conv_kv_out(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -259,13 +258,11 @@ def _paged_short_conv_kv_out(
     k_offset, width = owner.stream_range(Stream.K)
     v_offset, _ = owner.stream_range(Stream.V)
     n = described_rows(k.shape[0], batch.num_tokens)
-    k_new, v_new = fused_sconv_kv(
-        _unit_columns(k[:n]), _unit_columns(v[:n]), k_weight, v_weight, owner.cache, batch, k_offset, v_offset, width
+    fused_sconv_kv(
+        _unit_columns(first_rows(k, n)), _unit_columns(first_rows(v, n)), k_weight, v_weight, owner.cache, batch,
+        k_offset, v_offset, width, out=(first_rows(k_out, n), first_rows(v_out, n)),
     )
-    write_rows((k_out, v_out), (k_new, v_new), n)
-
-
-_paged_short_conv_kv_out.register_fake(fake_writes_only)
+    zero_padding((k_out, v_out), n)
 
 
 def short_conv_kv(

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import INTERPRETER_ROWS, is_interpreter, pow2_ceil
+from .._triton_common import INTERPRETER_ROWS, cdiv, is_interpreter, pow2_ceil
 
 __all__ = ["GatheredNormConfig", "choose_gathered_norm_config", "launch_gathered_rms_norm"]
 
@@ -82,7 +82,7 @@ def launch_gathered_rms_norm(
         cfg = GatheredNormConfig(INTERPRETER_ROWS, cfg.block_s, cfg.num_warps)  # (the fewest programs)
     if cfg.block_t & (cfg.block_t - 1) or cfg.block_s & (cfg.block_s - 1):
         raise ValueError(f"config tile sizes must be powers of two, got {cfg}")
-    _gathered_rms_norm_kernel[(triton.cdiv(t, cfg.block_t),)](
+    _gathered_rms_norm_kernel[(cdiv(t, cfg.block_t),)](
         shards, norm_weight, out, t, float(eps),
         TP=tp, S=width, BLOCK_T=cfg.block_t, BLOCK_S=cfg.block_s, num_warps=cfg.num_warps,
     )

@@ -17,7 +17,7 @@ import torch
 
 from .._dispatch import run_op, uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
-from ..checks import SconvProblem, check_conv_call
+from ..checks import SconvProblem, check_conv_call, output_for
 from .reference import causal_conv_ref, fused_sconv_ref, reference_fused_sconv
 
 __all__ = ["causal_conv_ref", "fused_sconv", "fused_sconv_ref"]
@@ -33,31 +33,39 @@ def _interpreter_config(x: torch.Tensor) -> object:
 
 
 # The batch travels as SconvBatch.op_args() (OP_SCHEMA); no defaults: every argument
-# is always passed.
+# is always passed. The op writes its result into ``out`` (allocated by fused_sconv or
+# passed by its caller), so it returns nothing.
 @torch.library.custom_op(
     "inkling::fused_sconv",
-    mutates_args=("cache",),
+    mutates_args=("cache", "out"),
     schema=f"(Tensor x, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
-    "SymInt stream_width, str? activation, bool residual) -> Tensor",
+    "SymInt stream_width, str? activation, bool residual, Tensor(b!) out) -> ()",
 )
-def _fused_sconv_op(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> torch.Tensor:
-    batch, (stream_offset, stream_width, activation, residual) = SconvBatch.split_op_args(args)
+def _fused_sconv_op(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> None:
+    batch, (stream_offset, stream_width, activation, residual, out) = SconvBatch.split_op_args(args)
     prob = SconvProblem.of(x, weight, cache)  # checked by fused_sconv
+    _run(x, cache, batch, prob, stream_offset, stream_width, activation, residual, out)
+
+
+def _run(x: torch.Tensor, cache: torch.Tensor, batch: SconvBatch, prob: SconvProblem, stream_offset: int,
+         stream_width: int, activation: Optional[str], residual: bool, out: torch.Tensor) -> None:
+    """The op's work on checked arguments (``prob`` from the checks)."""
     if not uses_triton(x.device):
-        return reference_fused_sconv(x, cache, batch, prob, stream_offset, stream_width, activation, residual)
+        out.copy_(reference_fused_sconv(x, cache, batch, prob, stream_offset, stream_width, activation, residual))
+        return
     from .kernel import launch_fused_sconv  # Triton is only needed off the CPU path
 
-    return launch_fused_sconv(
+    launch_fused_sconv(
         x, cache, batch, prob, stream_offset, stream_width, activation, residual,
-        config=_interpreter_config(x),  # type: ignore[arg-type]
+        config=_interpreter_config(x), out=out,  # type: ignore[arg-type]
     )
 
 
 @_fused_sconv_op.register_fake
-def _fused_sconv_fake(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> torch.Tensor:
-    batch, rest = SconvBatch.split_op_args(args, check=True)
+def _fused_sconv_fake(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> None:
+    batch, (*rest, out) = SconvBatch.split_op_args(args, check=True)
     check_conv_call(x, weight, cache, batch, *rest)
-    return torch.empty_like(x)
+    output_for("out", out, x)
 
 
 def fused_sconv(
@@ -70,6 +78,7 @@ def fused_sconv(
     *,
     activation: Optional[str] = None,
     residual: bool = True,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Fused paged short conv of one stream of a packed cache (one launch per call).
 
@@ -85,9 +94,11 @@ def fused_sconv(
         stream_offset, stream_width: the stream's range inside D.
         activation: None or "silu", applied to the conv sum (before the residual).
         residual: add x: ``out = x + act(conv)``; else ``out = act(conv)``.
+        out: where to write the result: a contiguous [T, H*stream_width] tensor in
+            x.dtype on x's device, sharing no memory with the inputs; by default a new one.
 
     Returns:
-        out: [T, H*stream_width] in x.dtype (a new tensor).
+        out: [T, H*stream_width] in x.dtype.
 
     Checks the launch once (:func:`inkling_kernels.checks.check_conv_call`). With the
     batch's tap map the CUDA kernel reads each tap's source from it; without one it
@@ -96,7 +107,10 @@ def fused_sconv(
     Preconditions: a request's rows are contiguous with consecutive positions; taps
     inside the window resolve through valid block-table entries.
     """
-    check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
-    return run_op(  # type: ignore[no-any-return]
-        _fused_sconv_op, x, weight, cache, *batch.op_args(), stream_offset, stream_width, activation, residual
+    prob = check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
+    out = output_for("out", out, x)
+    run_op(
+        _fused_sconv_op, x, weight, cache, *batch.op_args(), stream_offset, stream_width, activation, residual, out,
+        direct=lambda: _run(x, cache, batch, prob, stream_offset, stream_width, activation, residual, out),
     )
+    return out

@@ -47,12 +47,13 @@ for the call for large ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes, match_last_writer, pow2_ceil, resolve_taps
+from .._triton_common import cdiv, decode_tap_codes, match_last_writer, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
 from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_unfit, rows_weight_tile
@@ -494,8 +495,7 @@ def auto_tap_map(batch: SconvBatch, prob: SconvProblem, device: torch.device, au
     return tap_map
 
 
-@dataclass(frozen=True)
-class ConvStream:
+class ConvStream(NamedTuple):
     """One stream of a launch: its input rows (unit column stride, any row stride),
     its ``[C, W]`` weight view, its contiguous output and its offset inside D."""
 
@@ -557,10 +557,10 @@ def launch_conv_streams(
     hpt = cfg.block_c // stream_width if cfg.block_c > stream_width and cfg.block_c % stream_width == 0 else 1
     chunks = 1 if hpt > 1 else -(-stream_width // cfg.block_c)
     block_t = cfg.block_t
-    while triton.cdiv(prob.num_tokens, block_t) > 65535:  # grid axis-1 limit
+    while cdiv(prob.num_tokens, block_t) > 65535:  # grid axis-1 limit
         block_t *= 2
     heads_grid = -(-prob.num_heads // hpt) if hpt > 1 else prob.num_heads * chunks
-    grid = (heads_grid, triton.cdiv(prob.num_tokens, block_t))
+    grid = (heads_grid, cdiv(prob.num_tokens, block_t))
     first, second = streams[0], streams[-1]  # (one stream: the second is unused)
     table = batch.block_table
     _fused_sconv_kernel[grid](
@@ -603,7 +603,7 @@ def _launch_rows(streams: tuple[ConvStream, ...], cache: torch.Tensor, batch: Sc
             _launch_rows((st,), cache, batch, prob, stream_width, activation, residual, cfg, tap_map)
         return
     first, second = streams[0], streams[-1]
-    grid = (prob.channels // cfg.block_c, triton.cdiv(prob.num_tokens, cfg.block_t), len(streams))
+    grid = (prob.channels // cfg.block_c, cdiv(prob.num_tokens, cfg.block_t), len(streams))
     _rows_sconv_kernel[grid](
         first.x, first.weight2d, cache, first.out, batch.slot_mapping, tap_map,
         prob.num_tokens, prob.num_slots,

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from .._triton_common import decode_tap_codes
+from .._triton_common import cdiv, decode_tap_codes
 
 if TYPE_CHECKING:
     import torch
@@ -290,7 +290,7 @@ def rows_unfit(num_tokens: int, channels: int, row_stride: int, kernel_size: int
         return f"{block_t} rows x {kernel_size - 1} taps exceed the 64-bit tap mask"
     if (num_tokens + block_t) * max(row_stride, channels) >= 2**31:
         return "x offsets would overflow int32"
-    if triton.cdiv(num_tokens, block_t) > 65535:
+    if cdiv(num_tokens, block_t) > 65535:
         return "more than 65535 row tiles"
     return None
 

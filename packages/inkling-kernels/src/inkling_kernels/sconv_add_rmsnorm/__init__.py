@@ -29,13 +29,13 @@ without the batch's tap map.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from .._dispatch import run_op, uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
-from ..checks import SconvProblem, check_add_extras, check_conv_call, check_norm_extras
+from ..checks import SconvProblem, check_add_extras, check_conv_call, check_norm_extras, output_for, outputs_for
 from .reference import (
     fused_sconv_add_ref,
     fused_sconv_add_rmsnorm_ref,
@@ -72,33 +72,43 @@ def check_sconv_add_rmsnorm_args(
     return prob
 
 
-# The batch travels as SconvBatch.op_args() (OP_SCHEMA).
+# The batch travels as SconvBatch.op_args() (OP_SCHEMA). Both ops write their results
+# into outputs allocated by their Python functions or passed by the caller (``out=``),
+# so they return nothing.
 @torch.library.custom_op(
     "inkling::fused_sconv_add_rmsnorm",
-    mutates_args=("cache",),
+    mutates_args=("cache", "hidden_out", "normed_out"),
     schema=f"(Tensor hidden, Tensor d, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
-    "SymInt stream_width, Tensor norm_weight, float eps) -> (Tensor, Tensor)",
+    "SymInt stream_width, Tensor norm_weight, float eps, Tensor(b!) hidden_out, Tensor(c!) normed_out) -> ()",
 )
 def _fused_sconv_add_rmsnorm_op(
     hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, (stream_offset, stream_width, norm_weight, eps) = SconvBatch.split_op_args(args)
+) -> None:
+    batch, (stream_offset, stream_width, norm_weight, eps, hidden_out, normed_out) = SconvBatch.split_op_args(args)
     prob = SconvProblem.of(d, weight, cache)  # checked by fused_sconv_add_rmsnorm
-    call = (hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))
-    if not uses_triton(d.device):  # the reference resolves taps itself: no map
-        return reference_sconv_add_rmsnorm(*call)
+    _run_norm((hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps)), hidden_out, normed_out)
+
+
+def _run_norm(call: tuple[Any, ...], hidden_out: torch.Tensor, normed_out: torch.Tensor) -> None:
+    """The op's work on checked arguments: ``call`` is ``(hidden, d, prob, cache, batch,
+    stream_offset, stream_width, norm_weight, eps)`` (``prob`` from the checks)."""
+    if not uses_triton(call[1].device):  # the reference resolves taps itself: no map
+        new_hidden, normed = reference_sconv_add_rmsnorm(*call)
+        hidden_out.copy_(new_hidden)
+        normed_out.copy_(normed)
+        return
     from .kernel import launch_sconv_add_rmsnorm  # Triton only off the CPU path
 
-    return launch_sconv_add_rmsnorm(*call)
+    launch_sconv_add_rmsnorm(*call, outputs=(hidden_out, normed_out))
 
 
 @_fused_sconv_add_rmsnorm_op.register_fake
 def _fused_sconv_add_rmsnorm_fake(
     hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, rest = SconvBatch.split_op_args(args, check=True)
+) -> None:
+    batch, (*rest, hidden_out, normed_out) = SconvBatch.split_op_args(args, check=True)
     check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, *rest)
-    return torch.empty_like(d), torch.empty_like(d)
+    outputs_for("out", (hidden_out, normed_out), d)
 
 
 def fused_sconv_add_rmsnorm(
@@ -111,6 +121,8 @@ def fused_sconv_add_rmsnorm(
     stream_width: int,
     norm_weight: torch.Tensor,
     eps: float,
+    *,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hidden + d + conv(d), rmsnorm(that) * norm_weight)`` in one pass.
 
@@ -127,15 +139,23 @@ def fused_sconv_add_rmsnorm(
         norm_weight: [C] the following RMSNorm's weight (any float dtype), applied
             as transformers' ``InklingRMSNorm`` does: ``w * dt(x * rsqrt(mean(x^2) + eps))``.
         eps: the norm's epsilon (``rms_norm_eps``).
+        out: where to write the results: ``(new_hidden, normed)``, two distinct
+            contiguous [T, C] tensors in d.dtype on d's device, sharing no memory with
+            the inputs; by default two new ones.
 
     Returns:
-        ``(new_hidden, normed)``, two new [T, C] tensors in d.dtype, rounded at the
-        points where transformers rounds (see :mod:`.reference`).
+        ``(new_hidden, normed)``, [T, C] tensors in d.dtype, rounded at the points
+        where transformers rounds (see :mod:`.reference`).
     """
-    check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
-    return run_op(  # type: ignore[no-any-return]
-        _fused_sconv_add_rmsnorm_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width, norm_weight, float(eps)
+    prob = check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
+    hidden_out, normed_out = outputs_for("out", out, d)
+    call = (hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))
+    run_op(
+        _fused_sconv_add_rmsnorm_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width,
+        norm_weight, float(eps), hidden_out, normed_out,
+        direct=lambda: _run_norm(call, hidden_out, normed_out),
     )
+    return hidden_out, normed_out
 
 
 def check_sconv_add_args(
@@ -157,30 +177,32 @@ def check_sconv_add_args(
 
 @torch.library.custom_op(
     "inkling::fused_sconv_add",
-    mutates_args=("cache",),
+    mutates_args=("cache", "out"),
     schema=f"(Tensor hidden, Tensor d, Tensor weight, Tensor(a!) cache, {OP_SCHEMA}, SymInt stream_offset, "
-    "SymInt stream_width) -> Tensor",
+    "SymInt stream_width, Tensor(b!) out) -> ()",
 )
-def _fused_sconv_add_op(
-    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
-) -> torch.Tensor:
-    batch, (stream_offset, stream_width) = SconvBatch.split_op_args(args)
+def _fused_sconv_add_op(hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> None:
+    batch, (stream_offset, stream_width, out) = SconvBatch.split_op_args(args)
     prob = SconvProblem.of(d, weight, cache)  # checked by fused_sconv_add
-    call = (hidden, d, prob, cache, batch, stream_offset, stream_width)
-    if not uses_triton(d.device):  # the reference resolves taps itself: no map
-        return reference_sconv_add(*call)
+    _run_add((hidden, d, prob, cache, batch, stream_offset, stream_width), out)
+
+
+def _run_add(call: tuple[Any, ...], out: torch.Tensor) -> None:
+    """The op's work on checked arguments: ``call`` is ``(hidden, d, prob, cache, batch,
+    stream_offset, stream_width)`` (``prob`` from the checks)."""
+    if not uses_triton(call[1].device):  # the reference resolves taps itself: no map
+        out.copy_(reference_sconv_add(*call))
+        return
     from .kernel import launch_sconv_add  # Triton only off the CPU path
 
-    return launch_sconv_add(*call)
+    launch_sconv_add(*call, out=out)
 
 
 @_fused_sconv_add_op.register_fake
-def _fused_sconv_add_fake(
-    hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any
-) -> torch.Tensor:
-    batch, rest = SconvBatch.split_op_args(args, check=True)
+def _fused_sconv_add_fake(hidden: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor, *args: Any) -> None:
+    batch, (*rest, out) = SconvBatch.split_op_args(args, check=True)
     check_sconv_add_args(hidden, d, weight, cache, batch, *rest)
-    return torch.empty_like(d)
+    output_for("out", out, d)
 
 
 def fused_sconv_add(
@@ -191,6 +213,8 @@ def fused_sconv_add(
     batch: SconvBatch,
     stream_offset: int,
     stream_width: int,
+    *,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``hidden + d + conv(d)`` in one pass, ``d``'s rows stored in the cache: the
     conv + residual add of :func:`fused_sconv_add_rmsnorm` without the norm, for a
@@ -208,13 +232,17 @@ def fused_sconv_add(
             :func:`inkling_kernels.fused_sconv`; ``cache`` is mutated (each valid
             slot's stream range receives its row of ``d``); the batch's tap map, when
             it has one, serves the CUDA kernel as it serves ``fused_sconv``.
+        out: where to write ``new_hidden``: a contiguous [T, C] tensor in d.dtype on
+            d's device, sharing no memory with the inputs; by default a new one.
 
     Returns:
-        ``new_hidden``, a new [T, C] tensor in d.dtype: ``dt(hidden + dt(d + conv(d)))``
+        ``new_hidden``, [T, C] in d.dtype: ``dt(hidden + dt(d + conv(d)))``
         (rounded where transformers rounds, as ``fused_sconv_add_rmsnorm``'s first
         output, bit for bit on the CPU path).
     """
-    check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
-    return run_op(  # type: ignore[no-any-return]
-        _fused_sconv_add_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width
-    )
+    prob = check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
+    out = output_for("out", out, d)
+    call = (hidden, d, prob, cache, batch, stream_offset, stream_width)
+    run_op(_fused_sconv_add_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width, out,
+           direct=lambda: _run_add(call, out))
+    return out

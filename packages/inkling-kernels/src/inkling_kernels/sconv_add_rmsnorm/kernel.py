@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import (
-    INTERPRETER_ROWS, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps,
+    INTERPRETER_ROWS, cdiv, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps,
 )
 from ..batch import SconvBatch
 from ..checks import SconvProblem
@@ -580,7 +580,7 @@ def _launch(
     table = batch.block_table
     tap_map = batch.tap_map
     channels = prob.num_heads * stream_width
-    grid = (triton.cdiv(prob.num_tokens, block_t), split)
+    grid = (cdiv(prob.num_tokens, block_t), split)
     _sconv_add_rmsnorm_kernel[grid](
         hidden, d, w2, cache,
         batch.positions, table, batch.seq_idx, batch.slot_mapping, batch.query_start,
@@ -659,7 +659,7 @@ def _try_rows(
     norm_weight, eps = norm if norm is not None else (d, 0.0)
     w2 = prob.weight2d
     chunks = prob.channels // cfg.block_j
-    grid = (1 if norm is not None else chunks, triton.cdiv(prob.num_tokens, cfg.block_t))
+    grid = (1 if norm is not None else chunks, cdiv(prob.num_tokens, cfg.block_t))
     # the norm pass's tiles: [block_t, nsub] (about 1024 elements), p2 of them loaded at once
     nsub = min(cfg.block_j, max(32, 1024 // cfg.block_t))
     p2 = max(1, min(NORM_PASS_TILES, prob.channels // nsub))

@@ -23,41 +23,58 @@ import torch
 
 from .._dispatch import run_op, uses_triton
 from ..batch import OP_SCHEMA, SconvBatch
-from ..checks import SconvProblem, check_kv_call
+from ..checks import SconvProblem, check_kv_call, outputs_for
 from ..sconv import _interpreter_config
 from .reference import fused_sconv_kv_ref, reference_fused_sconv_kv
 
 __all__ = ["fused_sconv_kv", "fused_sconv_kv_ref"]
 
 
+# The op writes its results into ``k_out`` and ``v_out`` (allocated by fused_sconv_kv
+# or passed by its caller), so it returns nothing.
 @torch.library.custom_op(
     "inkling::fused_sconv_kv",
-    mutates_args=("cache",),
+    mutates_args=("cache", "k_out", "v_out"),
     schema=f"(Tensor k, Tensor v, Tensor k_weight, Tensor v_weight, Tensor(a!) cache, {OP_SCHEMA}, "
-    "SymInt k_offset, SymInt v_offset, SymInt head_dim, str? activation, bool residual) -> (Tensor, Tensor)",
+    "SymInt k_offset, SymInt v_offset, SymInt head_dim, str? activation, bool residual, Tensor(b!) k_out, "
+    "Tensor(c!) v_out) -> ()",
 )
 def _fused_sconv_kv_op(
     k: torch.Tensor, v: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, cache: torch.Tensor, *args: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, (k_offset, v_offset, head_dim, activation, residual) = SconvBatch.split_op_args(args)
+) -> None:
+    batch, (k_offset, v_offset, head_dim, activation, residual, k_out, v_out) = SconvBatch.split_op_args(args)
     probs = (SconvProblem.of(k, k_weight, cache), SconvProblem.of(v, v_weight, cache))  # checked by fused_sconv_kv
+    _run(k, v, cache, batch, probs, k_offset, v_offset, head_dim, activation, residual, k_out, v_out)
+
+
+def _run(
+    k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, batch: SconvBatch,
+    probs: tuple[SconvProblem, SconvProblem], k_offset: int, v_offset: int, head_dim: int,
+    activation: Optional[str], residual: bool, k_out: torch.Tensor, v_out: torch.Tensor,
+) -> None:
+    """The op's work on checked arguments (``probs`` from the checks)."""
     if not uses_triton(k.device):
-        return reference_fused_sconv_kv(k, v, cache, batch, probs, k_offset, v_offset, head_dim, activation, residual)
+        k_new, v_new = reference_fused_sconv_kv(
+            k, v, cache, batch, probs, k_offset, v_offset, head_dim, activation, residual
+        )
+        k_out.copy_(k_new)
+        v_out.copy_(v_new)
+        return
     from .kernel import launch_fused_sconv_kv  # Triton is only needed off the CPU path
 
-    return launch_fused_sconv_kv(
+    launch_fused_sconv_kv(
         k, v, cache, batch, probs, k_offset, v_offset, head_dim, activation, residual,
-        config=_interpreter_config(k),  # type: ignore[arg-type]
+        config=_interpreter_config(k), out=(k_out, v_out),  # type: ignore[arg-type]
     )
 
 
 @_fused_sconv_kv_op.register_fake
 def _fused_sconv_kv_fake(
     k: torch.Tensor, v: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, cache: torch.Tensor, *args: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, rest = SconvBatch.split_op_args(args, check=True)
+) -> None:
+    batch, (*rest, k_out, v_out) = SconvBatch.split_op_args(args, check=True)
     check_kv_call(k, v, k_weight, v_weight, cache, batch, *rest)
-    return k.new_empty(k.shape), v.new_empty(v.shape)
+    outputs_for("out", (k_out, v_out), k)
 
 
 def fused_sconv_kv(
@@ -73,6 +90,7 @@ def fused_sconv_kv(
     *,
     activation: Optional[str] = None,
     residual: bool = True,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The K and V paged short convs of one layer in one launch.
 
@@ -94,16 +112,22 @@ def fused_sconv_kv(
             ``head_dim``); the two ranges must not overlap.
         head_dim: the width of each stream per head.
         activation, residual: as for :func:`inkling_kernels.fused_sconv`, for both streams.
+        out: where to write the results: ``(k_out, v_out)``, two distinct contiguous
+            [T, H*head_dim] tensors in the activation dtype on k's device, sharing no
+            memory with the inputs; by default two new ones.
 
     Returns:
-        ``(k_out, v_out)``: new contiguous [T, H*head_dim] tensors in the activation dtype.
+        ``(k_out, v_out)``: contiguous [T, H*head_dim] tensors in the activation dtype.
 
     One host check of the whole launch (:func:`inkling_kernels.checks.check_kv_call`)
     before anything runs; the same semantics as ``fused_sconv`` for each stream,
     including the same-step hazard ("insert the whole batch, then convolve").
     """
-    check_kv_call(k, v, k_weight, v_weight, cache, batch, k_offset, v_offset, head_dim, activation, residual)
-    return run_op(  # type: ignore[no-any-return]
+    probs = check_kv_call(k, v, k_weight, v_weight, cache, batch, k_offset, v_offset, head_dim, activation, residual)
+    k_out, v_out = outputs_for("out", out, k)
+    run_op(
         _fused_sconv_kv_op, k, v, k_weight, v_weight, cache, *batch.op_args(), k_offset, v_offset, head_dim,
-        activation, residual,
+        activation, residual, k_out, v_out,
+        direct=lambda: _run(k, v, cache, batch, probs, k_offset, v_offset, head_dim, activation, residual, k_out, v_out),
     )
+    return k_out, v_out

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import cdiv
 from ..checks import check_seq_metadata_args
 
 __all__ = ["sconv_seq_metadata_triton"]
@@ -67,7 +68,7 @@ def launch_sconv_seq_metadata(
     block = block or (64 if num_padded_tokens <= 4096 else 256)
     if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
-    grid = (triton.cdiv(num_padded_tokens, block),)
+    grid = (cdiv(num_padded_tokens, block),)
     _seq_metadata_kernel[grid](
         query_start_loc, seq_idx_out, query_start_out,
         num_reqs, num_actual_tokens, num_padded_tokens, top_step,

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import match_rows, pow2_ceil, resolve_taps
+from .._triton_common import cdiv, match_rows, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
 from ..checks import check_tap_map_call
 
@@ -125,7 +125,7 @@ def launch_sconv_tap_map(batch: SconvBatch, kernel_size: int, tap_map_out: torch
         return
     taps = kernel_size - 1
     table = batch.block_table
-    _tap_map_base_kernel[(triton.cdiv(num_tokens, 64),)](
+    _tap_map_base_kernel[(cdiv(num_tokens, 64),)](
         batch.positions, table, batch.seq_idx, batch.query_start, tap_map_out,
         num_tokens, table.shape[0], table.shape[1], table.stride(0),
         # No early exit for tiles without pre-forward taps: the tile-wide reduction
@@ -134,7 +134,7 @@ def launch_sconv_tap_map(batch: SconvBatch, kernel_size: int, tap_map_out: torch
         N=batch.block_size, TAPS=taps, WP=pow2_ceil(taps), BLOCK_R=64, SKIP_EMPTY=False, num_warps=4,
     )
     keys, chunk, span = hazard_tiles(num_tokens)
-    grid = (triton.cdiv(num_tokens * taps, keys), triton.cdiv(num_tokens, span))
+    grid = (cdiv(num_tokens * taps, keys), cdiv(num_tokens, span))
     _tap_map_hazard_kernel[grid](
         batch.slot_mapping, tap_map_out, num_tokens,
         TAPS=taps, KEYS=keys, CHUNK=chunk, SPAN=span, num_warps=4,

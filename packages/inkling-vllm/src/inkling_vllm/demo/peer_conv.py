@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from inkling_cache import Stream
 from inkling_model import SconvMetadata
-from inkling_model.sconv import described_rows, write_rows
+from inkling_model.sconv import described_rows, zero_padding
 from inkling_model.state import live_state
 
 __all__ = ["PEER_MODULE", "PeerConv", "install", "load_peer", "note_step"]
@@ -212,7 +212,10 @@ def _writing_outputs(function: Callable[..., Any], activations: int, outputs: in
         state = live_state(owner_name)
         n = rows if state is None else described_rows(rows, state[1].num_tokens)
         result = function(*(a[:n] for a in args[:activations]), *args[activations:-outputs])
-        write_rows(args[-outputs:], result if outputs > 1 else (result,), n)
+        outs = args[-outputs:]
+        for out, value in zip(outs, result if outputs > 1 else (result,)):
+            out[:n].copy_(value)
+        zero_padding(outs, n)
 
     return write
 
