@@ -59,3 +59,31 @@ def test_a_wrong_op_fails_the_run(run: Any, tmp_path: Path, monkeypatch: pytest.
     text = out.read_text()
     assert "| sconv decode 3, ATTN | **FAIL** |" in text
     assert "| gathered_rms_norm tp2 decode 3 | " in text and text.count("**FAIL**") == 1
+
+
+def test_host_mode_times_the_python_with_the_launches_stubbed(run: Any, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--host --smoke``: each case is checked with the real (interpreted) kernels, then
+    timed with every Triton kernel of the package replaced by a no-op, and the kernels
+    are put back afterwards."""
+    from inkling_kernels.sconv import kernel as sconv_kernel
+    from inkling_kernels.sconv_add_rmsnorm import kernel as norm_kernel
+
+    originals = (sconv_kernel._fused_sconv_kernel, norm_kernel._sconv_add_rmsnorm_kernel)
+    seen = []
+    real_timer = run.time_host
+
+    def timer(launches: list[Any], reps: int) -> float:
+        seen.append((sconv_kernel._fused_sconv_kernel, norm_kernel._sconv_add_rmsnorm_kernel))
+        return real_timer(launches, reps)
+
+    monkeypatch.setattr(run, "time_host", timer)
+    out = tmp_path / "results.json"
+    assert run.main(["--smoke", "--host", "--reps", "1", "--only", "sconv decode|sconv_add_rmsnorm decode",
+                     "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["host"] and res["copy_GBps"] == 0.0
+    assert [r["case"] for r in res["cases"]] == ["sconv decode 3, ATTN", "sconv_add_rmsnorm decode 3"]
+    assert all(r["ok"] and r["ours_us"] > 0 and r["of_copy"] is None for r in res["cases"])
+    assert seen and all(isinstance(k, run._NoLaunch) for pair in seen for k in pair)
+    assert (sconv_kernel._fused_sconv_kernel, norm_kernel._sconv_add_rmsnorm_kernel) == originals
