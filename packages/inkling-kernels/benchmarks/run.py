@@ -253,7 +253,7 @@ def run_case(case: _cases.Case, env: _cases.Env, timer: Callable[..., float], re
             row["amortised_us"] = t(prep.amortised)
             row["ours_us"] += row["amortised_us"] / prep.amortise_over
             row["amortise_over"] = prep.amortise_over
-        if prep.peer:
+        if prep.peer and not stub_launches:  # (a stubbed run times no peer: its torch ops would compute)
             peer = {k: t(v) for k, v in prep.peer.items()}
             row["peer_variant"] = min(peer, key=peer.__getitem__)
             row["peer_us"] = peer[row["peer_variant"]]

@@ -17,7 +17,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -117,15 +117,15 @@ class SconvBatch:
         return self._replace_unchecked(tap_map=tap_map[: self.num_tokens])
 
     def _replace_unchecked(self, **changes: Any) -> SconvBatch:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        return SconvBatch._unchecked(**values)
+        batch = object.__new__(SconvBatch)
+        batch.__dict__.update(self.__dict__)  # (the fields: one dict copy, per step and group)
+        batch.__dict__.update(changes)
+        return batch
 
     @classmethod
     def _unchecked(cls, **values: Any) -> SconvBatch:
         batch = object.__new__(cls)
-        for name, value in values.items():
-            object.__setattr__(batch, name, value)
+        batch.__dict__.update(values)
         return batch
 
     # --- the custom ops' view -------------------------------------------------

@@ -30,6 +30,11 @@ __all__ = ["sconv_tap_map", "sconv_tap_map_ref"]
 )
 def _sconv_tap_map_op(*args: Any) -> None:
     batch, (tap_map_out,) = SconvBatch.split_op_args(args)
+    _run(batch, tap_map_out)
+
+
+def _run(batch: SconvBatch, tap_map_out: torch.Tensor) -> None:
+    """The op's work on checked arguments."""
     assert batch.kernel_size is not None  # checked by sconv_tap_map
     if not uses_triton(batch.device):
         reference_sconv_tap_map(batch, batch.kernel_size, tap_map_out)
@@ -61,5 +66,5 @@ def sconv_tap_map(batch: SconvBatch, tap_map_out: torch.Tensor) -> SconvBatch:
             survives across steps, so CUDA graphs replay).
     """
     check_tap_map_call(batch, tap_map_out)
-    run_op(_sconv_tap_map_op, *batch.op_args(), tap_map_out)
+    run_op(_sconv_tap_map_op, *batch.op_args(), tap_map_out, direct=lambda: _run(batch, tap_map_out))
     return batch._replace_unchecked(tap_map=tap_map_out[: batch.num_tokens])  # checked above
