@@ -344,8 +344,9 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         no_drafts = main_end <= prefill_end + 1 or main_end - start > 1 + self.conv_spec.spec_tokens
         rows = self.reach if no_drafts else self.tail_rows
         windows = [(max(0, main_end - rows), min(num_tokens, main_end + self.lookahead_written), main_end + 1)]
-        for end in self._checkpoint_ends(start, main_end, prompt_len):
-            windows.append(self._checkpoint_window(end, main_end))
+        if self.enable_caching:
+            for end in self._checkpoint_ends(start, main_end, prompt_len):
+                windows.append(self._checkpoint_window(end, main_end))
         junction = self._junction.get(request_id, 0)
         if junction > 0 and self._writes_checkpoint(start, main_end, junction):
             windows.append(self._junction_window(junction, main_end))
@@ -360,7 +361,8 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         """Table entries a step needs: up to its main-model end plus the lookahead slots
         this group's layers write; slots past that (an EAGLE-style drafter's, written
         into its own groups) get no entry."""
-        return _cdiv(min(num_tokens, num_tokens_main_model + self.lookahead_written), self.block_size)
+        written = num_tokens_main_model + self.lookahead_written
+        return -(-(num_tokens if num_tokens < written else written) // self.block_size)
 
     def _indices(self, windows: Iterable[_Window]) -> set[int]:
         n = self.block_size
@@ -453,15 +455,19 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         if request_id in self._partial_hit_reqs:  # sliding-window hits are block-aligned
             raise RuntimeError(f"unexpected partial prefix-cache hit for conv-state request {request_id}")
         blocks = self.req_to_blocks[request_id]
-        real = self._real.setdefault(request_id, set())
-        windows = self._windows.setdefault(request_id, [])
         start = self._extent.get(request_id, 0)
-        windows += self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
-        self._extent[request_id] = max(start, num_tokens_main_model)
+        step = self._step_windows(request_id, start, num_tokens, num_tokens_main_model)
+        windows = self._windows.get(request_id)
+        if windows is None:
+            self._windows[request_id] = windows = step
+        else:
+            windows += step
+        self._extent[request_id] = start if start > num_tokens_main_model else num_tokens_main_model
         first, end_index = len(blocks), self._table_end(num_tokens, num_tokens_main_model)
-        if end_index <= first:
+        if end_index <= first:  # most decode steps: no new table entry
             self._newest[request_id] = (start, num_tokens_main_model, first, [])
             return []
+        real = self._real.setdefault(request_id, set())
         live = self._indices(windows)
         wanted = [b for b in range(first, end_index) if b in live]
         fresh = iter(self.block_pool.get_new_blocks(len(wanted)))
@@ -540,21 +546,30 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         # step reads a row below ``processed - (W - 1)`` again (vLLM's sliding window
         # frees on the same rule). Checkpoints of unrun chunks end above ``processed``
         # and a hit's rows end at it: trimming only cuts tails' rows that are past.
+        # (called for every running request and step: plain loops, no generators)
         floor = processed_computed_tokens - self.reach
-        windows = [
-            (max(lo, floor), hi, release)
-            for lo, hi, release in self._windows.get(request_id, ())
-            if processed_computed_tokens < release
-        ]
+        windows = []
+        for lo, hi, release in self._windows.get(request_id, ()):
+            if processed_computed_tokens < release:
+                windows.append((lo if lo > floor else floor, hi, release))
         self._windows[request_id] = windows
-        real = self._real.get(request_id, set())
+        real = self._real.get(request_id)
+        if not real:
+            return
         n = self.block_size
         # a real block is dead when no window's rows [lo, hi) reach into it (a request
         # holds a few real blocks and windows, so this beats building the live set)
-        dead = sorted((b for b in real if not any(lo < (b + 1) * n and hi > b * n and hi > lo
-                                                   for lo, hi, _ in windows)), reverse=True)
+        dead = []
+        for b in real:
+            start, end = b * n, (b + 1) * n
+            for lo, hi, _ in windows:
+                if lo < end and hi > start and hi > lo:
+                    break
+            else:
+                dead.append(b)
         if not dead:
             return
+        dead.sort(reverse=True)
         blocks = self.req_to_blocks[request_id]
         freed = []
         for b in dead:
