@@ -6,10 +6,9 @@ the graph pieces between these ops hands each piece outputs of fixed address). T
 ops are defined on a ``torch.library.Library`` directly, with one implementation for
 every device (``CompositeExplicitAutograd``) and a fake implementation that writes
 nothing, rather than through ``torch.library.custom_op``: an engine calls them once
-per layer and step between its compiled pieces, and the lower-level definition costs
-a few microseconds of dispatcher time a call where ``custom_op``'s Python wrappers
-(autograd, argument defaults, in-place bookkeeping) cost tens. They are inference
-ops: no autograd formula.
+per layer and step between its compiled pieces, and the lower-level definition skips
+``custom_op``'s Python wrappers (autograd, argument defaults, in-place bookkeeping) on
+every call. They are inference ops: no autograd formula.
 """
 
 from __future__ import annotations
