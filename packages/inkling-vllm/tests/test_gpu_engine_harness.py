@@ -178,3 +178,21 @@ def test_bench_refuses_an_unknown_decode_case(capsys: Any) -> None:
     with pytest.raises(SystemExit):
         gpu_engine.main(["bench", "out.json", "--tokenizer", ".", "--decode", "64x1k"])
     assert "invalid choice: '64x1k'" in capsys.readouterr().err
+
+
+def test_counters_record_each_compile_by_kernel_name_and_specialisation(monkeypatch: Any) -> None:
+    import torch
+    from triton import knobs
+    from triton.runtime.jit import JitFunctionInfo
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", torch.cuda.CUDAGraph.replay)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    counters = gpu_engine.Counters()
+    counters.arm()
+    # called as Triton 3.6 calls it after a compile (JITFunction._call_hook)
+    signature = "fused_moe_kernel[num_warps=4](a_ptr: ('*bf16', 'D'), EM: ('i32', ''))"
+    knobs.runtime.jit_post_compile_hook(key=("k",), repr=signature,
+                                        fn=JitFunctionInfo("vllm.fused_moe", "fused_moe_kernel", None),
+                                        compile={}, is_manual_warmup=False, already_compiled=False)
+    assert counters.compiles == ["vllm.fused_moe.fused_moe_kernel"]
+    assert counters.compile_signatures == [signature]

@@ -179,6 +179,7 @@ class Counters:
 
         self.replays: dict[str, int] = {}
         self.compiles: list[str] = []
+        self.compile_signatures: list[str] = []
         self._armed = False
         original = torch.cuda.CUDAGraph.replay
         counters = self
@@ -205,8 +206,13 @@ class Counters:
 
         def hook(*args: Any, **kwargs: Any) -> Any:
             fn = kwargs.get("fn") or (args[0] if args else None)
-            name = getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)[:80]
-            counters.compiles.append(str(name))
+            # Triton 3.6 passes a JitFunctionInfo (module, name); older ones the function
+            name = getattr(fn, "name", None) or getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)[:80]
+            module = getattr(getattr(fn, "module", None), "__name__", getattr(fn, "module", ""))
+            counters.compiles.append(f"{module}.{name}" if isinstance(module, str) and module else str(name))
+            # the specialisation that compiled (argument types, divisibility, constexprs):
+            # what a warm-up would have to cover
+            counters.compile_signatures.append(str(kwargs.get("repr", ""))[:4000])
             return previous(*args, **kwargs) if previous is not None else None
 
         knobs.runtime.jit_post_compile_hook = hook
@@ -230,6 +236,7 @@ def _engine_facts(llm: Any, counters: Counters) -> dict[str, Any]:
         "conv_managers": sorted({layer["conv_manager"] for layer in layers["layers"]}),
         "graph_replays": dict(counters.replays),
         "compiles_after_startup": list(counters.compiles),
+        "compile_signatures": list(counters.compile_signatures),
         "warmed_shape_classes": int(getattr(runner, "_inkling_warmed", -1)),
     }
 
