@@ -49,16 +49,18 @@ class SconvProblem(NamedTuple):
 
     @classmethod
     def of(cls, x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor) -> SconvProblem:
-        weight2d = weight.squeeze(1) if weight.dim() == 3 else weight
         num_blocks, num_heads, block, _ = cache.shape
-        return cls(
-            weight2d=weight2d,
-            num_tokens=int(x.shape[0]),
-            channels=int(x.shape[1]),
-            num_heads=int(num_heads),
-            kernel_size=int(weight2d.shape[1]),
-            num_slots=int(num_blocks * block),
-        )
+        rows, channels = x.shape
+        return cls.from_shapes(weight, weight.dim(), int(rows), int(channels), int(num_heads), int(weight.shape[-1]),
+                               int(num_blocks * block))
+
+    @classmethod
+    def from_shapes(cls, weight: torch.Tensor, weight_dims: int, num_tokens: int, channels: int, num_heads: int,
+                    kernel_size: int, num_slots: int) -> SconvProblem:
+        """The problem from values already read off the tensors (``weight`` is
+        ``(C, W)`` or ``(C, 1, W)``, ``weight_dims`` its dimension count)."""
+        return cls(weight.squeeze(1) if weight_dims == 3 else weight, num_tokens, channels, num_heads, kernel_size,
+                   num_slots)
 
 
 def need_tensor(name: str, value: object) -> torch.Tensor:
@@ -296,14 +298,8 @@ def _check_stream(
             f"the cache has {num_blocks * cache_block} slots; a tap_map addresses at most "
             "2**31: build the batch without a tap map"
         )
-    return SconvProblem(
-        weight2d=weight.squeeze(1) if len(w_shape) == 3 else weight,
-        num_tokens=rows,
-        channels=channels,
-        num_heads=num_heads,
-        kernel_size=kernel_size,
-        num_slots=num_blocks * cache_block,
-    )
+    return SconvProblem.from_shapes(weight, len(w_shape), rows, channels, num_heads, kernel_size,
+                                    num_blocks * cache_block)
 
 
 def check_conv_call(

@@ -68,7 +68,7 @@ from .._triton_common import (
     INTERPRETER_ROWS, cdiv, decode_tap_codes, is_interpreter, last_writers, pow2_ceil, resolve_taps,
 )
 from ..batch import SconvBatch
-from ..checks import SconvProblem
+from ..checks import SconvProblem, output_for, outputs_for
 
 __all__ = [
     "NormConfig",
@@ -700,15 +700,10 @@ def launch_sconv_add_rmsnorm(
     Arguments must have passed ``check_sconv_add_rmsnorm_args`` (which made ``prob``);
     ``config`` overrides the heuristic tile choice (:func:`choose_norm_config`, or
     :func:`interpreter_norm_config` under the interpreter; benchmarks, tests); ``outputs`` are
-    preallocated ``(new_hidden, normed)`` tensors (tests poison them).
+    preallocated ``(new_hidden, normed)`` tensors, already checked
+    (:func:`inkling_kernels.checks.outputs_for`; tests poison them).
     """
-    if outputs is None:
-        new_hidden, normed = torch.empty_like(d), torch.empty_like(d)
-    else:
-        new_hidden, normed = outputs
-        for out in outputs:
-            if out.shape != d.shape or out.dtype != d.dtype or not out.is_contiguous():
-                raise ValueError("outputs must be two contiguous tensors shaped and typed like d")
+    new_hidden, normed = (torch.empty_like(d), torch.empty_like(d)) if outputs is None else outputs
     if prob.num_tokens == 0:
         return new_hidden, normed
     choose = interpreter_norm_config if is_interpreter() else choose_norm_config
@@ -786,12 +781,10 @@ def launch_sconv_add(
     row, ``INTERPRETER_ROWS`` rows a program; benchmarks, tests): any
     ``block_t``, ``split`` 1.. the row's chunks (program ``(p, s)`` does chunks ``s,
     s + split, ...``), no ``row_loop`` (the norm's path); ``out`` is a preallocated
-    ``new_hidden`` (tests poison it).
+    ``new_hidden``, already checked (:func:`inkling_kernels.checks.output_for`; tests poison it).
     """
     if out is None:
         out = torch.empty_like(d)
-    elif out.shape != d.shape or out.dtype != d.dtype or not out.is_contiguous():
-        raise ValueError("out must be a contiguous tensor shaped and typed like d")
     if prob.num_tokens == 0:
         return out
     # Every program owns one channel chunk: without a map each would resolve its rows'
@@ -850,7 +843,7 @@ def fused_sconv_add_rmsnorm_triton(
     prob = check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
     return launch_sconv_add_rmsnorm(
         hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps),
-        config=config, outputs=outputs,
+        config=config, outputs=outputs_for("outputs", outputs, d),
     )
 
 
@@ -873,5 +866,5 @@ def fused_sconv_add_triton(
     from . import check_sconv_add_args
 
     prob = check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
-    return launch_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width, config=config, out=out,
-                            auto_map=auto_map)
+    return launch_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width, config=config,
+                            out=output_for("out", out, d), auto_map=auto_map)
