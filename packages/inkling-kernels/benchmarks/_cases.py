@@ -196,6 +196,12 @@ class Env:
         return (scale * torch.randn(*shape, device=self.device)).to(dtype or self.sizes.dtype)
 
 
+def _weight(t: torch.Tensor) -> torch.Tensor:
+    """A weight as a model holds it: an ``nn.Parameter`` (no gradient) over ``t``'s
+    storage and strides (the layer cases time the calls a model makes)."""
+    return torch.nn.Parameter(t, requires_grad=False)
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -411,11 +417,12 @@ def _layer_world(env: Env, kind: str, tp: int, requests: list[tuple[int, int]], 
         d_mlp=[env.randn(t, c) for _ in steps], hidden=[env.randn(t, c) for _ in steps],
         gathered=[env.randn(t, sz.hidden) for _ in steps] if tp > 1 else [],
         full=[env.randn(t, sz.hidden) for _ in steps] if tp > 1 else [],
-        wk=env.randn(kv_c, W, dtype=torch.float32, scale=0.5), wv=env.randn(kv_c, W, dtype=torch.float32, scale=0.5),
-        w_attn=env.randn(W, c, dtype=torch.float32, scale=0.5).t().unsqueeze(1),
-        w_mlp=env.randn(W, c, dtype=torch.float32, scale=0.5).t().unsqueeze(1),
-        nw_attn=(1 + 0.2 * torch.randn(sz.hidden, device=env.device)).to(sz.dtype),
-        nw_mlp=(1 + 0.2 * torch.randn(sz.hidden, device=env.device)).to(sz.dtype), q_cols=q_cols)
+        wk=_weight(env.randn(kv_c, W, dtype=torch.float32, scale=0.5)),
+        wv=_weight(env.randn(kv_c, W, dtype=torch.float32, scale=0.5)),
+        w_attn=_weight(env.randn(W, c, dtype=torch.float32, scale=0.5).t().unsqueeze(1)),
+        w_mlp=_weight(env.randn(W, c, dtype=torch.float32, scale=0.5).t().unsqueeze(1)),
+        nw_attn=_weight((1 + 0.2 * torch.randn(sz.hidden, device=env.device)).to(sz.dtype)),
+        nw_mlp=_weight((1 + 0.2 * torch.randn(sz.hidden, device=env.device)).to(sz.dtype)), q_cols=q_cols)
 
 
 def _add_norm_eager(hidden: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -248,6 +248,23 @@ def test_eager_calls_skip_the_dispatcher_and_traced_calls_keep_the_op(monkeypatc
     torch.testing.assert_close(_call(fused_sconv, {**kw, "cache": kw["cache"].clone()}), eager)
     assert not calls, f"eager call went through the dispatcher: {calls}"
 
+    # a model passes its weights as parameters (vLLM's own subclasses add a
+    # __torch_function__): they dispatch as plain tensors, so the call stays direct
+    class WeightParameter(torch.nn.Parameter):
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    for weight in (torch.nn.Parameter(kw["weight"].clone(), requires_grad=False),
+                   WeightParameter(kw["weight"].clone(), requires_grad=False)):
+        got = _call(fused_sconv, {**kw, "weight": weight, "cache": kw["cache"].clone()})
+        torch.testing.assert_close(got, eager)
+        assert not calls, f"eager call with a {type(weight).__name__} weight went through the dispatcher: {calls}"
+    # a parameter autograd would track keeps the op
+    with torch.enable_grad():
+        _call(fused_sconv, {**kw, "weight": torch.nn.Parameter(kw["weight"].clone()), "cache": kw["cache"].clone()})
+    assert calls, "a weight that requires grad must go through the op (autograd records it)"
+
 
 def test_tap_map_ops_compile_and_opcheck() -> None:
     """sconv_tap_map is a mutating custom op with a fake impl; a batch carrying the

@@ -32,18 +32,25 @@ def uses_triton(device: torch.device) -> bool:
     return value == "triton"
 
 
+#: ``torch.Tensor``'s own (disabled) ``__torch_dispatch__``: a tensor whose class keeps it
+#: (a plain tensor, ``nn.Parameter`` and its subclasses such as vLLM's weight parameters)
+#: needs nothing from the dispatcher that a direct call skips.
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def run_op(op: Any, *args: Any, direct: Optional[Callable[[], Any]] = None) -> Any:
     """Call the custom op ``op`` (a ``torch.library.custom_op``) on ``args``.
 
-    On plain tensors that need no gradient, with nothing tracing the call, the op's
-    implementation runs directly, without the dispatcher's own host work (schema checks,
+    On tensors without a ``__torch_dispatch__`` of their own (plain tensors and
+    parameters, as a model passes its weights) that need no gradient, with nothing
+    tracing the call, the op's implementation runs directly, without the dispatcher's own host work (schema checks,
     the mutation and aliasing bookkeeping of a Python custom op), which the ops would
     otherwise pay once per layer and step: ``direct()`` when given (the caller's
     shortcut to the same work, e.g. on the shapes its checks already derived, skipping
     the unpacking of ``args``), else the implementation on ``args``.
     Otherwise the call goes through ``torch.ops``: under ``torch.compile``, any dispatch
     mode (fake tensors, ``make_fx``, ``torch.export``) or functorch transform, on tensor
-    subclasses (fake tensors outside their mode included), and where autograd would
+    subclasses that dispatch (fake tensors outside their mode included), and where autograd would
     record the call, so traced graphs keep the op and autograd sees it as before. The
     direct call does not bump the version counters of the arguments it writes."""
     impl = getattr(op, "_init_fn", None)
@@ -53,6 +60,8 @@ def run_op(op: Any, *args: Any, direct: Optional[Callable[[], Any]] = None) -> A
         return op(*args)
     grad = torch.is_grad_enabled()
     for arg in args:
-        if isinstance(arg, torch.Tensor) and (type(arg) is not torch.Tensor or (grad and arg.requires_grad)):
+        if isinstance(arg, torch.Tensor) and (
+            type(arg).__torch_dispatch__ is not _PLAIN_DISPATCH or (grad and arg.requires_grad)
+        ):
             return op(*args)
     return impl(*args) if direct is None else direct()
