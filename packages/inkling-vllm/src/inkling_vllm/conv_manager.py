@@ -269,6 +269,8 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         self.reach = kv_cache_spec.sliding_window - 1  # rows a step's first token reads
         self.retention_tokens = kv_cache_spec.retention_tokens
         self.lookahead_written = kv_cache_spec.lookahead_written
+        # the most tokens a decode step schedules (1 + k): a longer step carries no drafts
+        self._decode_tokens = 1 + kv_cache_spec.spec_tokens
         # one checkpoint's blocks (a hit boundary is block-aligned)
         self.checkpoint_blocks = _cdiv(self.reach, self.block_size)
         align = int(self.cache_hit_alignment_tokens)
@@ -339,11 +341,15 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         alone, whose predecessors are settled, since the scheduler's count would be ahead
         of ``tokens`` otherwise), and neither does a step scheduling more than ``1 + k``
         tokens (a decode step schedules at most that)."""
+        # (runs for every request and step: conditionals, not max/min calls)
         prompt_len = self._prompt_len.get(request_id, 0)
-        prefill_end = max(prompt_len, self._prefill_end.get(request_id, 0))
-        no_drafts = main_end <= prefill_end + 1 or main_end - start > 1 + self.conv_spec.spec_tokens
-        rows = self.reach if no_drafts else self.tail_rows
-        windows = [(max(0, main_end - rows), min(num_tokens, main_end + self.lookahead_written), main_end + 1)]
+        prefill_end = self._prefill_end.get(request_id, 0)
+        if prompt_len > prefill_end:
+            prefill_end = prompt_len
+        no_drafts = main_end <= prefill_end + 1 or main_end - start > self._decode_tokens
+        lo = main_end - (self.reach if no_drafts else self.tail_rows)
+        hi = main_end + self.lookahead_written
+        windows = [(lo if lo > 0 else 0, num_tokens if num_tokens < hi else hi, main_end + 1)]
         if self.enable_caching:
             for end in self._checkpoint_ends(start, main_end, prompt_len):
                 windows.append(self._checkpoint_window(end, main_end))
@@ -464,8 +470,11 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
             windows += step
         self._extent[request_id] = start if start > num_tokens_main_model else num_tokens_main_model
         first, end_index = len(blocks), self._table_end(num_tokens, num_tokens_main_model)
+        # (read only by cache_blocks before it learns the request's junction)
+        newest = self.enable_caching and request_id not in self._junction
         if end_index <= first:  # most decode steps: no new table entry
-            self._newest[request_id] = (start, num_tokens_main_model, first, [])
+            if newest:
+                self._newest[request_id] = (start, num_tokens_main_model, first, [])
             return []
         real = self._real.setdefault(request_id, set())
         live = self._indices(windows)
@@ -481,7 +490,8 @@ class ConvStateManager(SlidingWindowManager):  # type: ignore[misc]
         blocks.extend(new_blocks)
         if self._record_new_block_ids:
             self.new_block_ids.extend(b.block_id for b in new_blocks if not b.is_null)
-        self._newest[request_id] = (start, num_tokens_main_model, first, new_blocks)
+        if newest:
+            self._newest[request_id] = (start, num_tokens_main_model, first, new_blocks)
         return new_blocks
 
     def cache_blocks(
