@@ -45,14 +45,16 @@ def run_op(op: Any, *args: Any, direct: Optional[Callable[[], Any]] = None) -> A
     parameters, as a model passes its weights) that need no gradient, with nothing
     tracing the call, the op's implementation runs directly, without the dispatcher's
     own host work (schema checks, the mutation and aliasing bookkeeping of a Python
-    custom op), which the ops would otherwise pay once per layer and step: ``direct()`` when given (the caller's
-    shortcut to the same work, e.g. on the shapes its checks already derived, skipping
-    the unpacking of ``args``), else the implementation on ``args``.
+    custom op), which the ops would otherwise pay once per layer and step:
+    ``direct()`` when given (the caller's shortcut to the same work, e.g. on the shapes
+    its checks already derived, skipping the unpacking of ``args``), else the
+    implementation on ``args``.
     Otherwise the call goes through ``torch.ops``: under ``torch.compile``, any dispatch
     mode (fake tensors, ``make_fx``, ``torch.export``) or functorch transform, on tensor
     subclasses that dispatch (fake tensors outside their mode included), and where
-    autograd would record the call, so traced graphs keep the op and autograd sees it as before. The
-    direct call does not bump the version counters of the arguments it writes."""
+    autograd would record the call, so traced graphs keep the op and autograd sees it
+    as before. The direct call does not bump the version counters of the arguments it
+    writes."""
     impl = getattr(op, "_init_fn", None)
     if impl is None or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return op(*args)

@@ -208,8 +208,9 @@ class Counters:
             fn = kwargs.get("fn") or (args[0] if args else None)
             # Triton 3.6 passes a JitFunctionInfo (module, name); older ones the function
             name = getattr(fn, "name", None) or getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)[:80]
-            module = getattr(getattr(fn, "module", None), "__name__", getattr(fn, "module", ""))
-            counters.compiles.append(f"{module}.{name}" if isinstance(module, str) and module else str(name))
+            module = getattr(fn, "module", "")  # a module name (Triton 3.6)
+            module = module if isinstance(module, str) else getattr(module, "__name__", "")
+            counters.compiles.append(f"{module}.{name}" if module else str(name))
             # the specialisation that compiled (argument types, divisibility, constexprs):
             # what a warm-up would have to cover
             counters.compile_signatures.append(str(kwargs.get("repr", ""))[:4000])
