@@ -277,6 +277,7 @@ def test_warmup_runs_one_dummy_forward_per_class(monkeypatch: pytest.MonkeyPatch
 
     model = object.__new__(InklingForCausalLM)
     monkeypatch.setattr(warmup, "_attention_problems", lambda m: PROBLEMS)
+    monkeypatch.setattr(warmup, "_fused_moe_shapes", lambda m: [_moe_shape(**MOE_SHAPES["tiny"])[0]])
     sched = SimpleNamespace(max_num_seqs=16)
     runs: list[tuple[int, int, dict[str, Any]]] = []
 
@@ -286,7 +287,9 @@ def test_warmup_runs_one_dummy_forward_per_class(monkeypatch: pytest.MonkeyPatch
     runner = SimpleNamespace(device=h200, get_model=lambda: model, scheduler_config=sched, max_num_tokens=64,
                              max_model_len=1024, uniform_decode_query_len=1, _dummy_run=dummy_run)
     n = warmup.warm_up_kernels(runner)
-    expected = warmup_batches(candidate_batches(64, 16, 1024, 1), attention_signature(PROBLEMS, h200))
+    moe = warmup._fused_moe_shapes(model)
+    expected = warmup_batches(candidate_batches(64, 16, 1024, 1) + warmup.moe_batches(64, moe),
+                              attention_signature(PROBLEMS, h200), moe)
     assert n == len(expected) == len(runs) == runner._inkling_warmed
     assert sched.max_num_seqs == 16
     for batch, (tokens, reqs, kw) in zip(expected, runs):
@@ -304,6 +307,7 @@ def test_warmup_on_the_second_generation_runner(monkeypatch: pytest.MonkeyPatch,
 
     model = object.__new__(InklingForCausalLM)
     monkeypatch.setattr(warmup, "_attention_problems", lambda m: PROBLEMS)
+    monkeypatch.setattr(warmup, "_fused_moe_shapes", lambda m: [_moe_shape(**MOE_SHAPES["tiny"])[0]])
     runs: list[tuple[int, int, bool, int]] = []
 
     class Runner:
@@ -413,6 +417,7 @@ def test_warmup_follows_vllms_jit_warmup_switch(monkeypatch: pytest.MonkeyPatch,
 
     model = object.__new__(InklingForCausalLM)
     monkeypatch.setattr(warmup, "_attention_problems", lambda m: PROBLEMS)
+    monkeypatch.setattr(warmup, "_fused_moe_shapes", lambda m: [_moe_shape(**MOE_SHAPES["tiny"])[0]])
     runs: list[int] = []
 
     class Runner:
@@ -432,3 +437,143 @@ def test_warmup_follows_vllms_jit_warmup_switch(monkeypatch: pytest.MonkeyPatch,
     assert warmup.warm_up_kernels(Runner(True)) == len(runs) > 0
     runs.clear()
     assert warmup.warm_up_kernels(Runner(None)) == len(runs) > 0
+
+
+# --- vLLM's fused MoE -------------------------------------------------------------------
+def _moe_shape(experts: int, n: int, k: int, top_k: int, dtype: torch.dtype, global_experts: int = 0) -> Any:
+    """A fused-MoE layer shape with vLLM's own tile-config lookup (``global_experts``:
+    expert parallelism, ``experts`` of them on this rank)."""
+    import functools
+
+    from vllm.model_executor.layers.fused_moe.config import _get_config_dtype_str
+    from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
+
+    config = functools.lru_cache(maxsize=None)(functools.partial(
+        try_get_optimal_moe_config, (experts, 2 * n, k), (experts, k, n), top_k, _get_config_dtype_str(dtype=dtype)))
+    ep = global_experts > 0
+    return warmup.FusedMoeShape(top_k, global_experts if ep else experts, ep, config), (experts, n, k, top_k, dtype, ep)
+
+
+#: The tiny checkpoint's MoE (fp32), a released-width one (bf16) and an expert-parallel shard.
+MOE_SHAPES = {
+    "tiny": dict(experts=8, n=64, k=128, top_k=2, dtype=torch.float32),
+    "released": dict(experts=8, n=3072, k=6144, top_k=6, dtype=torch.bfloat16),
+    "ep": dict(experts=2, n=256, k=512, top_k=2, dtype=torch.bfloat16, global_experts=8),
+}
+
+
+def _vllm_compile_key(shape: tuple[Any, ...], m: int) -> tuple[Any, ...]:
+    """What Triton compiles for vLLM's two ``fused_moe_kernel`` launches of one MoE
+    forward of ``m`` rows, found by running vLLM's own launch code on the CPU with the
+    kernel replaced by a recorder and the alignment op by a no-op (its output buffers,
+    whose lengths are the padded row counts, are allocated by vLLM's Python), each
+    integer argument then classed by Triton's own specialiser."""
+    import vllm.model_executor.layers.fused_moe.fused_moe as fm
+    import vllm.model_executor.layers.fused_moe.moe_align_block_size as mab
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    experts, n, k, top_k, dtype, ep = shape
+    calls: list[tuple[Any, ...]] = []
+
+    class Recorder:
+        def __getitem__(self, grid: Any) -> Any:
+            return lambda *args, **kwargs: calls.append((args, kwargs))
+
+    def spec(a: Any) -> Any:
+        if isinstance(a, int) and not isinstance(a, bool):
+            return native_specialize_impl(BaseBackend, a, False, True, True)
+        return None if a is None else "tensor"
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fm, "fused_moe_kernel", Recorder())
+        mp.setattr(mab.ops, "moe_align_block_size", lambda *a, **kw: None)
+        w1, w2 = torch.empty(experts, 2 * n, k, dtype=dtype), torch.empty(experts, k, n, dtype=dtype)
+        config = fm.try_get_optimal_moe_config(w1.shape, w2.shape, top_k, fm._get_config_dtype_str(dtype=dtype), m)
+        ids = torch.zeros(m, top_k, dtype=torch.int32)
+        expert_map = torch.arange(4 * experts, dtype=torch.int32) if ep else None
+        num_align = 4 * experts if ep else experts
+        sorted_ids, expert_ids, post = fm._prepare_expert_assignment(ids, config, m, top_k, num_align, expert_map,
+                                                                      ignore_invalid_experts=True)
+        weights = torch.empty(m, top_k)
+        for a, w, c, mul, kk in ((torch.empty(m, k, dtype=dtype), w1, torch.empty(m, top_k, 2 * n, dtype=dtype), False, top_k),
+                                 (torch.empty(m * top_k, n, dtype=dtype), w2, torch.empty(m, top_k, k, dtype=dtype), True, 1)):
+            fm.invoke_fused_moe_triton_kernel(a, w, c, None, None, weights, sorted_ids, expert_ids, post, mul, kk,
+                                              config, None, False, False, False, False, False)
+    assert len(calls) == 2
+    return tuple((tuple(spec(a) for a in args), tuple(sorted((key, repr(v)) for key, v in kwargs.items())))
+                 for args, kwargs in calls)
+
+
+@pytest.mark.parametrize("name", sorted(MOE_SHAPES))
+def test_moe_compile_class_is_what_vllms_launches_compile(name: str) -> None:
+    """Two row counts share a :meth:`FusedMoeShape.compile_class` exactly when vLLM's
+    launch code hands Triton the same compile key for them."""
+    shape, desc = _moe_shape(**MOE_SHAPES[name])
+    counts = [*range(1, 700), *range(700, 8193, 37), 4096, 8192]
+    by_class: dict[Any, Any] = {}
+    by_key: dict[Any, Any] = {}
+    for m in counts:
+        cls, key = shape.compile_class(m), _vllm_compile_key(desc, m)
+        assert by_class.setdefault(cls, key) == key, f"{m} rows: one class, two compile keys"
+        assert by_key.setdefault(key, cls) == cls, f"{m} rows: one compile key, two classes"
+    assert len(by_class) >= 6  # config buckets times specialisations
+
+
+def test_triton_int_class_is_tritons_specialisation() -> None:
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    values = [*range(-40, 300), 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, 2**40 + 3]
+    classes: dict[str, Any] = {}
+    for v in values:
+        spec = native_specialize_impl(BaseBackend, v, False, True, True)
+        assert classes.setdefault(warmup.triton_int_class(v), spec) == spec, v
+    assert len(classes) == len(set(map(repr, classes.values())))
+
+
+@pytest.mark.parametrize("limits", [(64, 16, 1024), (8192, 256, 8448)])
+def test_warmup_compiles_every_moe_class_a_forward_meets(h200: torch.device, limits: tuple[int, int, int]) -> None:
+    """Every fused-MoE compile class of a forward of 1 to ``max_tokens`` rows is one
+    some warm-up forward meets (both launches' classes for each layer shape), and the
+    single-request forwards added for it are kept only where nothing else reaches a
+    class."""
+    max_tokens, max_reqs, max_len = limits
+    shapes = [_moe_shape(**MOE_SHAPES[n])[0] for n in ("tiny", "released")]
+    signature = attention_signature(PROBLEMS, h200)
+    candidates = warmup.v2_runnable(candidate_batches(max_tokens, max_reqs, max_len))
+    candidates += warmup.moe_batches(max_tokens, shapes)
+    chosen = warmup_batches(candidates, signature, shapes)
+    covered: set[Any] = set()
+    for b in chosen:
+        covered |= shape_classes(b, signature, shapes)
+    missing = [(i, t) for t in range(1, max_tokens + 1) for i, s in enumerate(shapes)
+               if ("moe", i, s.compile_class(t)) not in covered]
+    assert not missing, f"{len(missing)} row counts whose fused-MoE class no warm-up forward compiles: {missing[:5]}"
+    assert all(b.max_query_len <= b.seq_len <= max_len for b in chosen)
+
+
+def test_moe_coverage_check_fails_without_the_moe_classes(h200: torch.device) -> None:
+    """The coverage test can fail: on the second-generation runner, the cover of the
+    attention and conv classes alone leaves row counts of the tiny engine's budget (64
+    rows, 16 requests) whose fused-MoE class no forward compiles: 36, 44, 52 and 60
+    rows, where the padded row count is divisible by 16 and the pair count is not."""
+    shape = _moe_shape(**MOE_SHAPES["tiny"])[0]
+    signature = attention_signature(PROBLEMS, h200)
+    chosen = warmup_batches(warmup.v2_runnable(candidate_batches(64, 16, 1024)), signature)
+    met = {shape.compile_class(b.num_tokens) for b in chosen}
+    assert [t for t in range(1, 65) if shape.compile_class(t) not in met] == [36, 44, 52, 60]
+    with_moe = warmup.v2_runnable(candidate_batches(64, 16, 1024)) + warmup.moe_batches(64, [shape])
+    met = {shape.compile_class(b.num_tokens) for b in warmup_batches(with_moe, signature, [shape])}
+    assert all(shape.compile_class(t) in met for t in range(1, 65))
+
+
+def test_moe_batches_take_the_fewest_rows_of_each_class() -> None:
+    shape = _moe_shape(**MOE_SHAPES["tiny"])[0]
+    batches = warmup.moe_batches(64, [shape])
+    rows = [b.num_tokens for b in batches]
+    assert rows == sorted(set(rows)) and all(b.num_reqs == 1 and b.seq_len == b.num_tokens for b in batches)
+    classes = [shape.compile_class(t) for t in rows]
+    assert len(set(classes)) == len(classes)  # one forward per class
+    for t in range(1, 65):  # and no class is first met below its forward's rows
+        assert min(r for r in rows if shape.compile_class(r) == shape.compile_class(t)) <= t

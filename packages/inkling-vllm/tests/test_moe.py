@@ -307,3 +307,17 @@ def test_load_weight_reports_names_and_refuses_bad_input(vllm_ctx: Any, weights:
         layer.load_weight("shared_experts.up_proj", weights["shared_experts.up_proj"][:1])
     with pytest.raises(ValueError, match=r"experts\.gate_proj"):
         layer.load_weight("experts.gate_proj", weights["experts.down_proj"])
+
+
+def test_warmup_reads_each_layer_shape_once(vllm_ctx: Any, weights: dict[str, torch.Tensor]) -> None:
+    """The kernel warm-up finds the model's MoE layers and their fused-MoE shape (two
+    layers of one shape: one entry), with vLLM's tile config for each row count."""
+    from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
+
+    from inkling_vllm import warmup
+
+    model = torch.nn.ModuleList([build(weights, process=False), build(weights, process=False)])
+    (shape,) = warmup._fused_moe_shapes(model)
+    assert (shape.top_k, shape.num_experts, shape.expert_map) == (K, E, False)
+    for m in (1, 7, 40, 300, 4096):
+        assert shape.config(m) == try_get_optimal_moe_config((E, 2 * I, H), (E, H, I), K, "float32", m)

@@ -213,6 +213,14 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         params=("self", "param", "loaded_weight", "weight_name", "shard_id", "expert_id", "return_success"),
         method="weight_loader",
     ),
+    # the kernel warm-up's fused-MoE classes (inkling_vllm.warmup): vLLM's tile config
+    # for a token count and the dtype name its lookup takes
+    ApiItem(
+        "vllm.model_executor.layers.fused_moe.fused_moe",
+        "try_get_optimal_moe_config",
+        params=("w1_shape", "w2_shape", "top_k", "dtype", "M"),
+    ),
+    ApiItem("vllm.model_executor.layers.fused_moe.config", "_get_config_dtype_str", params=("dtype",)),
     ApiItem(
         "vllm.model_executor.layers.fused_moe.router.cpu_router", "CPURouter", params=("custom_routing_function",)
     ),

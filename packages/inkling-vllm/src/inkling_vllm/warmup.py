@@ -13,8 +13,15 @@ own, it runs only while ``kernel_config.enable_jit_warmup`` is on (vLLM's defaul
 few hundred shape classes (minutes at the released widths); later starts find them in
 Triton's on-disk cache. It logs its progress.
 
+The forwards also compile vLLM's Triton fused MoE for every compile class its
+launches meet (:class:`FusedMoeShape`): its tile config changes with the token count,
+and Triton compiles again when an integer argument (the token-expert pairs, the padded
+row count) changes between divisible by 16 and not. :func:`moe_batches` adds a forward
+for each class no other warm-up forward reaches.
+
 The plugin installs it (:func:`install_warmup_hook`); :func:`warmup_batches` is the
-pure shape-class logic (tested on the CPU against the tile rules).
+pure shape-class logic (tested on the CPU against the tile rules and against vLLM's
+own fused-MoE launch code).
 """
 
 from __future__ import annotations
@@ -24,17 +31,21 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FusedMoeShape",
     "WarmupBatch",
     "attention_signature",
     "candidate_batches",
     "shape_classes",
     "install_warmup_hook",
     "jit_warmup_enabled",
+    "moe_batches",
+    "triton_int_class",
+    "v2_runnable",
     "warm_up_kernels",
     "warmup_batches",
 ]
@@ -126,9 +137,8 @@ def _order(b: WarmupBatch) -> tuple[int, int, int, str]:
 def conv_signature(batch: WarmupBatch) -> Hashable:
     """The conv kernels' shape class: their tile rules switch at powers of two of the
     rows and the prompt rows, at 8 and 16 rows per request and for launches of at most
-    16 rows; the two leading bits of the row count and its divisibility by 16 also
-    separate vLLM's fused-MoE size buckets (``2**k`` and ``3 * 2**(k-1)``) and Triton's
-    integer specialisations."""
+    16 rows; the row count's divisibility by 16 is Triton's integer specialisation, and
+    its two leading bits split each power-of-two range once more."""
     t = batch.num_tokens
     lead = t >> max(0, t.bit_length() - 2)
     per_request = min((t // batch.num_reqs).bit_length(), 5)
@@ -155,24 +165,92 @@ def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[Warmu
     return signature
 
 
-def shape_classes(batch: WarmupBatch, signature: Callable[[WarmupBatch], tuple[Hashable, ...]]) -> set[Hashable]:
-    """What one forward of ``batch`` compiles: each layer kind's attention config and
-    the conv kernels' class (per batch kind: uniform decodes are the graphs' shape)."""
+def triton_int_class(value: int) -> str:
+    """How Triton (3.x) specialises an integer kernel argument, which is part of its
+    compile key: the value 1 becomes a constant; other values are typed ``i32`` or
+    ``i64`` by range, and marked ``D`` when divisible by 16."""
+    if value == 1:
+        return "1"
+    width = "i32" if -(2**31) <= value < 2**31 else "i64"
+    return width + ("D" if value % 16 == 0 else "")
+
+
+@dataclass(frozen=True)
+class FusedMoeShape:
+    """One MoE layer shape as vLLM's Triton fused MoE launches it, and
+    :meth:`compile_class`: what its two ``fused_moe_kernel`` launches (gate/up, then
+    down) compile for a forward of ``num_tokens`` rows.
+
+    ``config(num_tokens)`` is vLLM's tile config for the count (its tuned table for the
+    device when one exists, else its default rule); ``num_experts`` the experts vLLM
+    aligns the token-expert pairs over (the rank's own, or every expert under expert
+    parallelism, ``expert_map``)."""
+
+    top_k: int
+    num_experts: int
+    expert_map: bool
+    config: Callable[[int], Mapping[str, Any]]
+
+    def compile_class(self, num_tokens: int) -> Hashable:
+        """The tile config, whether vLLM skips the pairs' block alignment (few pairs
+        per expert), and Triton's class of each launch's padded row count ``EM`` and
+        pair count: as ``invoke_fused_moe_triton_kernel`` derives them, the first
+        launch with ``num_tokens`` rows of ``top_k`` pairs, the second with one row per
+        pair."""
+        config = self.config(num_tokens)
+        block_m = int(config["BLOCK_SIZE_M"])
+        pairs = num_tokens * self.top_k
+        naive = not self.expert_map and pairs * 4 <= self.num_experts
+        if naive:  # no sorted ids: EM = pairs * BLOCK_SIZE_M for both launches
+            padded = (pairs * block_m, pairs * block_m)
+        else:  # the sorted ids' length, clipped for launches of fewer rows than a tile
+            sorted_len = pairs + self.num_experts * (block_m - 1)
+            if pairs < self.num_experts:
+                sorted_len = min(pairs * block_m, sorted_len)
+            padded = tuple(
+                min(sorted_len, rows * k * block_m) if rows < block_m else sorted_len
+                for rows, k in ((num_tokens, self.top_k), (pairs, 1))
+            )
+        return (tuple(sorted(config.items())), naive, *(triton_int_class(v) for v in (*padded, pairs)))
+
+
+def moe_batches(max_tokens: int, shapes: Sequence[FusedMoeShape]) -> list[WarmupBatch]:
+    """One single-request forward of the fewest rows for each fused-MoE compile class
+    (:meth:`FusedMoeShape.compile_class`) a forward of 1 to ``max_tokens`` rows meets:
+    the MoE sees every row of a forward, so the row count alone decides its class."""
+    first: dict[Hashable, int] = {}
+    for t in range(1, max_tokens + 1):
+        for i, shape in enumerate(shapes):
+            first.setdefault((i, shape.compile_class(t)), t)
+    return [WarmupBatch(t, 1, t) for t in sorted(set(first.values()))]
+
+
+def shape_classes(
+    batch: WarmupBatch,
+    signature: Callable[[WarmupBatch], tuple[Hashable, ...]],
+    moe: Sequence[FusedMoeShape] = (),
+) -> set[Hashable]:
+    """What one forward of ``batch`` compiles: each layer kind's attention config, the
+    conv kernels' class (per batch kind: uniform decodes are the graphs' shape) and
+    each MoE shape's fused-MoE class."""
     items: set[Hashable] = {("attention", i, cfg) for i, cfg in enumerate(signature(batch))}
     items.add(("conv", conv_signature(batch), batch.kind == "uniform"))
+    items.update(("moe", i, shape.compile_class(batch.num_tokens)) for i, shape in enumerate(moe))
     return items
 
 
 def warmup_batches(
-    candidates: Sequence[WarmupBatch], signature: Callable[[WarmupBatch], tuple[Hashable, ...]]
+    candidates: Sequence[WarmupBatch],
+    signature: Callable[[WarmupBatch], tuple[Hashable, ...]],
+    moe: Sequence[FusedMoeShape] = (),
 ) -> list[WarmupBatch]:
     """A cover of every shape class the candidates reach (:func:`shape_classes`): the
     candidates in order (fewest rows, then requests, then context), each kept when it
     compiles something no kept one does."""
     covered: set[Hashable] = set()
     chosen = []
-    for batch in sorted(candidates, key=_order):
-        items = shape_classes(batch, signature)
+    for batch in sorted(set(candidates), key=_order):
+        items = shape_classes(batch, signature, moe)
         if not items <= covered:
             covered |= items
             chosen.append(batch)
@@ -198,6 +276,36 @@ def _attention_problems(model: Any) -> list[Any]:
     return sorted(problems, key=repr)
 
 
+def _fused_moe_shapes(model: Any) -> list[FusedMoeShape]:
+    """The distinct shapes of the model's MoE layers on vLLM's Triton fused MoE, with
+    vLLM's own tile-config lookup. Layers with quantized expert weights (vLLM runs
+    other kernels for them) are left out."""
+    import torch
+    from vllm.model_executor.layers.fused_moe.config import _get_config_dtype_str
+    from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
+
+    from .moe import InklingMoE
+
+    shapes: dict[tuple[Any, ...], FusedMoeShape] = {}
+    for module in model.modules():
+        if not isinstance(module, InklingMoE):
+            continue
+        experts = module.experts.routed_experts
+        w13, w2 = experts.w13_weight, experts.w2_weight
+        if w13.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            continue
+        expert_map = int(module.experts.moe_config.ep_size) > 1
+        key = (tuple(w13.shape), tuple(w2.shape), module.top_k, w13.dtype, expert_map)
+        if key not in shapes:
+            config = functools.lru_cache(maxsize=None)(functools.partial(
+                try_get_optimal_moe_config, tuple(w13.shape), tuple(w2.shape), module.top_k,
+                _get_config_dtype_str(dtype=w13.dtype),
+            ))
+            num_experts = module.n_routed_experts if expert_map else int(w13.shape[0])
+            shapes[key] = FusedMoeShape(module.top_k, num_experts, expert_map, config)
+    return list(shapes.values())
+
+
 @contextlib.contextmanager
 def _request_limit(owner: Any, attribute: str, value: int) -> Iterator[None]:
     """vLLM's dummy runs spread their rows over ``min(rows, limit)`` requests."""
@@ -213,6 +321,12 @@ def _runs_v2(runner: Any) -> bool:
     """vLLM's second-generation GPU model runner (``vllm.v1.worker.gpu``): its dummy
     runs take a context length and spread rows evenly; it cannot run a mixed batch."""
     return "context_len" in inspect.signature(runner._dummy_run).parameters
+
+
+def v2_runnable(candidates: Sequence[WarmupBatch]) -> list[WarmupBatch]:
+    """The batches the second-generation runner's dummy runs can form: rows shared
+    evenly over the requests (or a uniform decode), no mixed batch."""
+    return [b for b in candidates if b.kind != "mixed" and (b.kind == "uniform" or b.num_tokens % b.num_reqs == 0)]
 
 
 def _dummy_forward(runner: Any, batch: WarmupBatch) -> None:
@@ -256,10 +370,13 @@ def warm_up_kernels(runner: Any) -> int:
     v2 = _runs_v2(runner)
     max_reqs = int(runner.max_num_reqs if v2 else runner.scheduler_config.max_num_seqs)
     decode_len = int(getattr(runner, "decode_query_len", 0) or getattr(runner, "uniform_decode_query_len", 1) or 1)
-    candidates = candidate_batches(int(runner.max_num_tokens), max_reqs, int(runner.max_model_len), decode_len)
-    if v2:  # its dummy runs share rows evenly (remainder spread over the last requests)
-        candidates = [b for b in candidates if b.kind != "mixed" and (b.kind == "uniform" or b.num_tokens % b.num_reqs == 0)]
-    batches = warmup_batches(candidates, attention_signature(problems, runner.device))
+    max_tokens = int(runner.max_num_tokens)
+    candidates = candidate_batches(max_tokens, max_reqs, int(runner.max_model_len), decode_len)
+    if v2:
+        candidates = v2_runnable(candidates)
+    moe = _fused_moe_shapes(runner.get_model())
+    candidates += moe_batches(max_tokens, moe)
+    batches = warmup_batches(candidates, attention_signature(problems, runner.device), moe)
     logger.info("inkling-vllm: kernel warm-up: %d shape classes (of %d candidate batches); a first start compiles "
                 "their kernels, later ones load them from Triton's cache", len(batches), len(candidates))
     start = last = time.perf_counter()
