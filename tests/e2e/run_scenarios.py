@@ -209,6 +209,10 @@ def sc_preempt_spec(llm: Any) -> dict[str, Any]:
         "preemptions": _metric(llm, "vllm:num_preemptions") - pre0,
         "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
         "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+        # steps the draft gate (inkling_vllm.draft_gate) gave no drafts, and whether it
+        # was drafting at the end (None: no gate)
+        "gated_steps": getattr(scheduler.dynamic_sd_lookup, "gated_steps", None),
+        "gate_drafting": getattr(scheduler.dynamic_sd_lookup, "drafting", None),
     }
 
 
@@ -225,6 +229,10 @@ def sc_spec_decode(llm: Any) -> dict[str, Any]:
         "tokens": _tokens(out),
         "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
         "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+        # steps the draft gate (inkling_vllm.draft_gate) gave no drafts, and whether it
+        # was drafting at the end (None: no gate)
+        "gated_steps": getattr(scheduler.dynamic_sd_lookup, "gated_steps", None),
+        "gate_drafting": getattr(scheduler.dynamic_sd_lookup, "drafting", None),
     }
 
 
@@ -365,6 +373,10 @@ def sc_conv_rows(llm: Any, out_path: str) -> dict[str, Any]:
         "prompts": ps, "tokens": _tokens(out), "layers": layers, "steps": steps, "num_rows": len(rows),
         "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
         "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
+        # steps the draft gate (inkling_vllm.draft_gate) gave no drafts, and whether it
+        # was drafting at the end (None: no gate)
+        "gated_steps": getattr(scheduler.dynamic_sd_lookup, "gated_steps", None),
+        "gate_drafting": getattr(scheduler.dynamic_sd_lookup, "drafting", None),
     }
 
 
@@ -387,6 +399,9 @@ INTERPRETED_CONV = {**INTERPRETED, "INKLING_KERNELS_CPU_ATTENTION": "reference"}
 # but "release" runs so; "release" keeps vLLM's default (the core in its own process,
 # which loads the plugin through its entry point), as do the TP engines' workers.
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# MTP engines that draft at every step (inkling_vllm.draft_gate off), so random heads
+# keep being rejected everywhere
+ALWAYS_DRAFT = {**IN_PROCESS, "INKLING_MTP_MIN_ACCEPTANCE": "0"}
 
 ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # vLLM defaults: torch.compile, prefix caching and chunked prefill on; the
@@ -534,20 +549,20 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # step): chunked prefill under a 37-token budget (chunks end inside blocks and
     # inside the conv window), prefix caching (hits on a 600-token shared prefix),
     # decode with drafts; eager, the default tail conv-state manager
-    "mtp_k1": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+    "mtp_k1": (dict(_env=ALWAYS_DRAFT, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
                     max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
                ["chunked", "prefix_long", "spec_decode"]),
-    "mtp_k2": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+    "mtp_k2": (dict(_env=ALWAYS_DRAFT, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
                     max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
                ["chunked", "prefix_long", "spec_decode"]),
-    "mtp_k3": (dict(_env=IN_PROCESS, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
+    "mtp_k3": (dict(_env=ALWAYS_DRAFT, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
                     max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
                ["chunked", "prefix_long", "spec_decode"]),
     # MTP drafts (k = 3) under preemption and recompute: a KV cache too small for the
     # batch, admission by chunk, prefix caching on
     "mtp_preempt": (
         dict(
-            _env=IN_PROCESS, enforce_eager=True, block_size=32, max_model_len=256, max_num_batched_tokens=64,
+            _env=ALWAYS_DRAFT, enforce_eager=True, block_size=32, max_model_len=256, max_num_batched_tokens=64,
             num_gpu_blocks_override=40, scheduler_reserve_full_isl=False, max_num_seqs=8,
             speculative_config={"method": "mtp", "num_speculative_tokens": 3},
         ),
@@ -555,17 +570,22 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     # MTP drafts (k = 2) on two tensor-parallel ranks: the drafter's K/V heads sharded,
     # its ATTN/MLP convs on the hidden shard like the target's
-    "mtp_tp2": (dict(enforce_eager=True, tensor_parallel_size=2, max_num_seqs=4,
+    "mtp_tp2": (dict(_env={"INKLING_MTP_MIN_ACCEPTANCE": "0"}, enforce_eager=True, tensor_parallel_size=2,
+                     max_num_seqs=4,
                      speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
                 ["concurrent_tiny", "spec_decode"]),
     # every conv-state layer's rows by position after every step, with MTP drafts
     # (k = 3) and without drafting: the rows of positions no later step rewrites
-    "mtp_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4,
+    "mtp_rows": (dict(_env=ALWAYS_DRAFT, enforce_eager=True, max_num_seqs=4,
                       speculative_config={"method": "mtp", "num_speculative_tokens": 3}), ["conv_rows"]),
     "nodraft_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4), ["conv_rows"]),
+    # the same with the draft gate on (the plugin's default): a random head's drafts stop
+    # after a few steps (one probe step in 16 drafts again), a predictive head's never
+    "mtp_gate_rows": (dict(_env=IN_PROCESS, enforce_eager=True, max_num_seqs=4,
+                           speculative_config={"method": "mtp", "num_speculative_tokens": 3}), ["conv_rows"]),
     # the same with the drafter's conv layers deliberately given no metadata (their
     # convs become the identity and store nothing): the rows test must catch it
-    "mtp_rows_broken": (dict(_env=IN_PROCESS, _break_drafter_conv=True, enforce_eager=True, max_num_seqs=4,
+    "mtp_rows_broken": (dict(_env=ALWAYS_DRAFT, _break_drafter_conv=True, enforce_eager=True, max_num_seqs=4,
                              speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
                         ["conv_rows"]),
     # bfloat16 activations and cache (fp32 conv weights and math)

@@ -249,6 +249,40 @@ def test_a_drafter_whose_conv_stores_nothing_fails_the_rows_check(
     assert all(gap <= ROW_ATOL for layer, gap in worst.items() if layer != mtp_layer), worst
 
 
+def test_the_draft_gate_pauses_a_rejected_head_and_keeps_its_state_exact(
+    engines: Any, scratch: Path, checkpoints: dict[str, Path]
+) -> None:
+    """With the draft gate on (the plugin's default), a random head (k = 3) drafts for a
+    few steps, is paused, and drafts again only on probe steps: at most half the drafts
+    of the engine that drafts at every step over these 24-token requests. On the paused steps the drafter
+    still runs its first forward, so every conv layer's settled rows, the MTP block's
+    included, still equal transformers' conv inputs, and the outputs are those of an
+    engine that never drafted."""
+    gated = engines("mtp_gate_rows", "mtp")["conv_rows"]
+    always = engines("mtp_rows", "mtp")["conv_rows"]
+    plain = engines("nodraft_rows", "mtp")["conv_rows"]
+    assert gated["tokens"] == plain["tokens"] == always["tokens"]
+    assert always["gated_steps"] is None  # INKLING_MTP_MIN_ACCEPTANCE=0: no gate
+    assert gated["gated_steps"] >= 10 and gated["gate_drafting"] is False
+    # (drafting 1 token a request on the paused steps, as vLLM's proposer does when asked
+    # for none, would exceed this)
+    assert 0 < gated["draft_tokens"] <= always["draft_tokens"] / 2, (gated["draft_tokens"], always["draft_tokens"])
+    rows = _rows(scratch / "mtp_gate_rows-mtp.json")
+    sequences = [p + t for p, t in zip(gated["prompts"], gated["tokens"])]
+    worst = _compare_with_reference(rows, gated["layers"], _reference_conv_inputs(checkpoints["mtp"], sequences))
+    assert "model.mtp.layers.0.transformer_block.conv_state" in worst
+    for layer, gap in worst.items():
+        assert gap <= ROW_ATOL, f"{layer}: cached conv rows differ from transformers' by {gap:.2e}"
+
+
+def test_the_draft_gate_keeps_drafting_with_a_predictive_head(engines: Any, hf: dict[str, Any]) -> None:
+    """A head whose drafts are mostly accepted is never paused."""
+    gated = engines("mtp_gate_rows", "mtp-predictive")["conv_rows"]
+    assert gated["gated_steps"] == 0 and gated["gate_drafting"] is True
+    assert gated["accepted_tokens"] >= MIN_PREDICTIVE_ACCEPTANCE * gated["draft_tokens"] > 0
+    assert_greedy_parity(hf["mtp-predictive"], gated)
+
+
 # --- refusal: MTP asked of a checkpoint without a head --------------------------------
 TRY_MTP = r"""
 import json, sys

@@ -71,7 +71,7 @@ def test_bench_model_has_the_released_layer_widths() -> None:
 def test_every_engine_runs_known_scenarios() -> None:
     for name, (kwargs, env, scenarios) in gpu_engine.ENGINES.items():
         assert scenarios and set(scenarios) <= set(gpu_engine.SCENARIOS), name
-        assert set(env) <= {"INKLING_CONV_STATE"}, name
+        assert set(env) <= {"INKLING_CONV_STATE", "INKLING_MTP_MIN_ACCEPTANCE"}, name
 
 
 def _bench_record(prefill: float, decode: float, **extra: object) -> dict[str, object]:
@@ -140,6 +140,8 @@ def test_bench_model_grows_by_layers_and_carries_an_mtp_head_on_request() -> Non
     assert mtp_head(config).num_layers == 1
     assert mtp_head(gpu_engine.bench_config()).num_layers == 0 and "mtp_config" not in gpu_engine.bench_config()
     assert gpu_engine.bench_key("on", "ours", 1, 16) == "graphs-on-mtp1-L16"
+    assert gpu_engine.bench_key("on", "ours", 1, 16, gate=False) == "graphs-on-mtp1-nogate-L16"
+    assert gpu_engine.bench_key("on", "ours", 0, 4, gate=False) == "graphs-on"  # no drafts: no gate
 
 
 def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> None:
@@ -148,7 +150,8 @@ def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> 
     spec["decode"][0]["acceptance"] = 0.004  # type: ignore[index]
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"device": {}, "cases": {
-        "graphs-on": _bench_record(3000.0, 500.0), "graphs-on-mtp1": spec}}))
+        "graphs-on": _bench_record(3000.0, 500.0), "graphs-on-mtp1": spec,
+        "graphs-on-mtp1-nogate": _bench_record(3000.0, 350.0)}}))
 
     def case(conc: int, rate: float, **extra: float) -> dict[str, float]:
         return {"concurrency": conc, "tokens": 256, "tokens_per_s": rate, **extra}
@@ -162,6 +165,7 @@ def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> 
     assert gpu_engine.main(["report", "--bench", str(bench), "--draft", str(draft)]) == 0
     out = capsys.readouterr().out
     assert "| graphs-on-mtp1 | decode 64 x 1024 | 500 | 450 | 0.90 | 0.004 |" in out
+    assert "| graphs-on-mtp1-nogate | decode 64 x 1024 | 500 | 350 | 0.70 |  |" in out
     assert "| pred | 3 | 1 x 256 | 250 | 2.50 | 0.750 | 3.25 |" in out
     assert "| pred | 0 | 16 x 256 | 1000 | 1.00 |  |  |" in out
     assert "| rand | 3 | failed to run |" in out

@@ -240,6 +240,13 @@ REQUIRED_API: tuple[ApiItem, ...] = (
     ApiItem("vllm.config.speculative", "SpeculativeConfig",
             fields=("hf_config_override", "draft_model_config", "num_speculative_tokens")),
     ApiItem("vllm.config", "VllmConfig", fields=("use_v2_model_runner",)),
+    # the draft gate (inkling_vllm.draft_gate): the scheduler's per-step draft count
+    # lookup (set in __init__) and its per-request accounting of verified drafts
+    ApiItem("vllm.v1.core.sched.scheduler", "Scheduler", params=("vllm_config",)),
+    ApiItem("vllm.v1.core.sched.scheduler", "Scheduler",
+            params=("self", "spec_decoding_stats", "num_draft_tokens", "num_accepted_tokens",
+                    "num_invalid_spec_tokens", "request_id"),
+            method="make_spec_decoding_stats"),
     ApiItem("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", params=("self", "vllm_config", "device"),
             method="__init__"),
     ApiItem("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer", params=("self", "kv_cache_config", "kernel_block_sizes"),
@@ -250,6 +257,11 @@ REQUIRED_API: tuple[ApiItem, ...] = (
             method="_update_positions_dependent_metadata"),
     ApiItem("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer", params=("self",),
             method="build_per_group_and_layer_attn_metadata"),
+    ApiItem("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer", params=("self", "num_speculative_tokens"),
+            method="propose"),
+    ApiItem("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer",
+            params=("self", "hidden_states", "sampling_metadata", "spec_step_idx"),
+            method="_sample_draft_tokens_for_step"),
     ApiItem("vllm.v1.spec_decode.utils", "PADDING_SLOT_ID"),
     # the conv-state spec and manager (inkling_vllm.conv_manager)
     ApiItem(

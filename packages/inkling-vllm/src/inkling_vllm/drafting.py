@@ -221,7 +221,8 @@ def _make_proposer_class() -> type:
         group's own block size; the conv metadata reads the drafter's positions, not the
         target's; on CPU the attention's host copy of the sequence lengths is kept exact
         after rejected drafts shortened them; and the target's embedding and LM head are
-        shared through :meth:`InklingMTP.attach_target`.
+        shared through :meth:`InklingMTP.attach_target`. A step given no drafts runs
+        only the drafter's first forward (:meth:`propose`).
         """
 
         def initialize_attn_backend(self, kv_cache_config: Any, kernel_block_sizes: list[int] | None = None) -> None:
@@ -279,6 +280,24 @@ def _make_proposer_class() -> type:
                 cm.seq_lens_cpu_upper_bound = cm.seq_lens.clone()
             return super().build_per_group_and_layer_attn_metadata(cm, draft_index)
 
+        def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if num_speculative_tokens != 0:
+                return super().propose(num_speculative_tokens, *args, **kwargs)
+            # A step the scheduler gave no drafts (its dynamic draft count, or
+            # inkling_vllm.draft_gate): the first forward still runs, writing the
+            # drafter's KV cache and conv state for the step's tokens, so drafting can
+            # resume later; its LM head and sampling are skipped. (vLLM 0.32's base
+            # class would draft one token here.)
+            def no_draft(hidden: torch.Tensor, *_: Any, **__: Any) -> tuple[torch.Tensor, None]:
+                return torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device), None
+
+            self._sample_draft_tokens_for_step = no_draft
+            try:
+                drafts = super().propose(1, *args, **kwargs)
+            finally:
+                del self._sample_draft_tokens_for_step
+            return drafts[:, :0]
+
         def _maybe_share_embeddings(self, target_language_model: nn.Module) -> None:
             self.model.attach_target(target_language_model)
 
@@ -318,8 +337,10 @@ def install_mtp_hooks() -> bool:
     """Make vLLM 0.32 draft with :class:`InklingMTP` (idempotent): its speculative
     config turns Inkling checkpoints of either layout into the MTP draft config (and
     refuses one without a head, :func:`check_mtp_checkpoint`), and its model runner
-    drafts for such engines with :class:`InklingMTPProposer`. Returns False where a
-    hook point is missing (another vLLM version): MTP then stays vLLM's own."""
+    drafts for such engines with :class:`InklingMTPProposer`, whose drafts vLLM's
+    scheduler pauses while they are mostly rejected
+    (:class:`inkling_vllm.draft_gate.DraftGate`). Returns False where a hook point is
+    missing (another vLLM version): MTP then stays vLLM's own."""
     try:
         from vllm.config.speculative import SpeculativeConfig
     except ImportError:
@@ -338,7 +359,9 @@ def install_mtp_hooks() -> bool:
 
         hf_config_override._inkling_mtp = True  # type: ignore[attr-defined]
         SpeculativeConfig.hf_config_override = staticmethod(hf_config_override)
-    if not _install_runner_choice_hook():
+    from .draft_gate import install_draft_gate_hook
+
+    if not _install_runner_choice_hook() or not install_draft_gate_hook():
         return False
     return _install_runner_hook()
 

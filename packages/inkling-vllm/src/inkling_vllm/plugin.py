@@ -37,7 +37,8 @@ def register() -> None:
     (:func:`inkling_vllm.attention.keep_breakable_graphs_off`). It registers the
     checkpoint's multi-token-prediction head as the drafter for speculative method
     ``"mtp"`` (:data:`inkling_vllm.drafting.MTP_ARCHITECTURE`,
-    :func:`inkling_vllm.drafting.install_mtp_hooks`). With the environment
+    :func:`inkling_vllm.drafting.install_mtp_hooks`), whose drafts vLLM's scheduler
+    pauses while they are mostly rejected (:mod:`inkling_vllm.draft_gate`). With the environment
     variable ``INKLING_VLLM_MODEL=builtin`` the plugin registers nothing. An
     unsupported vLLM version is not refused here (that would break vLLM for every
     model): building the Inkling model raises ``UnsupportedVllmVersion`` instead.

@@ -144,6 +144,8 @@ ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
     # the drafter's layers add KV groups: 48 blocks hold no 512-token request then
     "mtp-preempt": ({**_SMALL_POOL, "num_gpu_blocks_override": 256, **mtp_drafts(3)}, {}, ["preemption"]),
     "mtp-window": (mtp_drafts(3), _WINDOW, _MTP_SCENARIOS),
+    # drafting at every step (the draft gate off): a random head is rejected everywhere
+    "mtp-nogate": (mtp_drafts(3), {"INKLING_MTP_MIN_ACCEPTANCE": "0"}, _MTP_SCENARIOS),
 }
 
 
@@ -565,6 +567,10 @@ def busy_share(spans: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
+    if args.no_gate:  # draft at every step (read when vLLM builds the engine's scheduler)
+        from ..draft_gate import MIN_ACCEPTANCE_ENV
+
+        os.environ[MIN_ACCEPTANCE_ENV] = "0"
     swap = None
     if args.conv == "peer":  # before vLLM builds the model: its builders and ops
         from .peer_conv import install
@@ -644,7 +650,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
             for o in engine.step():
                 if o.outputs and len(o.outputs[0].token_ids) > 0:
                     produced[o.request_id] = 1  # (vLLM may suffix the ids it was given)
-        _step_until(engine, lambda: False, limit=5)
+        # settle; a drafting engine's gate judges its drafts over the first 32 or more
+        _step_until(engine, lambda: False, limit=40 if args.drafts else 5)
         before = {m: _metric(llm, m) for m in _SPEC_COUNTERS}
         steps = _step_until(engine, lambda: False, limit=args.steps)
         # (read before the core steps: their outputs, statistics included, are dropped)
@@ -656,6 +663,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         case["tokens_per_s"] = case["tokens_per_step"] / (case["step_ms_median"] / 1e3)
         if drafted:
             case["acceptance"] = accepted / drafted
+        if args.drafts:
+            case["drafted_per_step"] = drafted / len(steps)
         if (conc in (64, 256) and ctx == 1024) or args.smoke:
             # the engine core's steps (a server's GPU process), then whole engine steps
             case["profile"] = _profiled(lambda: _core_steps(engine, 10))
@@ -687,10 +696,11 @@ def tokens_per_step(requests: int, accepted: float, steps: int) -> float:
     return requests + accepted / steps
 
 
-def bench_key(graphs: str, conv: str, drafts: int = 0, layers: int = 4) -> str:
-    """A bench result's name: ``graphs-on``, ``graphs-on-peer``, ``graphs-on-mtp1-L16``, ..."""
+def bench_key(graphs: str, conv: str, drafts: int = 0, layers: int = 4, gate: bool = True) -> str:
+    """A bench result's name: ``graphs-on``, ``graphs-on-peer``, ``graphs-on-mtp1-L16``,
+    ``graphs-on-mtp1-nogate`` (drafting at every step, the draft gate off), ..."""
     return (f"graphs-{graphs}" + ("" if conv == "ours" else f"-{conv}") + (f"-mtp{drafts}" if drafts else "")
-            + ("" if layers == 4 else f"-L{layers}"))
+            + ("" if gate or not drafts else "-nogate") + ("" if layers == 4 else f"-L{layers}"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -703,12 +713,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   "or name its folder with --peer", file=sys.stderr)
             return 2
     results: dict[str, Any] = {"device": _device(), "cases": {}}
-    for graphs, conv, drafts in ((g, c, k) for g in args.graphs for c in args.conv for k in args.drafts):
-        key = bench_key(graphs, conv, drafts, args.layers)
+    runs = [(g, c, k, gate == "on") for g in args.graphs for c in args.conv for k in args.drafts
+            for gate in (args.gate if k else ["on"])]
+    for graphs, conv, drafts, gate in runs:
+        key = bench_key(graphs, conv, drafts, args.layers, gate)
         log = Path(args.logs) / f"bench-{key}.log" if args.logs else None
         rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
                             "--tokenizer", args.tokenizer, "--conv", conv, "--peer", str(Path(args.peer).resolve()),
                             "--layers", str(args.layers), "--drafts", str(drafts),
+                            *([] if gate else ["--no-gate"]),
                             *(["--decode", *args.decode] if args.decode else []),
                             *(["--smoke"] if args.smoke else [])],
                            args.timeout, log)
@@ -926,7 +939,7 @@ def _draft_ratios(cases: dict[str, Any]) -> list[str]:
     ratio and the acceptance, for every ``...-mtpK...`` result with its draft-free twin."""
     lines: list[str] = []
     for name, spec in cases.items():
-        base = re.sub(r"-mtp\d+", "", name)
+        base = re.sub(r"-mtp\d+(-nogate)?", "", name)
         plain = cases.get(base) if base != name else None
         if plain is None or "error" in plain or "error" in spec:
             continue
@@ -981,6 +994,9 @@ def main(argv: list[str] | None = None) -> int:
     _bench_shape_args(p)
     p.add_argument("--drafts", nargs="+", type=int, default=[0],
                    help="tokens the model's MTP head (random, one depth) drafts a step; 0: no drafting")
+    p.add_argument("--gate", nargs="+", default=["on"], choices=["on", "off"],
+                   help="drafting engines with the draft gate on (the plugin's default: drafts paused while "
+                        "mostly rejected), off (drafts at every step), or both")
     p = sub.add_parser("bench-engine", help="(internal) one bench engine")
     p.add_argument("graphs", choices=BENCH_GRAPHS)
     p.add_argument("--tokenizer", required=True)
@@ -991,6 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     _bench_shape_args(p)
     p.add_argument("--drafts", type=int, default=0)
+    p.add_argument("--no-gate", action="store_true", help="draft at every step (INKLING_MTP_MIN_ACCEPTANCE=0)")
     p = sub.add_parser("draft-bench", help="MTP acceptance and end-to-end tokens/s with and without drafting")
     p.add_argument("out")
     p.add_argument("--checkpoints", nargs="+", required=True, help="checkpoints with an MTP head")
