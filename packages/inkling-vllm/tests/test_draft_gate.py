@@ -159,3 +159,22 @@ def test_vllms_accounting_reaches_the_gate() -> None:
     sched.dynamic_sd_lookup = [0, 3]  # vLLM's own lookup: nothing to feed
     sched.make_spec_decoding_stats(None, 3, 1, None, "r")
     assert gate.total_drafted == 2
+
+
+def test_a_bad_threshold_is_refused_while_vllm_reads_the_speculative_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft config vLLM asks for (before any weight is loaded or block allocated)
+    checks the variable; other models' configs do not."""
+    from transformers import InklingTextConfig
+
+    from inkling_vllm.drafting import mtp_draft_config
+
+    monkeypatch.setenv(draft_gate.MIN_ACCEPTANCE_ENV, "2")
+    with pytest.raises(ValueError, match=draft_gate.MIN_ACCEPTANCE_ENV):
+        mtp_draft_config(InklingTextConfig(num_mtp_layers=1, mtp_local_layer_ids=[0]))
+
+    class Other:
+        model_type = "llama"
+
+    assert mtp_draft_config(Other()) is not None
+    monkeypatch.setenv(draft_gate.MIN_ACCEPTANCE_ENV, "0.5")
+    assert mtp_draft_config(InklingTextConfig(num_mtp_layers=1, mtp_local_layer_ids=[0])).num_nextn_predict_layers == 1

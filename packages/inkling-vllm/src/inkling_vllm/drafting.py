@@ -178,10 +178,15 @@ def mtp_draft_config(hf_config: Any, num_speculative_tokens: int | None = None) 
     """vLLM's draft config for an Inkling checkpoint's MTP head: ``hf_config`` (the
     target's, either layout) turned into an ``inkling_mtp`` config naming
     :data:`MTP_ARCHITECTURE` (for the release layout its text config, as vLLM 0.32
-    does), after :func:`check_mtp_checkpoint`. Other configs come back unchanged."""
+    does), after :func:`check_mtp_checkpoint` and the check of the draft gate's
+    threshold (:func:`inkling_vllm.draft_gate.min_acceptance`), so either is refused
+    while vLLM reads its speculative config. Other configs come back unchanged."""
+    from .draft_gate import min_acceptance
+
     model_type = _get(hf_config, "model_type")
     if model_type not in _RELEASE_TYPES + _TRANSFORMERS_TYPES:
         return hf_config
+    min_acceptance()
     folder = getattr(hf_config, "_name_or_path", None) or getattr(hf_config, "name_or_path", None)
     head = check_mtp_checkpoint(hf_config, folder, num_speculative_tokens)
     draft = getattr(hf_config, "text_config", None) if model_type in _RELEASE_TYPES else None
