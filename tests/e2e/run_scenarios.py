@@ -209,10 +209,6 @@ def sc_preempt_spec(llm: Any) -> dict[str, Any]:
         "preemptions": _metric(llm, "vllm:num_preemptions") - pre0,
         "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
         "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
-        # steps the draft gate (inkling_vllm.draft_gate) gave no drafts, and whether it
-        # was drafting at the end (None: no gate)
-        "gated_steps": getattr(scheduler.dynamic_sd_lookup, "gated_steps", None),
-        "gate_drafting": getattr(scheduler.dynamic_sd_lookup, "drafting", None),
     }
 
 
@@ -229,10 +225,6 @@ def sc_spec_decode(llm: Any) -> dict[str, Any]:
         "tokens": _tokens(out),
         "draft_tokens": _metric(llm, "vllm:spec_decode_num_draft_tokens") - drafts0,
         "accepted_tokens": _metric(llm, "vllm:spec_decode_num_accepted_tokens") - accepted0,
-        # steps the draft gate (inkling_vllm.draft_gate) gave no drafts, and whether it
-        # was drafting at the end (None: no gate)
-        "gated_steps": getattr(scheduler.dynamic_sd_lookup, "gated_steps", None),
-        "gate_drafting": getattr(scheduler.dynamic_sd_lookup, "drafting", None),
     }
 
 
