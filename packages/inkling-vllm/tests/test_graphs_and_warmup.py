@@ -442,16 +442,10 @@ def test_warmup_follows_vllms_jit_warmup_switch(monkeypatch: pytest.MonkeyPatch,
 # --- vLLM's fused MoE -------------------------------------------------------------------
 def _moe_shape(experts: int, n: int, k: int, top_k: int, dtype: torch.dtype, global_experts: int = 0) -> Any:
     """A fused-MoE layer shape with vLLM's own tile-config lookup (``global_experts``:
-    expert parallelism, ``experts`` of them on this rank)."""
-    import functools
-
-    from vllm.model_executor.layers.fused_moe.config import _get_config_dtype_str
-    from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
-
-    config = functools.lru_cache(maxsize=None)(functools.partial(
-        try_get_optimal_moe_config, (experts, 2 * n, k), (experts, k, n), top_k, _get_config_dtype_str(dtype=dtype)))
-    ep = global_experts > 0
-    return warmup.FusedMoeShape(top_k, global_experts if ep else experts, ep, config), (experts, n, k, top_k, dtype, ep)
+    expert parallelism, ``experts`` of them on this rank), and its description for
+    :func:`_vllm_compile_key`."""
+    shape = warmup.fused_moe_shape((experts, 2 * n, k), (experts, k, n), top_k, dtype, global_experts or None)
+    return shape, (experts, n, k, top_k, dtype, global_experts > 0)
 
 
 #: The tiny checkpoint's MoE (fp32), a released-width one (bf16) and an expert-parallel shard.

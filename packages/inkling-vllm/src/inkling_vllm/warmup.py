@@ -40,6 +40,7 @@ __all__ = [
     "WarmupBatch",
     "attention_signature",
     "candidate_batches",
+    "fused_moe_shape",
     "shape_classes",
     "install_warmup_hook",
     "jit_warmup_enabled",
@@ -276,13 +277,26 @@ def _attention_problems(model: Any) -> list[Any]:
     return sorted(problems, key=repr)
 
 
-def _fused_moe_shapes(model: Any) -> list[FusedMoeShape]:
-    """The distinct shapes of the model's MoE layers on vLLM's Triton fused MoE, with
-    vLLM's own tile-config lookup. Layers with quantized expert weights (vLLM runs
-    other kernels for them) are left out."""
-    import torch
+def fused_moe_shape(w13_shape: Sequence[int], w2_shape: Sequence[int], top_k: int, dtype: Any,
+                    global_experts: int | None = None) -> FusedMoeShape:
+    """The :class:`FusedMoeShape` of routed experts with weights ``w13 [E, 2N, K]`` and
+    ``w2 [E, K, N]`` of ``dtype`` (unquantized), with vLLM's own tile-config lookup;
+    ``global_experts``: the experts of every rank under expert parallelism (vLLM then
+    aligns over all of them), ``None`` without."""
     from vllm.model_executor.layers.fused_moe.config import _get_config_dtype_str
     from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
+
+    config = functools.lru_cache(maxsize=None)(functools.partial(
+        try_get_optimal_moe_config, tuple(w13_shape), tuple(w2_shape), top_k, _get_config_dtype_str(dtype=dtype)))
+    expert_map = global_experts is not None
+    return FusedMoeShape(top_k, global_experts if expert_map else int(w13_shape[0]), expert_map, config)
+
+
+def _fused_moe_shapes(model: Any) -> list[FusedMoeShape]:
+    """The distinct shapes of the model's MoE layers on vLLM's Triton fused MoE
+    (:func:`fused_moe_shape`). Layers with quantized expert weights (vLLM runs other
+    kernels for them) are left out."""
+    import torch
 
     from .moe import InklingMoE
 
@@ -294,15 +308,10 @@ def _fused_moe_shapes(model: Any) -> list[FusedMoeShape]:
         w13, w2 = experts.w13_weight, experts.w2_weight
         if w13.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             continue
-        expert_map = int(module.experts.moe_config.ep_size) > 1
-        key = (tuple(w13.shape), tuple(w2.shape), module.top_k, w13.dtype, expert_map)
+        global_experts = module.n_routed_experts if int(module.experts.moe_config.ep_size) > 1 else None
+        key = (tuple(w13.shape), tuple(w2.shape), module.top_k, w13.dtype, global_experts)
         if key not in shapes:
-            config = functools.lru_cache(maxsize=None)(functools.partial(
-                try_get_optimal_moe_config, tuple(w13.shape), tuple(w2.shape), module.top_k,
-                _get_config_dtype_str(dtype=w13.dtype),
-            ))
-            num_experts = module.n_routed_experts if expert_map else int(w13.shape[0])
-            shapes[key] = FusedMoeShape(module.top_k, num_experts, expert_map, config)
+            shapes[key] = fused_moe_shape(w13.shape, w2.shape, module.top_k, w13.dtype, global_experts)
     return list(shapes.values())
 
 
