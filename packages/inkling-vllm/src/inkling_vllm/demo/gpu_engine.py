@@ -36,8 +36,9 @@ Four modes, each writing JSON (and ``report`` Markdown tables of them):
     End-to-end tokens/s (a short prompt, then decoding) and the MTP head's acceptance
     on checkpoints with a head (the tiny
     ``mtp`` and ``mtp-predictive`` variants), each draft count its own engine, one
-    after another. ``bench --drafts 0 1`` gives the benchmark model a random one-depth
-    head and drafts with it (the cost of a head that is never right).
+    after another. ``bench --drafts 0 1`` gives the benchmark model a one-depth head
+    and drafts with it: ``--head random`` (the cost of a head that is never right),
+    ``--head predictive`` (:func:`make_head_predictive`: a head that is always right).
 
     python -m inkling_vllm.demo.gpu_engine reference CKPT ref.json
     python -m inkling_vllm.demo.gpu_engine parity CKPT ref.json parity.json
@@ -467,6 +468,85 @@ DECODE_CASES = [(1, 1024), (1, 8192), (64, 1024), (64, 8192), (256, 1024), (256,
 BENCH_GRAPHS = ("on", "on-nocompile", "off")
 
 
+#: The benchmark model's MTP head (``bench --head``): ``random``, vLLM's dummy weights
+#: (its drafts are rejected: what drafting costs when it gains nothing); ``predictive``,
+#: dummy weights rewritten by :func:`make_head_predictive` as they load (its drafts are
+#: the target's own next tokens: what drafting gains at best).
+BENCH_HEADS = ("random", "predictive")
+
+#: vLLM load format of the benchmark model with a predictive head (:func:`register_predictive_loader`).
+PREDICTIVE_LOAD_FORMAT = "inkling-predictive-dummy"
+
+#: Parameters that write a decoder layer's sublayer outputs into its residual stream
+#: (the plugin's names): attention ``o_proj``, dense and shared-expert ``down_proj``,
+#: the routed experts' ``w2``.
+_OUTPUT_PROJECTIONS = (".o_proj.weight", ".down_proj.weight", ".w2_weight")
+
+
+def make_head_predictive(model: Any) -> dict[str, int]:
+    """Rewrite the weights of an Inkling target (``InklingForCausalLM``) or of its MTP
+    draft model (:class:`inkling_vllm.mtp.InklingMTP`), in place and before vLLM
+    processes them, so that the head drafts what the target will say next. Returns how
+    many tensors of each kind were changed.
+
+    Every decoder layer's output projections (:data:`_OUTPUT_PROJECTIONS`) become zero,
+    so each residual stream carries its input unchanged. The target's final norm gets
+    unit weight: its last hidden state is then the RMS norm of the current token's
+    normed embedding, and its greedy next token a function of the current token. Each
+    head depth's ``input_proj`` becomes ``[0 | I]`` (the previous hidden state dropped)
+    and its ``embed_norm`` unit weight, so the depth's output is the RMS norm of the
+    next token's normed embedding: the target's last hidden state one position later,
+    and its logits (the shared LM head) the target's. Every tensor keeps its shape, so
+    every kernel does the work it did. Raises ``ValueError`` when a part it rewrites is
+    missing (a renamed parameter would otherwise leave the head random)."""
+    import torch
+
+    changed = {"output_projections": 0, "final_norm": 0, "input_proj": 0, "embed_norm": 0}
+    inner = getattr(model, "model", None)
+    depths = getattr(model, "layers", None) if inner is None else None
+    layers = len(inner.layers) if inner is not None else len(depths or ())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(_OUTPUT_PROJECTIONS):
+                param.zero_()
+                changed["output_projections"] += 1
+        if inner is not None:  # the target
+            inner.norm.weight.fill_(1.0)
+            changed["final_norm"] += 1
+        for depth in depths or ():  # the MTP head
+            weight = depth.input_proj.weight  # [H, 2H]: (previous hidden, next embedding)
+            hidden = weight.shape[0]
+            if tuple(weight.shape) != (hidden, 2 * hidden):
+                raise ValueError(f"input_proj is {tuple(weight.shape)}, expected ({hidden}, {2 * hidden})")
+            weight.zero_()
+            weight[:, hidden:].fill_diagonal_(1.0)
+            depth.embed_norm.weight.fill_(1.0)
+            changed["input_proj"] += 1
+            changed["embed_norm"] += 1
+    if not layers or changed["output_projections"] < 2 * layers:
+        raise ValueError(f"make_head_predictive: changed {changed} in {type(model).__name__} of {layers} decoder "
+                         "layers (expected an o_proj and an MLP down projection in each)")
+    return changed
+
+
+def register_predictive_loader() -> str:
+    """Register with vLLM the load format :data:`PREDICTIVE_LOAD_FORMAT`: vLLM's dummy
+    loader followed by :func:`make_head_predictive`, for the target and for the draft
+    model alike (each loads on its own; both run before vLLM's weight processing, so
+    backends that repack weights see the rewritten ones). Returns the format's name."""
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    class PredictiveDummyLoader(DummyModelLoader):
+        def load_weights(self, model: Any, model_config: Any) -> None:
+            super().load_weights(model, model_config)
+            changed = make_head_predictive(model)
+            logging.getLogger(__name__).info("predictive head: %s rewritten in %s", changed, type(model).__name__)
+
+    register_model_loader(PREDICTIVE_LOAD_FORMAT)(PredictiveDummyLoader)
+    return PREDICTIVE_LOAD_FORMAT
+
+
 def bench_compilation(graphs: str) -> dict[str, Any] | None:
     """vLLM's ``compilation_config`` for a :data:`BENCH_GRAPHS` setting: graphs at
     :data:`BENCH_CAPTURE_SIZES`."""
@@ -592,9 +672,13 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     prompt_len, cases = (256, [(1, 64), (4, 128)]) if args.smoke else (8192, DECODE_CASES)
     if args.decode:
         cases = [c for c in cases if f"{c[0]}x{c[1]}" in args.decode]
+    # tokens each decode request may generate: about 140 steps of a case (prefill of
+    # the others, settling, the timed and profiled steps), each up to 1 + drafts tokens
+    budget = 150 * (1 + args.drafts) if args.drafts else 200
+    predictive = bool(args.drafts) and args.head == "predictive"
     started = time.time()
-    llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16",
-              max_model_len=prompt_len + 256, max_num_seqs=256, max_num_batched_tokens=prompt_len,
+    llm = LLM(model=str(folder), load_format=register_predictive_loader() if predictive else "dummy", dtype="bfloat16",
+              max_model_len=prompt_len + max(256, budget), max_num_seqs=256, max_num_batched_tokens=prompt_len,
               enable_prefix_caching=False, enforce_eager=args.graphs == "off", seed=0, disable_log_stats=False,
               compilation_config=bench_compilation(args.graphs),
               # no start-up JIT warm-up (vLLM's or the plugin's; minutes on a cold Triton
@@ -609,6 +693,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     vocab = config["text_config"]["unpadded_vocab_size"]
     out: dict[str, Any] = {"graphs": args.graphs, "conv": args.conv, "layers": args.layers, "drafts": args.drafts,
                            "startup_s": round(startup, 1), "decode": [], "prefill": {}}
+    if args.drafts:
+        out["head"] = args.head
     print(f"started in {startup:.0f} s", flush=True)
     print("PARTIAL " + json.dumps(out), flush=True)
     seq = [0]
@@ -637,7 +723,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     print(f"prefill {prompt_len}: TTFT {out['prefill']['ttft_ms_median']:.1f} ms", flush=True)
     print("PARTIAL " + json.dumps(out), flush=True)
     for conc, ctx in cases:
-        add(conc, ctx, 200)
+        add(conc, ctx, budget)
         # prefill them all, then a few decode steps to settle
         produced: dict[str, int] = {}
 
@@ -696,11 +782,14 @@ def tokens_per_step(requests: int, accepted: float, steps: int) -> float:
     return requests + accepted / steps
 
 
-def bench_key(graphs: str, conv: str, drafts: int = 0, layers: int = 4, gate: bool = True) -> str:
+def bench_key(graphs: str, conv: str, drafts: int = 0, layers: int = 4, gate: bool = True,
+              head: str = "random") -> str:
     """A bench result's name: ``graphs-on``, ``graphs-on-peer``, ``graphs-on-mtp1-L16``,
-    ``graphs-on-mtp1-nogate`` (drafting at every step, the draft gate off), ..."""
+    ``graphs-on-mtp1-nogate`` (drafting at every step, the draft gate off),
+    ``graphs-on-mtp1-predictive`` (the head of :func:`make_head_predictive`), ..."""
     return (f"graphs-{graphs}" + ("" if conv == "ours" else f"-{conv}") + (f"-mtp{drafts}" if drafts else "")
-            + ("" if gate or not drafts else "-nogate") + ("" if layers == 4 else f"-L{layers}"))
+            + ("" if gate or not drafts else "-nogate") + ("-predictive" if drafts and head == "predictive" else "")
+            + ("" if layers == 4 else f"-L{layers}"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -713,14 +802,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   "or name its folder with --peer", file=sys.stderr)
             return 2
     results: dict[str, Any] = {"device": _device(), "cases": {}}
-    runs = [(g, c, k, gate == "on") for g in args.graphs for c in args.conv for k in args.drafts
-            for gate in (args.gate if k else ["on"])]
-    for graphs, conv, drafts, gate in runs:
-        key = bench_key(graphs, conv, drafts, args.layers, gate)
+    runs = [(g, c, k, gate == "on", head) for g in args.graphs for c in args.conv for k in args.drafts
+            for gate in (args.gate if k else ["on"]) for head in (args.head if k else ["random"])]
+    for graphs, conv, drafts, gate, head in runs:
+        key = bench_key(graphs, conv, drafts, args.layers, gate, head)
         log = Path(args.logs) / f"bench-{key}.log" if args.logs else None
         rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
                             "--tokenizer", args.tokenizer, "--conv", conv, "--peer", str(Path(args.peer).resolve()),
-                            "--layers", str(args.layers), "--drafts", str(drafts),
+                            "--layers", str(args.layers), "--drafts", str(drafts), "--head", head,
                             *([] if gate else ["--no-gate"]),
                             *(["--decode", *args.decode] if args.decode else []),
                             *(["--smoke"] if args.smoke else [])],
@@ -939,7 +1028,7 @@ def _draft_ratios(cases: dict[str, Any]) -> list[str]:
     ratio and the acceptance, for every ``...-mtpK...`` result with its draft-free twin."""
     lines: list[str] = []
     for name, spec in cases.items():
-        base = re.sub(r"-mtp\d+(-nogate)?", "", name)
+        base = re.sub(r"-mtp\d+(-nogate)?(-predictive)?", "", name)
         plain = cases.get(base) if base != name else None
         if plain is None or "error" in plain or "error" in spec:
             continue
@@ -993,7 +1082,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", default=".peer", help="folder holding vllm_sconv_peer.py (fetch_peer.py's output)")
     _bench_shape_args(p)
     p.add_argument("--drafts", nargs="+", type=int, default=[0],
-                   help="tokens the model's MTP head (random, one depth) drafts a step; 0: no drafting")
+                   help="tokens the model's MTP head (one depth) drafts a step; 0: no drafting")
+    p.add_argument("--head", nargs="+", default=["random"], choices=BENCH_HEADS,
+                   help="drafting engines' MTP head: random (vLLM's dummy weights, drafts rejected), predictive "
+                        "(rewritten after loading so that its drafts are the model's own next tokens), or both")
     p.add_argument("--gate", nargs="+", default=["on"], choices=["on", "off"],
                    help="drafting engines with the draft gate on (the plugin's default: drafts paused while "
                         "mostly rejected), off (drafts at every step), or both")
@@ -1008,6 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
     _bench_shape_args(p)
     p.add_argument("--drafts", type=int, default=0)
     p.add_argument("--no-gate", action="store_true", help="draft at every step (INKLING_MTP_MIN_ACCEPTANCE=0)")
+    p.add_argument("--head", choices=BENCH_HEADS, default="random")
     p = sub.add_parser("draft-bench", help="MTP acceptance and end-to-end tokens/s with and without drafting")
     p.add_argument("out")
     p.add_argument("--checkpoints", nargs="+", required=True, help="checkpoints with an MTP head")
