@@ -600,9 +600,41 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env
             for name, fn in _add_norms(env).items():
                 prep.peer[f"vLLM fused_sconv x4 + add + {name}"] = [
                     lambda i=i, fn=fn: peer(i, fn) for i in range(len(lw.steps))]
+            if tp > 1:  # the other arrangement: the add on the shard, then the norm of the gathered row
+                for name, norm in _row_norms(env).items():
+                    prep.peer[f"vLLM fused_sconv x4 + add on the shard + {name} of the row"] = [
+                        lambda i=i, norm=norm: _peer_layer_shard_add(env, lw, i, cache, norm)
+                        for i in range(len(lw.steps))]
         return prep
 
     return prepare
+
+
+def _peer_layer_shard_add(env: Env, lw: LayerWorld, i: int, cache: torch.Tensor,
+                          norm: Callable[..., Any]) -> list[torch.Tensor]:
+    """The peer's layer at tp > 1 arranged as ours is: its fused_sconv for K, V and
+    each sublayer's shard, the residual add on the shard, the RMSNorm of the row
+    all-gathered from it (collective excluded)."""
+    s = lw.steps[i]
+    k_off, hd = lw.stream(Stream.K)
+    v_off, _ = lw.stream(Stream.V)
+    kk, vv = lw.kv(i)
+    out = [_peer_conv(env, kk, lw.wk, cache, s, k_off, hd), _peer_conv(env, vv, lw.wv, cache, s, v_off, hd)]
+    h = lw.hidden[i]
+    for mlp in (False, True):
+        d, nw = (lw.d_mlp[i], lw.nw_mlp) if mlp else (lw.d_attn[i], lw.nw_attn)
+        off, width = lw.stream(Stream.MLP if mlp else Stream.ATTN)
+        h = h + _peer_conv(env, d, lw.peer_weights[1 if mlp else 0], cache, s, off, width)
+        out += [h, norm(lw.gathered[i], nw, EPS)]
+    return out
+
+
+def _row_norms(env: Env) -> dict[str, Callable[..., Any]]:
+    """RMSNorms of gathered rows: F.rms_norm and, on CUDA, a torch.compile'd one."""
+    out: dict[str, Callable[..., Any]] = {"F.rms_norm": gathered_rms_norm_rows}
+    if env.compile_norm:
+        out["compiled"] = _compiled_rms()
+    return out
 
 
 def gathered_rms_norm_rows(rows: torch.Tensor, nw: torch.Tensor, eps: float) -> torch.Tensor:

@@ -25,7 +25,9 @@ The peer is vLLM 0.33.0's in-tree Inkling Triton module (``fused_sconv``,
 ignored folder (``--peer``, default ``.peer`` at the repository root) and timed in the
 same process; the sequences it would run where it has no fused op (two launches and the
 ``.contiguous()`` copies for K+V, the unfused add + RMSNorm: the faster of ``F.rms_norm``
-and a torch.compile'd one). Attention's peer column is torch's flash SDPA without the
+and a torch.compile'd one; a layer at TP > 1 in both arrangements, the add + RMSNorm of
+full rows and ours, the add on the shard and the RMSNorm of the gathered row, the faster
+reported). Attention's peer column is torch's flash SDPA without the
 bias (the floor; vLLM has no relative-logit attention). Without the peer module its
 columns stay empty.
 
