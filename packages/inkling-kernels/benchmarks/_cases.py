@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -153,7 +154,8 @@ SMOKE = Sizes(
     attention=dict(hq=4, dh=16, d_rel=4, extent=32, n=16),
     attention_steps=[("decode 2 x 40", [(40, 1)] * 2, {}),
                      ("mixed 12 after 8 + 1 decode", [(8, 12), (30, 1)], dict(pad=1)),
-                     ("sliding prefill 24", [(0, 24)], dict(window=8))],
+                     ("sliding prefill 24", [(0, 24)], dict(window=8)),
+                     ("sliding decode 3 x 40", [(39, 1)] * 3, dict(window=8))],
     gathered_tp=(2,),
 )
 
@@ -720,9 +722,67 @@ def _attention(mix: list[tuple[int, int]], opts: dict[str, Any]) -> Callable[[En
         prep = Prepared([lambda: paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens))], nbytes)
         if not env.sizes.smoke:
             prep.peer["SDPA flash, no bias"] = [_sdpa(page, table, q, mix, n, hkv, dh, qsl.tolist())]
+        if window is not None and all(t == 1 and c + 1 >= window for c, t in mix):
+            flex, flex_out = _flex_window_decode(page, table, q, r, rel_proj, lens, window)
+            if env.device.type == "cuda":  # (the CPU's Flex runs unfused: checked, not timed)
+                prep.peer["FlexAttention, bias as score_mod, window gathered dense"] = [flex]
+            err = float((flex_out()[:rows].float() - got[:rows].float()).abs().max())
+            if not err <= (3e-2 if dt == torch.bfloat16 else 1e-3):
+                raise AssertionError(f"FlexAttention: max abs error {err:.3g} against ours")
         return prep
 
     return prepare
+
+
+@functools.cache
+def _compiled_flex() -> Callable[..., Any]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex_window_decode(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor, r: torch.Tensor,
+                        rel_proj: torch.Tensor, lens: list[int], window: int
+                        ) -> tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
+    """FlexAttention for a decode batch of a sliding-window layer (one row a request,
+    every request at least ``window`` keys long): each request's window of keys and
+    values gathered dense (``[R, Hkv, window, Dh]``, outside the timing: Flex reads no
+    page table), the relative bias ``r @ rel_proj`` recomputed in the timed call and
+    added by a ``score_mod`` (key ``i`` of the window lies ``window - 1 - i`` before
+    the query). Compiled on CUDA, unfused elsewhere. Returns (timed call, output as
+    ``[R, Hq, Dh]``)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    reqs, hq, dh = len(lens), q.shape[1], q.shape[2]
+    n, hkv, extent = page.shape[2], page.shape[1], rel_proj.shape[1]
+    kd = torch.empty(reqs, hkv, window, dh, dtype=q.dtype, device=q.device)
+    vd = torch.empty_like(kd)
+    for b, length in enumerate(lens):
+        cnt = -(-length // n)
+        seq = page[table[b, :cnt].long().to(q.device)].permute(1, 0, 2, 3).reshape(hkv, cnt * n, 2 * dh)
+        kd[b], vd[b] = seq[:, length - window:length, :dh], seq[:, length - window:length, dh:]
+    qd = q[:reqs].unsqueeze(2)  # [R, Hq, 1, Dh]
+    r32, p32 = r[:reqs].float(), rel_proj.float()
+    rl = torch.empty(reqs, hq, extent, dtype=torch.float32, device=q.device)
+
+    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv: Any) -> Any:
+        d = window - 1 - kv
+        return score + torch.where(d < extent, rl[b, h, torch.clamp(d, max=extent - 1)], 0.0)
+
+    attend = _compiled_flex() if q.is_cuda else flex_attention
+    state: dict[str, torch.Tensor] = {}
+
+    def run() -> None:
+        torch.matmul(r32, p32, out=rl)
+        with warnings.catch_warnings():  # the CPU's unfused Flex says so on every call
+            warnings.simplefilter("ignore", UserWarning)
+            state["o"] = attend(qd, kd, vd, score_mod=score_mod, scale=1.0 / dh, enable_gqa=True)
+
+    def result() -> torch.Tensor:
+        run()
+        return state["o"][:, :, 0]
+
+    return run, result
 
 
 def _sdpa(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor, mix: list[tuple[int, int]], n: int, hkv: int,

@@ -28,8 +28,10 @@ same process; the sequences it would run where it has no fused op (two launches 
 and a torch.compile'd one; a layer at TP > 1 in both arrangements, the add + RMSNorm of
 full rows and ours, the add on the shard and the RMSNorm of the gathered row, the faster
 reported). Attention's peer column is torch's flash SDPA without the
-bias (the floor; vLLM has no relative-logit attention). Without the peer module its
-columns stay empty.
+bias (the floor; vLLM has no relative-logit attention), and for a sliding-window decode
+batch also a compiled FlexAttention with the bias as a ``score_mod`` on each window
+gathered dense (the faster of the two reported). Without the peer module the conv
+cases' peer columns stay empty.
 
 Timing: each case builds several independent input sets (>= 256 MB in all, beyond the
 60 MB L2), captures one CUDA graph launching the op once per set, and reports the median
