@@ -236,6 +236,86 @@ def test_warmup_batches_cover_every_candidate_class(h200: torch.device) -> None:
         assert shape_classes(WarmupBatch(t, 1, t), signature) & {i for i in seen if i[0] == "conv"}
 
 
+def _layouts(tiny: bool, tp: int) -> list[Any]:
+    """The conv-state layouts of a global and a sliding layer: the released widths
+    (hidden 6144, 8 / 16 KV heads of 128) or the tiny parity model's."""
+    from inkling_cache import ConvStateLayout
+
+    hidden, head_dim, kv_heads = (64, 16, (2, 4)) if tiny else (6144, 128, (8, 16))
+    return [ConvStateLayout.build(num_kv_heads=h, head_dim=head_dim, hidden_size=hidden, kernel_size=4, tp_size=tp,
+                                  block_size=4) for h in kv_heads]
+
+
+def conv_compile_choices(batch: WarmupBatch, layouts: list[Any]) -> set[Any]:
+    """What the conv kernels compile for one forward of ``batch`` on CUDA (every
+    launch takes the step's tap map there), from their own tile rules: the sequence
+    metadata's and the tap map's tiles, and per layer kind the K+V launch and the ATTN
+    and MLP sublayers' launches (conv + add + RMSNorm at TP 1, conv + add on the shard
+    at TP > 1). Their integer arguments are not specialised (``do_not_specialize``)."""
+    from inkling_cache import Stream
+    from inkling_kernels.sconv.kernel import choose_config
+    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
+    from inkling_kernels.seq_metadata.kernel import seq_metadata_block
+    from inkling_kernels.tap_map.kernel import hazard_tiles
+
+    t, r, hint = batch.num_tokens, batch.num_reqs, batch.prompt_rows
+    out: set[Any] = {("metadata", seq_metadata_block(t)), ("tap map", hazard_tiles(t))}
+    for layout in layouts:
+        h, kv = layout.num_heads, layout.stream_width(Stream.K)
+        out.add(("kv", h, kv, choose_config(t, h, kv, True, one_load=False, num_requests=r, num_prefill_tokens=hint)))
+        for stream in (Stream.ATTN, Stream.MLP):
+            w = layout.stream_width(stream)
+            cfg = (choose_norm_config(t, h, w, True, r, hint) if layout.tp_size == 1
+                   else choose_add_config(t, h, w, True, 4, r, hint))
+            out.add(("sublayer", h, w, cfg))
+    return out
+
+
+def _conv_gaps(chosen: list[WarmupBatch], limits: tuple[int, int, int], layouts: list[Any],
+               seed: int) -> list[WarmupBatch]:
+    """Random served batches with a conv tile none of the ``chosen`` forwards compiles."""
+    covered: set[Any] = set()
+    for b in chosen:
+        covered |= conv_compile_choices(b, layouts)
+    batches = _random_batches(random.Random(seed), 3000, *limits)
+    return [b for b in batches if not conv_compile_choices(b, layouts) <= covered]
+
+
+_CHOSEN: dict[tuple[int, int, int], list[WarmupBatch]] = {}
+
+
+def _chosen(limits: tuple[int, int, int], signature: Any) -> list[WarmupBatch]:
+    """The warm-up's forwards for these limits (the same at every tp)."""
+    if limits not in _CHOSEN:
+        _CHOSEN[limits] = warmup_batches(candidate_batches(*limits), signature)
+    return _CHOSEN[limits]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("limits,tiny", [((8192, 256, 8448), False), ((2048, 128, 32768), False),
+                                         ((64, 16, 1024), True)])
+def test_warmup_covers_every_conv_tile_of_random_batches(h200: torch.device, limits: tuple[int, int, int],
+                                                         tiny: bool, tp: int) -> None:
+    """Every tile the conv kernels' own rules pick for a served batch, at every layer
+    kind's widths, is one some warm-up forward compiles (the warm-up picks its forwards
+    by :func:`inkling_vllm.warmup.conv_signature`, a class of the rows, requests and
+    prompt rows that these rules must not split)."""
+    chosen = _chosen(limits, attention_signature(PROBLEMS, h200))
+    missing = _conv_gaps(chosen, limits, _layouts(tiny, tp), seed=tp)
+    assert not missing, f"{len(missing)} batches with conv tiles no warm-up forward compiles, e.g. {missing[:3]}"
+
+
+def test_conv_coverage_check_fails_with_a_coarser_conv_class(h200: torch.device,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: classing batches by their row count's power of two alone
+    (without the requests and the prompt rows) leaves tiles of served batches cold."""
+    monkeypatch.setattr(warmup, "conv_signature", lambda batch: batch.num_tokens.bit_length())
+    limits = (8192, 256, 8448)
+    chosen = warmup_batches(candidate_batches(*limits), attention_signature(PROBLEMS, h200))
+    missing = _conv_gaps(chosen, limits, _layouts(False, 1), seed=0)
+    assert missing
+
+
 @pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(max_reqs=-1), dict(decode_len=True)])
 def test_candidate_batches_refuses_bad_limits(bad: dict[str, Any]) -> None:
     args = dict(max_tokens=64, max_reqs=8, max_seq_len=128, decode_len=1, **{})

@@ -16,7 +16,7 @@ import triton.language as tl
 from .._triton_common import cdiv
 from ..checks import check_seq_metadata_args
 
-__all__ = ["sconv_seq_metadata_triton"]
+__all__ = ["seq_metadata_block", "sconv_seq_metadata_triton"]
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_actual_tokens", "num_padded_tokens", "top_step"])
@@ -50,6 +50,11 @@ def _seq_metadata_kernel(
     tl.store(qs_out_ptr + rows, tl.where(active, start, 0).to(tl.int32), mask=keep)
 
 
+def seq_metadata_block(num_padded_tokens: int) -> int:
+    """Rows per program of the default launch: 64 up to 4096 rows, 256 above."""
+    return 64 if num_padded_tokens <= 4096 else 256
+
+
 def launch_sconv_seq_metadata(
     query_start_loc: torch.Tensor,
     num_reqs: int,
@@ -65,7 +70,7 @@ def launch_sconv_seq_metadata(
     if num_padded_tokens == 0:
         return
     top_step = 1 << ((num_reqs - 1).bit_length() - 1) if num_reqs > 1 else 0
-    block = block or (64 if num_padded_tokens <= 4096 else 256)
+    block = block or seq_metadata_block(num_padded_tokens)
     if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
     grid = (cdiv(num_padded_tokens, block),)
