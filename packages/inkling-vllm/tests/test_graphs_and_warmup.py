@@ -281,26 +281,29 @@ def _conv_gaps(chosen: list[WarmupBatch], limits: tuple[int, int, int], layouts:
     return [b for b in batches if not conv_compile_choices(b, layouts) <= covered]
 
 
-_CHOSEN: dict[tuple[int, int, int], list[WarmupBatch]] = {}
+_CHOSEN: dict[tuple[tuple[int, int, int], bool], list[WarmupBatch]] = {}
 
 
-def _chosen(limits: tuple[int, int, int], signature: Any) -> list[WarmupBatch]:
-    """The warm-up's forwards for these limits (the same at every tp)."""
-    if limits not in _CHOSEN:
-        _CHOSEN[limits] = warmup_batches(candidate_batches(*limits), signature)
-    return _CHOSEN[limits]
+def _chosen(limits: tuple[int, int, int], signature: Any, v2: bool) -> list[WarmupBatch]:
+    """The warm-up's forwards for these limits (the same at every tp) on the first-
+    or the second-generation runner (whose dummy runs share rows evenly)."""
+    if (limits, v2) not in _CHOSEN:
+        candidates = candidate_batches(*limits)
+        _CHOSEN[limits, v2] = warmup_batches(warmup.v2_runnable(candidates) if v2 else candidates, signature)
+    return _CHOSEN[limits, v2]
 
 
+@pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("limits,tiny", [((8192, 256, 8448), False), ((2048, 128, 32768), False),
                                          ((64, 16, 1024), True)])
 def test_warmup_covers_every_conv_tile_of_random_batches(h200: torch.device, limits: tuple[int, int, int],
-                                                         tiny: bool, tp: int) -> None:
+                                                         tiny: bool, tp: int, v2: bool) -> None:
     """Every tile the conv kernels' own rules pick for a served batch, at every layer
     kind's widths, is one some warm-up forward compiles (the warm-up picks its forwards
     by :func:`inkling_vllm.warmup.conv_signature`, a class of the rows, requests and
     prompt rows that these rules must not split)."""
-    chosen = _chosen(limits, attention_signature(PROBLEMS, h200))
+    chosen = _chosen(limits, attention_signature(PROBLEMS, h200), v2)
     missing = _conv_gaps(chosen, limits, _layouts(tiny, tp), seed=tp)
     assert not missing, f"{len(missing)} batches with conv tiles no warm-up forward compiles, e.g. {missing[:3]}"
 
@@ -314,6 +317,157 @@ def test_conv_coverage_check_fails_with_a_coarser_conv_class(h200: torch.device,
     chosen = warmup_batches(candidate_batches(*limits), attention_signature(PROBLEMS, h200))
     missing = _conv_gaps(chosen, limits, _layouts(False, 1), seed=0)
     assert missing
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_prompt_rows_is_the_hint_the_metadata_builder_gives(seed: int) -> None:
+    """A warm-up forward's prefill hint is the builder's (``prefill_token_count`` of its
+    requests' rows as vLLM's dummy runs share them): an even batch whose last request
+    alone brings a prompt's rows counts only those (1034 rows over 254 requests: 253
+    requests of 4 rows, the last of 22)."""
+    from inkling_kernels import prefill_token_count
+
+    assert WarmupBatch(1034, 254, 7386).prompt_rows == 22
+    for b in _random_batches(random.Random(seed), 2000, 8192, 256, 8448):
+        t, r = b.num_tokens, b.num_reqs
+        rows = [1] * (r - 1) + [t - r + 1] if b.kind == "mixed" else [t // r] * (r - 1) + [t // r + t % r]
+        assert b.prompt_rows == prefill_token_count(rows), b
+
+
+class LaunchKeys:
+    """Records what Triton would compile for each launch, launching nothing: with
+    ``JITFunction.run`` replaced, every kernel call of the conv ops on CPU tensors
+    (their CUDA path: ``INKLING_KERNELS_CPU_BACKEND=triton``, no interpreter) records
+    the kernel, its compile-time values, the class Triton gives each integer argument
+    it specialises (:func:`inkling_vllm.warmup.triton_int_class`), the tensors' dtypes
+    and the launch options."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import inspect
+
+        from triton.runtime.jit import JITFunction
+
+        from inkling_vllm.warmup import triton_int_class
+
+        monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "triton")
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        self.keys: list[Any] = []
+
+        def run(kernel: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            names = inspect.signature(kernel.fn).parameters
+            bound = inspect.signature(kernel.fn).bind(*args, **{k: v for k, v in kwargs.items() if k in names})
+            key = []
+            for param in kernel.params:
+                value = bound.arguments.get(param.name, param.default)
+                if param.is_constexpr:
+                    key.append((param.name, value))
+                elif isinstance(value, torch.Tensor):
+                    key.append((param.name, str(value.dtype)))
+                elif isinstance(value, int) and not param.do_not_specialize:
+                    key.append((param.name, triton_int_class(int(value))))
+            options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in names))
+            self.keys.append((kernel.fn.__name__, tuple(key), options))
+
+        monkeypatch.setattr(JITFunction, "run", run)
+
+    def of(self, call: Any) -> frozenset[Any]:
+        self.keys.clear()
+        call()
+        return frozenset(self.keys)
+
+
+def _conv_batch(batch: WarmupBatch, block_size: int = 16) -> Any:
+    """A step's conv metadata for ``batch`` (its requests' rows as vLLM's dummy runs
+    share them), with a block table of fixed width as vLLM keeps it."""
+    from inkling_kernels import SconvBatch, prefill_token_count
+
+    t, r = batch.num_tokens, batch.num_reqs
+    rows = [1] * (r - 1) + [t - r + 1] if batch.kind == "mixed" else [t // r] * (r - 1) + [t // r + t % r]
+    table = torch.arange(r * 1024, dtype=torch.int32).reshape(r, 1024) % 60 + 1
+    pos, seq, start = [], [], []
+    for i, n in enumerate(rows):
+        pos.append(torch.arange(batch.seq_len - n, batch.seq_len))
+        seq.append(torch.full((n,), i, dtype=torch.int32))
+        start.append(torch.full((n,), sum(rows[:i]), dtype=torch.int32))
+    positions = torch.cat(pos)
+    seq_idx = torch.cat(seq)
+    slots = table[seq_idx.long(), positions // block_size].long() * block_size + positions % block_size
+    return SconvBatch(positions, table, seq_idx, slots, torch.cat(start), block_size, 4,
+                      num_prefill_tokens=prefill_token_count(rows))
+
+
+def _launch_keys(keys: LaunchKeys, batch: WarmupBatch, layouts: list[Any]) -> list[tuple[Any, frozenset[Any]]]:
+    """(class item, what Triton compiles) of every conv launch of one forward of
+    ``batch``: items as :func:`conv_compile_choices` names them, the keys recorded."""
+    from inkling_cache import Stream
+    from inkling_kernels import fused_sconv_add, fused_sconv_add_rmsnorm, fused_sconv_kv, sconv_tap_map
+    from inkling_kernels.seq_metadata.kernel import launch_sconv_seq_metadata
+
+    items = {item[0]: item for item in conv_compile_choices(batch, []) if item[0] in ("metadata", "tap map")}
+    per_layer = [item for item in conv_compile_choices(batch, layouts) if item[0] in ("kv", "sublayer")]
+    sb = _conv_batch(batch)
+    t, dt = sb.num_tokens, torch.bfloat16
+    tap_map = torch.empty(t, 3, dtype=torch.int64)
+    out = [(items["tap map"], keys.of(lambda: sconv_tap_map(sb, tap_map)))]
+    qsl, rows = torch.zeros(batch.num_reqs + 1, dtype=torch.int32), torch.empty(t, dtype=torch.int32)
+    out.append((items["metadata"], keys.of(
+        lambda: launch_sconv_seq_metadata(qsl, batch.num_reqs, t, rows, rows, t))))
+    mapped = sb.with_tap_map(tap_map)
+    for layout in layouts:
+        h = layout.num_heads
+        cache = torch.empty(64, h, 16, layout.head_size, dtype=dt)
+        (k_off, kw), (v_off, _) = layout.stream_range(Stream.K), layout.stream_range(Stream.V)
+        k, w = torch.empty(t, h * kw, dtype=dt), torch.empty(h * kw, 4)
+        kv = next(i for i in per_layer if i[:3] == ("kv", h, kw))
+        out.append((kv, keys.of(lambda: fused_sconv_kv(k, k, w, w, cache, mapped, k_off, v_off, kw))))
+        for stream in (Stream.ATTN, Stream.MLP):
+            off, sw = layout.stream_range(stream)
+            d, ws, nw = torch.empty(t, h * sw, dtype=dt), torch.empty(h * sw, 1, 4), torch.ones(h * sw, dtype=dt)
+            item = next(i for i in per_layer if i[:3] == ("sublayer", h, sw))
+            if layout.tp_size == 1:
+                call = lambda: fused_sconv_add_rmsnorm(d, d, ws, cache, mapped, off, sw, nw, 1e-6)  # noqa: E731
+            else:
+                call = lambda: fused_sconv_add(d, d, ws, cache, mapped, off, sw)  # noqa: E731
+            out.append((item, keys.of(call)))
+    return out
+
+
+def _keys_per_item(monkeypatch: pytest.MonkeyPatch, tiny: bool, tp: int, n: int) -> dict[Any, set[frozenset[Any]]]:
+    keys = LaunchKeys(monkeypatch)
+    limits = (64, 16, 1024) if tiny else (8192, 256, 8448)
+    found: dict[Any, set[frozenset[Any]]] = {}
+    for batch in _random_batches(random.Random(tp), n, *limits):
+        for item, launched in _launch_keys(keys, batch, _layouts(tiny, tp)):
+            found.setdefault(item, set()).add(launched)
+    return found
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tiny", [True, False])
+def test_conv_tile_rules_decide_everything_the_launches_compile(monkeypatch: pytest.MonkeyPatch, tiny: bool,
+                                                                tp: int) -> None:
+    """What the coverage test above compares is what Triton compiles: over random
+    batches, each class item of :func:`conv_compile_choices` comes with one and the
+    same set of compile keys of the real launches (kernel, compile-time values, integer
+    specialisations, dtypes, launch options), so a warm-up forward that meets an item
+    compiles what any served batch with that item needs."""
+    found = _keys_per_item(monkeypatch, tiny, tp, 120 if tiny else 40)
+    assert len(found) >= 6 and all(launched for sets in found.values() for launched in sets)
+    split = {item: sets for item, sets in found.items() if len(sets) > 1}
+    assert not split, f"class items whose launches compile different things: {list(split)[:3]}"
+
+
+def test_the_launch_check_fails_when_a_class_ignores_a_tile_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: naming the sublayers' items without their tile config
+    joins launches that compile different kernels."""
+    real = conv_compile_choices
+
+    def without_sublayer_tiles(batch: WarmupBatch, layouts: list[Any]) -> set[Any]:
+        return {item[:3] if item[0] == "sublayer" else item for item in real(batch, layouts)}
+
+    monkeypatch.setitem(globals(), "conv_compile_choices", without_sublayer_tiles)
+    found = _keys_per_item(monkeypatch, False, 1, 40)
+    assert any(len(sets) > 1 for item, sets in found.items() if item[0] == "sublayer")
 
 
 @pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(max_reqs=-1), dict(decode_len=True)])

@@ -35,6 +35,8 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inkling_kernels import PREFILL_MIN_ROWS
+
 __all__ = [
     "FusedMoeShape",
     "WarmupBatch",
@@ -79,10 +81,14 @@ class WarmupBatch:
 
     @property
     def prompt_rows(self) -> int:
-        """Rows of requests longer than a decode (the conv kernels' prefill hint)."""
-        if self.kind == "mixed":
-            return self.max_query_len if self.max_query_len > 16 else 0
-        return self.num_tokens if self.max_query_len > 16 else 0
+        """The conv kernels' prefill hint for this forward, as the plugin's metadata
+        builder counts it (``inkling_kernels.prefill_token_count``): the rows of the
+        requests that bring more than ``PREFILL_MIN_ROWS`` rows."""
+        t, r, most = self.num_tokens, self.num_reqs, PREFILL_MIN_ROWS
+        if self.kind == "mixed":  # r - 1 one-row decodes, one prompt
+            return self.max_query_len if self.max_query_len > most else 0
+        each, last = t // r, self.max_query_len  # r - 1 requests of `each` rows, the last of the remainder too
+        return (r - 1) * each * (each > most) + last * (last > most)
 
 
 def _sizes(limit: int) -> list[int]:
