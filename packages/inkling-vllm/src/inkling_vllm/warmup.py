@@ -9,9 +9,12 @@ CUDA graphs at start-up; :func:`warm_up_kernels` adds one eager forward of the m
 written to the caches) for each shape class the tile rules distinguish, right after
 vLLM's own kernel warm-up and before its graph capture and JIT monitor. Like vLLM's
 own, it runs only while ``kernel_config.enable_jit_warmup`` is on (vLLM's default;
-``enforce_eager`` turns it off). A first start on a machine compiles the kernels of a
-few hundred shape classes (minutes at the released widths); later starts find them in
-Triton's on-disk cache. It logs its progress.
+``enforce_eager`` turns it off). The conv kernels' classes are the items of their own
+tile rules at the model's widths (:func:`conv_classes`), the attention's its tile
+config per layer kind: about 20 forwards for a small engine, about 100 at the released
+widths with an 8192-token budget. A first start on a machine compiles their kernels
+(minutes at the released widths); later starts find them in Triton's on-disk cache. It
+logs its progress.
 
 The forwards also compile vLLM's Triton fused MoE for every compile class its
 launches meet (:class:`FusedMoeShape`): its tile config changes with the token count,
@@ -38,10 +41,12 @@ from typing import Any
 from inkling_kernels import PREFILL_MIN_ROWS
 
 __all__ = [
+    "ConvLaunches",
     "FusedMoeShape",
     "WarmupBatch",
     "attention_signature",
     "candidate_batches",
+    "conv_classes",
     "fused_moe_shape",
     "shape_classes",
     "install_warmup_hook",
@@ -141,15 +146,55 @@ def _order(b: WarmupBatch) -> tuple[int, int, int, str]:
     return (b.num_tokens, b.num_reqs, b.seq_len, b.kind)
 
 
-def conv_signature(batch: WarmupBatch) -> Hashable:
-    """The conv kernels' shape class: their tile rules switch at powers of two of the
-    rows and the prompt rows, at 8 and 16 rows per request and for launches of at most
-    16 rows; the row count's divisibility by 16 is Triton's integer specialisation, and
-    its two leading bits split each power-of-two range once more."""
-    t = batch.num_tokens
-    lead = t >> max(0, t.bit_length() - 2)
-    per_request = min((t // batch.num_reqs).bit_length(), 5)
-    return (t.bit_length(), lead, t % 16 == 0, per_request, batch.prompt_rows.bit_length(), min(t, 17))
+@dataclass(frozen=True)
+class ConvLaunches:
+    """The conv kernels' launches in one forward of a model (:func:`conv_classes`):
+    per conv layer kind on this rank, ``(num_heads, K/V width, ATTN width, MLP width,
+    kernel_size)``; the tensor-parallel size; whether the sublayer tails are fused (conv
+    + add + RMSNorm at TP 1, conv + add on the shard at TP > 1) or plain (a conv launch
+    per stream). Every launch takes the step's tap map (the plugin's builders make one
+    per step on CUDA)."""
+
+    kinds: tuple[tuple[int, int, int, int, int], ...]
+    tp_size: int = 1
+    fused: bool = True
+
+    @classmethod
+    def of(cls, layouts: Sequence[Any], fused: bool = True) -> ConvLaunches:
+        """From ``inkling_cache.ConvStateLayout`` s (one per layer; duplicates merge)."""
+        from inkling_cache import Stream
+
+        kinds = sorted({(lay.num_heads, lay.stream_width(Stream.K), lay.stream_width(Stream.ATTN),
+                         lay.stream_width(Stream.MLP), lay.kernel_size) for lay in layouts})
+        tps = {lay.tp_size for lay in layouts}
+        if len(tps) > 1:
+            raise ValueError(f"conv layouts of several tensor-parallel sizes: {sorted(tps)}")
+        return cls(tuple(kinds), tps.pop() if tps else 1, fused)
+
+
+def conv_classes(batch: WarmupBatch, launches: ConvLaunches) -> set[Hashable]:
+    """What the conv kernels compile for one forward of ``batch``, from their own tile
+    rules (their integer arguments are not specialised): the sequence metadata's and
+    the tap map's tiles, and per layer kind the K+V launch's and each sublayer's
+    (:class:`ConvLaunches`). A CPU test checks that each item comes with one set of
+    Triton compile keys of the real launches."""
+    from inkling_kernels.sconv.kernel import choose_config
+    from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
+    from inkling_kernels.seq_metadata.kernel import seq_metadata_block
+    from inkling_kernels.tap_map.kernel import hazard_tiles
+
+    t, r, hint = batch.num_tokens, batch.num_reqs, batch.prompt_rows
+    out: set[Hashable] = {("metadata", seq_metadata_block(t)), ("tap map", hazard_tiles(t))}
+    for h, kv, attn, mlp, kernel_size in launches.kinds:
+        out.add(("kv", h, kv, choose_config(t, h, kv, True, one_load=False, num_requests=r, num_prefill_tokens=hint)))
+        for w in (attn, mlp):
+            if not launches.fused:
+                out.add(("conv", h, w, choose_config(t, h, w, True, num_requests=r, num_prefill_tokens=hint)))
+            elif launches.tp_size == 1:
+                out.add(("norm", h, w, choose_norm_config(t, h, w, True, r, hint)))
+            else:
+                out.add(("add", h, w, choose_add_config(t, h, w, True, kernel_size, r, hint)))
+    return out
 
 
 def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], tuple[Hashable, ...]]:
@@ -236,12 +281,15 @@ def shape_classes(
     batch: WarmupBatch,
     signature: Callable[[WarmupBatch], tuple[Hashable, ...]],
     moe: Sequence[FusedMoeShape] = (),
+    conv: ConvLaunches | None = None,
 ) -> set[Hashable]:
     """What one forward of ``batch`` compiles: each layer kind's attention config, the
-    conv kernels' class (per batch kind: uniform decodes are the graphs' shape) and
-    each MoE shape's fused-MoE class."""
+    conv kernels' classes (:func:`conv_classes`; per batch kind: uniform decodes are
+    the graphs' shape; ``None``: left out) and each MoE shape's fused-MoE class."""
     items: set[Hashable] = {("attention", i, cfg) for i, cfg in enumerate(signature(batch))}
-    items.add(("conv", conv_signature(batch), batch.kind == "uniform"))
+    if conv is not None:
+        uniform = batch.kind == "uniform"
+        items.update(("conv", item, uniform) for item in conv_classes(batch, conv))
     items.update(("moe", i, shape.compile_class(batch.num_tokens)) for i, shape in enumerate(moe))
     return items
 
@@ -250,6 +298,7 @@ def warmup_batches(
     candidates: Sequence[WarmupBatch],
     signature: Callable[[WarmupBatch], tuple[Hashable, ...]],
     moe: Sequence[FusedMoeShape] = (),
+    conv: ConvLaunches | None = None,
 ) -> list[WarmupBatch]:
     """A cover of every shape class the candidates reach (:func:`shape_classes`): the
     candidates in order (fewest rows, then requests, then context), each kept when it
@@ -257,7 +306,7 @@ def warmup_batches(
     covered: set[Hashable] = set()
     chosen = []
     for batch in sorted(set(candidates), key=_order):
-        items = shape_classes(batch, signature, moe)
+        items = shape_classes(batch, signature, moe, conv)
         if not items <= covered:
             covered |= items
             chosen.append(batch)
@@ -281,6 +330,16 @@ def _attention_problems(model: Any) -> list[Any]:
                 scale=o.scale, window=o.window, log_scaling=o.log_scaling,
             ))
     return sorted(problems, key=repr)
+
+
+def _conv_launches(model: Any) -> ConvLaunches:
+    """The model's :class:`ConvLaunches`: its conv-state layers' layouts and whether
+    its sublayer tails are fused."""
+    from .conv_state import InklingConvStateLayer
+
+    layouts = [m.layout for m in model.modules() if isinstance(m, InklingConvStateLayer)]
+    inner = getattr(model, "model", model)
+    return ConvLaunches.of(layouts, bool(getattr(inner, "fused", True)))
 
 
 def fused_moe_shape(w13_shape: Sequence[int], w2_shape: Sequence[int], top_k: int, dtype: Any,
@@ -391,7 +450,8 @@ def warm_up_kernels(runner: Any) -> int:
         candidates = v2_runnable(candidates)
     moe = _fused_moe_shapes(runner.get_model())
     candidates += moe_batches(max_tokens, moe)
-    batches = warmup_batches(candidates, attention_signature(problems, runner.device), moe)
+    batches = warmup_batches(candidates, attention_signature(problems, runner.device), moe,
+                             _conv_launches(runner.get_model()))
     logger.info("inkling-vllm: kernel warm-up: %d shape classes (of %d candidate batches); a first start compiles "
                 "their kernels, later ones load them from Triton's cache", len(batches), len(candidates))
     start = last = time.perf_counter()
