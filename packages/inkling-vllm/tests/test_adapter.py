@@ -404,3 +404,23 @@ def test_stream_widths_match_the_model_layers(vllm_env: Any) -> None:
     layer = make_layer("widths", heads=4, hidden=128)
     assert layer.owner.stream_dim(Stream.K) == 4 * 64
     assert layer.owner.stream_dim(Stream.ATTN) == 128
+
+
+def test_warmup_reads_the_models_conv_launches(vllm_env: Any) -> None:
+    """The kernel warm-up finds a model's conv-state layers (a global and a sliding
+    layer kind; layers of one kind merge) and whether its sublayer tails are fused."""
+    from torch import nn
+
+    from inkling_vllm import warmup
+
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.layers = nn.ModuleList([nn.Module() for _ in range(3)])
+    for i, heads in enumerate((2, 4, 2)):
+        model.model.layers[i].conv_state = make_layer(f"warm.{i}", heads=heads)
+    model.model.fused = False
+    launches = warmup._conv_launches(model)
+    layouts = [ConvStateLayout.build(num_kv_heads=h, head_dim=64, hidden_size=128, kernel_size=4, tp_size=1)
+               for h in (2, 4)]
+    assert launches == warmup.ConvLaunches.of(layouts, fused=False)
+    assert len(launches.kinds) == 2 and launches.tp_size == 1 and not launches.fused
