@@ -383,17 +383,18 @@ def _conv_batch(batch: WarmupBatch, block_size: int = 16) -> Any:
                       num_prefill_tokens=prefill_token_count(rows))
 
 
-def _launch_keys(keys: LaunchKeys, batch: WarmupBatch, layouts: list[Any]) -> list[tuple[Any, frozenset[Any]]]:
+def _launch_keys(keys: LaunchKeys, batch: WarmupBatch, layouts: list[Any],
+                 fused: bool = True) -> list[tuple[Any, frozenset[Any]]]:
     """(class item, what Triton compiles) of every conv launch of one forward of
-    ``batch``: items as :func:`inkling_vllm.warmup.conv_classes` names them, the keys
-    recorded."""
+    ``batch`` (sublayer tails ``fused`` or plain convs): items as
+    :func:`inkling_vllm.warmup.conv_classes` names them, the keys recorded."""
     from inkling_cache import Stream
-    from inkling_kernels import fused_sconv_add, fused_sconv_add_rmsnorm, fused_sconv_kv, sconv_tap_map
+    from inkling_kernels import fused_sconv, fused_sconv_add, fused_sconv_add_rmsnorm, fused_sconv_kv, sconv_tap_map
     from inkling_kernels.seq_metadata.kernel import launch_sconv_seq_metadata
 
-    classes = warmup.conv_classes(batch, ConvLaunches.of(layouts))
+    classes = warmup.conv_classes(batch, ConvLaunches.of(layouts, fused))
     items = {item[0]: item for item in classes if item[0] in ("metadata", "tap map")}
-    per_layer = [item for item in classes if item[0] in ("kv", "norm", "add")]
+    per_layer = [item for item in classes if item[0] in ("kv", "norm", "add", "conv")]
     sb = _conv_batch(batch)
     t, dt = sb.num_tokens, torch.bfloat16
     tap_map = torch.empty(t, 3, dtype=torch.int64)
@@ -412,8 +413,10 @@ def _launch_keys(keys: LaunchKeys, batch: WarmupBatch, layouts: list[Any]) -> li
         for stream in (Stream.ATTN, Stream.MLP):
             off, sw = layout.stream_range(stream)
             d, ws, nw = torch.empty(t, h * sw, dtype=dt), torch.empty(h * sw, 1, 4), torch.ones(h * sw, dtype=dt)
-            item = next(i for i in per_layer if i[0] in ("norm", "add") and i[1:3] == (h, sw))
-            if layout.tp_size == 1:
+            item = next(i for i in per_layer if i[0] in ("norm", "add", "conv") and i[1:3] == (h, sw))
+            if not fused:
+                call = lambda: fused_sconv(d, ws[:, 0], cache, mapped, off, sw)  # noqa: E731
+            elif layout.tp_size == 1:
                 call = lambda: fused_sconv_add_rmsnorm(d, d, ws, cache, mapped, off, sw, nw, 1e-6)  # noqa: E731
             else:
                 call = lambda: fused_sconv_add(d, d, ws, cache, mapped, off, sw)  # noqa: E731
@@ -421,26 +424,27 @@ def _launch_keys(keys: LaunchKeys, batch: WarmupBatch, layouts: list[Any]) -> li
     return out
 
 
-def _keys_per_item(monkeypatch: pytest.MonkeyPatch, tiny: bool, tp: int, n: int) -> dict[Any, set[frozenset[Any]]]:
+def _keys_per_item(monkeypatch: pytest.MonkeyPatch, tiny: bool, tp: int, n: int,
+                   fused: bool = True) -> dict[Any, set[frozenset[Any]]]:
     keys = LaunchKeys(monkeypatch)
     limits = (64, 16, 1024) if tiny else (8192, 256, 8448)
     found: dict[Any, set[frozenset[Any]]] = {}
     for batch in _random_batches(random.Random(tp), n, *limits):
-        for item, launched in _launch_keys(keys, batch, _layouts(tiny, tp)):
+        for item, launched in _launch_keys(keys, batch, _layouts(tiny, tp), fused):
             found.setdefault(item, set()).add(launched)
     return found
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp,fused", [(1, True), (2, True), (1, False)], ids=["tp1", "tp2", "plain-tails"])
 @pytest.mark.parametrize("tiny", [True, False])
 def test_conv_tile_rules_decide_everything_the_launches_compile(monkeypatch: pytest.MonkeyPatch, tiny: bool,
-                                                                tp: int) -> None:
+                                                                tp: int, fused: bool) -> None:
     """The warm-up's conv classes are what Triton compiles: over random batches, each
     item of :func:`inkling_vllm.warmup.conv_classes` comes with one and the same set of
     compile keys of the real launches (kernel, compile-time values, integer
     specialisations, dtypes, launch options), so a warm-up forward that meets an item
     compiles what any served batch with that item needs."""
-    found = _keys_per_item(monkeypatch, tiny, tp, 120 if tiny else 40)
+    found = _keys_per_item(monkeypatch, tiny, tp, 120 if tiny else 40, fused)
     assert len(found) >= 6 and all(launched for sets in found.values() for launched in sets)
     split = {item: sets for item, sets in found.items() if len(sets) > 1}
     assert not split, f"class items whose launches compile different things: {list(split)[:3]}"
