@@ -177,13 +177,18 @@ def conv_classes(batch: WarmupBatch, launches: ConvLaunches) -> set[Hashable]:
     rules (their integer arguments are not specialised): the sequence metadata's and
     the tap map's tiles, and per layer kind the K+V launch's and each sublayer's
     (:class:`ConvLaunches`). A CPU test checks that each item comes with one set of
-    Triton compile keys of the real launches."""
+    Triton compile keys of the real launches. Only the rows, the requests and the
+    prompt rows matter (the context does not), so the items are computed once each."""
+    return set(_conv_items(batch.num_tokens, batch.num_reqs, batch.prompt_rows, launches))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _conv_items(t: int, r: int, hint: int, launches: ConvLaunches) -> frozenset[Hashable]:
     from inkling_kernels.sconv.kernel import choose_config
     from inkling_kernels.sconv_add_rmsnorm.kernel import choose_add_config, choose_norm_config
     from inkling_kernels.seq_metadata.kernel import seq_metadata_block
     from inkling_kernels.tap_map.kernel import hazard_tiles
 
-    t, r, hint = batch.num_tokens, batch.num_reqs, batch.prompt_rows
     out: set[Hashable] = {("metadata", seq_metadata_block(t)), ("tap map", hazard_tiles(t))}
     for h, kv, attn, mlp, kernel_size in launches.kinds:
         out.add(("kv", h, kv, choose_config(t, h, kv, True, one_load=False, num_requests=r, num_prefill_tokens=hint)))
@@ -194,7 +199,7 @@ def conv_classes(batch: WarmupBatch, launches: ConvLaunches) -> set[Hashable]:
                 out.add(("norm", h, w, choose_norm_config(t, h, w, True, r, hint)))
             else:
                 out.add(("add", h, w, choose_add_config(t, h, w, True, kernel_size, r, hint)))
-    return out
+    return frozenset(out)
 
 
 def attention_signature(problems: Sequence[Any], device: Any) -> Callable[[WarmupBatch], tuple[Hashable, ...]]:
