@@ -467,6 +467,15 @@ def _layer_bytes(env: Env, kind: str, tp: int, requests: list[tuple[int, int]], 
     return {"kv": kv, "sub": sub, "layer": kv + 2 * sub}[parts]
 
 
+def _peer_kv(env: Env, lw: LayerWorld, i: int, cache: torch.Tensor) -> list[torch.Tensor]:
+    """The peer's K and V of set ``i``: two launches of its fused_sconv (after the copies
+    of the slices of qkv)."""
+    s = lw.steps[i]
+    (k_off, hd), (v_off, _) = lw.stream(Stream.K), lw.stream(Stream.V)
+    k, v = lw.kv(i)
+    return [_peer_conv(env, k, lw.wk, cache, s, k_off, hd), _peer_conv(env, v, lw.wv, cache, s, v_off, hd)]
+
+
 def _kv(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env], Prepared]:
     """fused_sconv_kv on the slices of qkv; the peer: two launches on .contiguous() copies."""
 
@@ -486,10 +495,8 @@ def _kv(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env], 
         prep = Prepared([lambda i=i, s=s: fused_sconv_kv(*lw.kv(i), lw.wk, lw.wv, cache, s.mapped, k_off, v_off, hd)
                          for i, s in enumerate(lw.steps)], nbytes)
         if env.peer is not None:
-            def peer(i: int, s: Step) -> Any:
-                k, v = lw.kv(i)
-                return (_peer_conv(env, k, lw.wk, cache, s, k_off, hd), _peer_conv(env, v, lw.wv, cache, s, v_off, hd))
-            prep.peer["vLLM fused_sconv x2 + copies"] = [lambda i=i, s=s: peer(i, s) for i, s in enumerate(lw.steps)]
+            prep.peer["vLLM fused_sconv x2 + copies"] = [lambda i=i: _peer_kv(env, lw, i, cache)
+                                                         for i in range(len(lw.steps))]
         return prep
 
     return prepare
@@ -594,9 +601,7 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env
                                               for i, s in enumerate(lw.steps)]
         if env.peer is not None:
             def peer(i: int, fn: Callable[..., Any]) -> Any:
-                kk, vv = lw.kv(i)
-                s = lw.steps[i]
-                out = [_peer_conv(env, kk, lw.wk, cache, s, k_off, hd), _peer_conv(env, vv, lw.wv, cache, s, v_off, hd)]
+                out = _peer_kv(env, lw, i, cache)
                 h1, n1 = _peer_sub(env, lw, i, lw.hidden[i] if tp == 1 else lw.full[i], False, cache, fn)
                 return out + [h1, n1, *_peer_sub(env, lw, i, h1, True, cache, fn)]
             for name, fn in _add_norms(env).items():
@@ -618,10 +623,7 @@ def _peer_layer_shard_add(env: Env, lw: LayerWorld, i: int, cache: torch.Tensor,
     each sublayer's shard, the residual add on the shard, the RMSNorm of the row
     all-gathered from it (collective excluded)."""
     s = lw.steps[i]
-    k_off, hd = lw.stream(Stream.K)
-    v_off, _ = lw.stream(Stream.V)
-    kk, vv = lw.kv(i)
-    out = [_peer_conv(env, kk, lw.wk, cache, s, k_off, hd), _peer_conv(env, vv, lw.wv, cache, s, v_off, hd)]
+    out = _peer_kv(env, lw, i, cache)
     h = lw.hidden[i]
     for mlp in (False, True):
         d, nw = (lw.d_mlp[i], lw.nw_mlp) if mlp else (lw.d_attn[i], lw.nw_attn)
@@ -721,7 +723,7 @@ def _attention(mix: list[tuple[int, int]], opts: dict[str, Any]) -> Callable[[En
         nbytes = keys * hkv * dh * 2 * dt.itemsize  # the K and V the queries must read
         prep = Prepared([lambda: paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens))], nbytes)
         if not env.sizes.smoke:
-            prep.peer["SDPA flash, no bias"] = [_sdpa(page, table, q, mix, n, hkv, dh, qsl.tolist())]
+            prep.peer["SDPA flash, no bias"] = [_sdpa(page, table, q, mix, hkv, dh, qsl.tolist())]
         if window is not None and all(t == 1 and c + 1 >= window for c, t in mix):
             flex, flex_out = _flex_window_decode(page, table, q, r, rel_proj, lens, window)
             if env.device.type == "cuda":  # (the CPU's Flex runs unfused: checked, not timed)
@@ -732,6 +734,14 @@ def _attention(mix: list[tuple[int, int]], opts: dict[str, Any]) -> Callable[[En
         return prep
 
     return prepare
+
+
+def _request_kv(page: torch.Tensor, table: torch.Tensor, b: int, length: int, device: torch.device) -> torch.Tensor:
+    """Request ``b``'s first ``length`` keys and values, ``[Hkv, length, 2 * Dh]``, gathered
+    from its pages (``[blocks, Hkv, N, 2 * Dh]``) in position order."""
+    n, hkv, width = page.shape[2], page.shape[1], page.shape[3]
+    cnt = -(-length // n)
+    return page[table[b, :cnt].long().to(device)].permute(1, 0, 2, 3).reshape(hkv, cnt * n, width)[:, :length]
 
 
 @functools.cache
@@ -754,13 +764,12 @@ def _flex_window_decode(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor
     from torch.nn.attention.flex_attention import flex_attention
 
     reqs, hq, dh = len(lens), q.shape[1], q.shape[2]
-    n, hkv, extent = page.shape[2], page.shape[1], rel_proj.shape[1]
+    hkv, extent = page.shape[1], rel_proj.shape[1]
     kd = torch.empty(reqs, hkv, window, dh, dtype=q.dtype, device=q.device)
     vd = torch.empty_like(kd)
     for b, length in enumerate(lens):
-        cnt = -(-length // n)
-        seq = page[table[b, :cnt].long().to(q.device)].permute(1, 0, 2, 3).reshape(hkv, cnt * n, 2 * dh)
-        kd[b], vd[b] = seq[:, length - window:length, :dh], seq[:, length - window:length, dh:]
+        seq = _request_kv(page, table, b, length, q.device)[:, length - window:]
+        kd[b], vd[b] = seq[..., :dh], seq[..., dh:]
     qd = q[:reqs].unsqueeze(2)  # [R, Hq, 1, Dh]
     r32, p32 = r[:reqs].float(), rel_proj.float()
     rl = torch.empty(reqs, hq, extent, dtype=torch.float32, device=q.device)
@@ -785,7 +794,7 @@ def _flex_window_decode(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor
     return run, result
 
 
-def _sdpa(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor, mix: list[tuple[int, int]], n: int, hkv: int,
+def _sdpa(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor, mix: list[tuple[int, int]], hkv: int,
           dh: int, starts: list[int]) -> Callable[[], Any]:
     """torch's flash SDPA, no bias, K/V gathered dense per request (outside the timing);
     requests of equal (context, rows) batched, lower-right causal when rows < keys."""
@@ -798,11 +807,10 @@ def _sdpa(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor, mix: list[tu
     calls = []
     for (ctx, qlen), idx in groups.items():
         length = ctx + qlen
-        cnt = -(-length // n)
         kd = torch.empty(len(idx), hkv, length, dh, dtype=q.dtype, device=q.device)
         vd, qd = torch.empty_like(kd), torch.empty(len(idx), q.shape[1], qlen, dh, dtype=q.dtype, device=q.device)
         for j, b in enumerate(idx):
-            seq = page[table[b, :cnt].long().to(q.device)].permute(1, 0, 2, 3).reshape(hkv, cnt * n, 2 * dh)[:, :length]
+            seq = _request_kv(page, table, b, length, q.device)
             kd[j], vd[j] = seq[..., :dh], seq[..., dh:]
             qd[j] = q[starts[b]:starts[b] + qlen].transpose(0, 1)
         mask = None if qlen in (1, length) else causal_lower_right(qlen, length)

@@ -306,6 +306,13 @@ def test_conv_coverage_check_fails_with_a_coarser_conv_class(h200: torch.device,
     assert _conv_gaps(chosen, limits, conv, seed=0)
 
 
+def _dummy_rows(batch: WarmupBatch) -> list[int]:
+    """Each request's rows in vLLM's dummy run of ``batch``: a mixed batch's one-row
+    decodes and its prompt, else equal rows with the remainder on the last request."""
+    t, r = batch.num_tokens, batch.num_reqs
+    return [1] * (r - 1) + [t - r + 1] if batch.kind == "mixed" else [t // r] * (r - 1) + [t // r + t % r]
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_prompt_rows_is_the_hint_the_metadata_builder_gives(seed: int) -> None:
     """A warm-up forward's prefill hint is the builder's (``prefill_token_count`` of its
@@ -316,9 +323,7 @@ def test_prompt_rows_is_the_hint_the_metadata_builder_gives(seed: int) -> None:
 
     assert WarmupBatch(1034, 254, 7386).prompt_rows == 22
     for b in _random_batches(random.Random(seed), 2000, 8192, 256, 8448):
-        t, r = b.num_tokens, b.num_reqs
-        rows = [1] * (r - 1) + [t - r + 1] if b.kind == "mixed" else [t // r] * (r - 1) + [t // r + t % r]
-        assert b.prompt_rows == prefill_token_count(rows), b
+        assert b.prompt_rows == prefill_token_count(_dummy_rows(b)), b
 
 
 class LaunchKeys:
@@ -368,8 +373,7 @@ def _conv_batch(batch: WarmupBatch, block_size: int = 16) -> Any:
     share them), with a block table of fixed width as vLLM keeps it."""
     from inkling_kernels import SconvBatch, prefill_token_count
 
-    t, r = batch.num_tokens, batch.num_reqs
-    rows = [1] * (r - 1) + [t - r + 1] if batch.kind == "mixed" else [t // r] * (r - 1) + [t // r + t % r]
+    r, rows = batch.num_reqs, _dummy_rows(batch)
     table = torch.arange(r * 1024, dtype=torch.int32).reshape(r, 1024) % 60 + 1
     pos, seq, start = [], [], []
     for i, n in enumerate(rows):

@@ -443,7 +443,8 @@ def warm_up_kernels(runner: Any) -> int:
         logger.info("inkling-vllm: kernel warm-up skipped, as vLLM's own (kernel_config.enable_jit_warmup is "
                     "off; enforce_eager turns it off): kernels compile when a step first needs them")
         return 0
-    problems = _attention_problems(runner.get_model())
+    model = runner.get_model()
+    problems = _attention_problems(model)
     if not problems:
         return 0
     v2 = _runs_v2(runner)
@@ -453,10 +454,9 @@ def warm_up_kernels(runner: Any) -> int:
     candidates = candidate_batches(max_tokens, max_reqs, int(runner.max_model_len), decode_len)
     if v2:
         candidates = v2_runnable(candidates)
-    moe = _fused_moe_shapes(runner.get_model())
+    moe = _fused_moe_shapes(model)
     candidates += moe_batches(max_tokens, moe)
-    batches = warmup_batches(candidates, attention_signature(problems, runner.device), moe,
-                             _conv_launches(runner.get_model()))
+    batches = warmup_batches(candidates, attention_signature(problems, runner.device), moe, _conv_launches(model))
     logger.info("inkling-vllm: kernel warm-up: %d shape classes (of %d candidate batches); a first start compiles "
                 "their kernels, later ones load them from Triton's cache", len(batches), len(candidates))
     start = last = time.perf_counter()

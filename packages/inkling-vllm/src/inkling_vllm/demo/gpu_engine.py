@@ -502,9 +502,9 @@ def make_head_predictive(model: Any) -> dict[str, int]:
     import torch
 
     changed = {"output_projections": 0, "final_norm": 0, "input_proj": 0, "embed_norm": 0}
-    inner = getattr(model, "model", None)
-    depths = getattr(model, "layers", None) if inner is None else None
-    layers = len(inner.layers) if inner is not None else len(depths or ())
+    inner = getattr(model, "model", None)  # the target's decoder; the MTP head holds its depths as `layers`
+    layers = inner.layers if inner is not None else getattr(model, "layers", ())
+    depths = () if inner is not None else layers
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(_OUTPUT_PROJECTIONS):
@@ -513,7 +513,7 @@ def make_head_predictive(model: Any) -> dict[str, int]:
         if inner is not None:  # the target
             inner.norm.weight.fill_(1.0)
             changed["final_norm"] += 1
-        for depth in depths or ():  # the MTP head
+        for depth in depths:  # the MTP head
             weight = depth.input_proj.weight  # [H, 2H]: (previous hidden, next embedding)
             hidden = weight.shape[0]
             if tuple(weight.shape) != (hidden, 2 * hidden):
@@ -523,8 +523,8 @@ def make_head_predictive(model: Any) -> dict[str, int]:
             depth.embed_norm.weight.fill_(1.0)
             changed["input_proj"] += 1
             changed["embed_norm"] += 1
-    if not layers or changed["output_projections"] < 2 * layers:
-        raise ValueError(f"make_head_predictive: changed {changed} in {type(model).__name__} of {layers} decoder "
+    if not layers or changed["output_projections"] < 2 * len(layers):
+        raise ValueError(f"make_head_predictive: changed {changed} in {type(model).__name__} of {len(layers)} decoder "
                          "layers (expected an o_proj and an MLP down projection in each)")
     return changed
 
@@ -1085,7 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens the model's MTP head (one depth) drafts a step; 0: no drafting")
     p.add_argument("--head", nargs="+", default=["random"], choices=BENCH_HEADS,
                    help="drafting engines' MTP head: random (vLLM's dummy weights, drafts rejected), predictive "
-                        "(rewritten after loading so that its drafts are the model's own next tokens), or both")
+                        "(rewritten as it loads so that its drafts are the model's own next tokens), or both")
     p.add_argument("--gate", nargs="+", default=["on"], choices=["on", "off"],
                    help="drafting engines with the draft gate on (the plugin's default: drafts paused while "
                         "mostly rejected), off (drafts at every step), or both")
