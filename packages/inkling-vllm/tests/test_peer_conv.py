@@ -7,11 +7,17 @@ interpreter.
 Skipped unless the peer module has been extracted into ``.peer/`` at the repository
 root (``packages/inkling-kernels/benchmarks/fetch_peer.py``; nothing of vllm's is
 committed), or the folder ``INKLING_PEER_DIR`` names.
+
+Triton picks interpreted or compiled mode for its own ``@jit`` helpers when it is first
+imported, and vllm imports it compiled; so the comparison runs in a child pytest that
+imports Triton with the interpreter on, whatever ran before it in this process.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +38,18 @@ PEER_DIR = Path(os.environ.get("INKLING_PEER_DIR", Path(__file__).resolve().pare
 if not (PEER_DIR / "vllm_sconv_peer.py").is_file():
     pytest.skip(f"no vllm_sconv_peer.py in {PEER_DIR} (fetch_peer.py extracts it)", allow_module_level=True)
 pytest.importorskip("numpy")  # Triton's interpreter
+
+#: set in the child pytest that runs the comparison
+CHILD = "_INKLING_PEER_CONV_CHILD"
+
+
+
+def test_the_peer_comparison_passes_under_the_interpreter():
+    env = dict(os.environ, **{CHILD: "1", "TRITON_INTERPRET": "1"})
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "6 passed" in done.stdout.splitlines()[-1], done.stdout[-2000:]
 
 W = N = 4
 EPS = 1e-6
@@ -126,3 +144,10 @@ def test_peer_ops_match_the_project_ops(swap, step, dtype):
     owner.bind_cache(cache.clone())
     again = run()
     assert all(torch.equal(a, b) for a, b in zip(again, want))
+
+
+# the parent runs only the child; the child only the comparison
+if os.environ.get(CHILD):
+    del test_the_peer_comparison_passes_under_the_interpreter
+else:
+    del test_peer_ops_match_the_project_ops
