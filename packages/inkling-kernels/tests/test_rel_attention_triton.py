@@ -132,6 +132,28 @@ def test_diag_bias_dtypes_groups(dtype: torch.dtype, group: int, layer: str, n: 
     _check_close(got.cpu(), want, dtype, f"seed {seed} diag {dtype} group {group} block_q {block_q}")
 
 
+@pytest.mark.parametrize(
+    ("dtype", "group", "layer", "n", "splits", "mix"),
+    [(torch.float32, 2, "global_log", 16, 1, MIX), (torch.bfloat16, 4, "sliding_small", 5, 3, MIX),
+     (torch.float16, 3, "global_plain", 4, 2, [(40, 1), (7, 1), (0, 1), (29, 1)]),
+     (torch.float32, 16, "sliding_small", 8, 1, [(33, 1), (12, 1)])],
+    ids=["fp32-g2-mixed", "bf16-g4-sliding-split3", "fp16-g3-decode-split2", "fp32-g16-sliding-decode"],
+)
+def test_row_bias_one_position_a_tile(dtype: torch.dtype, group: int, layer: str, n: int, splits: int,
+                                      mix: list[tuple[int, int]]) -> None:
+    """``bias="row"``: one query row a block (``block_q=1``; the tile rows past the
+    group's heads are padding), its bias one MMA at a single distance per key; exact
+    on any batch (prefill, chunked, spec verify, decode), with key splits and pad rows."""
+    seed = 2160 + 10 * group + splits
+    w = build_world(seed=seed, mix=mix, layer=layer, group=group, n=n, dtype=dtype)
+    want = w.reference()
+    d = _on(w, DEV)
+    cfg = RelAttentionConfig(block_q=1, block_n=16, bias="row", num_splits=splits, min_split_tiles=1)
+    got = _run(d, cfg, out=torch.full_like(d.q, float("nan")))
+    assert torch.equal(got[w.num_rows:].cpu(), torch.zeros_like(want[w.num_rows:])), f"seed {seed}: pad rows"
+    _check_close(got.cpu(), want, dtype, f"seed {seed} row {dtype} group {group} splits {splits}")
+
+
 @pytest.mark.parametrize("near_cost", [1, 3, 9])
 def test_cost_weighted_key_splits(near_cost: int) -> None:
     """Key splits share a block's cost with near tiles weighted: every split boundary
@@ -283,11 +305,14 @@ def test_validation_base_is_valid_and_config_checks() -> None:
     prob = check_paged_rel_attention_triton_args(**_small_kw())
     assert (prob.num_reqs, prob.num_q_heads, prob.num_kv_heads, prob.block_size) == (2, 4, 2, 4)
     for bad in (dict(block_q=3), dict(block_n=0), dict(bias="dense"), dict(bias="table"), dict(num_stages=0),
-                dict(near_block_n=32), dict(pdl=1)):
+                dict(near_block_n=32), dict(pdl=1), dict(bias="row")):
         with pytest.raises(ValueError):
             RelAttentionConfig(**{**dict(block_q=4, block_n=16), **bad})
     for mode in ("band", "diag"):
         assert RelAttentionConfig(block_q=4, block_n=16, bias=mode).bias == mode
+    with pytest.raises(ValueError, match="block_q=1"):
+        RelAttentionConfig(block_q=2, block_n=16, bias="row")
+    assert RelAttentionConfig(block_q=1, block_n=16, bias="row").bias == "row"
     kw = _small_kw()
     with pytest.raises(TypeError, match="RelAttentionConfig"):
         paged_rel_attention_triton(*[kw.pop(k) for k in list(kw)[:9]], scale=0.1, config=(4, 16))

@@ -4,7 +4,7 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
 (plus a small combine launch when the keys are split):
 
 * **Tiles.** A program owns ``BLOCK_Q`` consecutive query rows of *one* request times
-  the query heads of *one* KV head (GQA): its ``BLOCK_M = BLOCK_Q * GP`` tile rows are
+  the query heads of *one* KV head (GQA): its ``BLOCK_M = max(BLOCK_Q * GP, 16)`` tile rows are
   (query, head-in-group) pairs, heads fastest (``GP``: the group size rounded up to a
   power of two). Every K/V tile is therefore read once for the whole group.
 * **Which request.** Request ``i`` owns the query blocks
@@ -38,7 +38,12 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   the tile's keys (zero outside ``0 <= d < extent``; ``rel_proj`` is small and stays
   in cache), and ``A @ B`` is the bias (fp32 accumulation, exact products for
   bf16/fp16 as in ``"band"``). The MMA is ``BLOCK_Q`` times deeper than the band's
-  and ``A`` stays in registers.
+  and ``A`` stays in registers. ``"row"`` (``block_q == 1``: a block holds one query
+  position, so every row of the tile has the same distance to a key): the bias tile
+  is the rows' ``r`` [BLOCK_M, DR] times the ``rel_proj`` columns at the tile's
+  distances, one MMA of depth ``DR`` and nothing gathered. Tiles keep at least 16
+  rows (``tl.dot``'s minimum on the GPU): with fewer ``BLOCK_Q`` x group rows the
+  rest are padding.
 * **Softmax.** Online (running max and sum) in fp32, base 2; ``tau(p)`` (log
   scaling) multiplies each row's fp32 scores and bias, never the bf16 ``q``.
 * **Split KV** (flash-decoding). With ``num_splits > 1`` a query block with many
@@ -78,7 +83,7 @@ __all__ = [
     "write_kv_triton",
 ]
 
-BIAS_MODES = ("band", "diag")
+BIAS_MODES = ("band", "diag", "row")
 #: the default tiling takes ``bias="diag"`` only up to this MMA depth (block_q x d_rel
 #: rounded up): deeper, the bias MMA outweighs the QK one (head dim 128)
 DIAG_MAX_DEPTH = 128
@@ -112,7 +117,7 @@ def _attend_tile(
     N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
+    BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
 ):
     """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
@@ -139,7 +144,17 @@ def _attend_tile(
     s = s * qk_coef[:, None]  # [BLOCK_M, BLOCK_N], log2 units
 
     if NEAR:
-        if BIAS_DIAG:
+        if BIAS_ROW:
+            # one query position per block: the tile's distances are p_first - j for
+            # every row, so the bias is r [BLOCK_M, DR] @ rel_proj[:, p_first - j]
+            offs_c = tl.arange(0, DR)
+            dcol = p_first - j
+            pm = (offs_c < D_REL)[:, None] & ((dcol >= 0) & (dcol < extent))[None, :]
+            pcols = tl.load(rp_ptr + offs_c[:, None] * stride_rpc + dcol[None, :] * stride_rpe,
+                            mask=pm, other=0.0)
+            bias = _mma(r_rows, pcols.to(r_rows.dtype), tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
+                        BAND_PREC, INTERPRET)
+        elif BIAS_DIAG:
             # r_rows is block-diagonal [BLOCK_M, BLOCK_Q * DR] (row of query qi holds its
             # r in columns qi * DR ..); B's block qi2 holds rel_proj's columns at the
             # distances of query qi2 to this tile's keys, so A @ B is the bias itself
@@ -162,7 +177,7 @@ def _attend_tile(
                              mask=pm, other=0.0)
             band = _mma(r_rows, pslice.to(r_rows.dtype), tl.zeros([BLOCK_M, BAND], tl.float32),
                         BAND_PREC, INTERPRET)  # [BLOCK_M, BAND]
-            qi = tl.arange(0, BLOCK_M) // GP
+            qi = tl.minimum(tl.arange(0, BLOCK_M) // GP, BLOCK_Q - 1)  # padding rows: any column
             idx = qi[:, None] + (BLOCK_N - 1) - offs_n[None, :]
             bias = tl.gather(band, idx, axis=1)
         s += bias * b_coef[:, None]
@@ -199,7 +214,7 @@ def _key_loop(
     N: tl.constexpr, BLOCK_Q: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BIAS_DIAG: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
+    BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
 ):
     """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
@@ -213,7 +228,7 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
             )
             t += 1
     else:
@@ -225,7 +240,7 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
             )
     return m_i, l_i, acc
 
@@ -246,7 +261,7 @@ def _rel_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEAR_BN: tl.constexpr,
     DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
-    BIAS_DIAG: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
+    BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
     MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -270,12 +285,14 @@ def _rel_attention_kernel(
         split = tl.program_id(2)
 
     # request of this query block: the largest i in [0, R] with
-    # query_start_loc[i] // BLOCK_Q + i <= pid_b (i == R: the pad rows)
+    # query_start_loc[i] // BLOCK_Q + i <= pid_b (i == R: the pad rows); with one row
+    # a block, blocks are rows and no request needs a spare block
+    SPARE: tl.constexpr = 1 if BLOCK_Q > 1 else 0
     lo = pid_b * 0
     hi = lo + num_reqs
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        first_block = tl.load(qsl_ptr + mid).to(tl.int32) // BLOCK_Q + mid
+        first_block = tl.load(qsl_ptr + mid).to(tl.int32) // BLOCK_Q + mid * SPARE
         go_up = first_block <= pid_b
         lo = tl.where(go_up, mid, lo)
         hi = tl.where(go_up, hi, mid - 1)
@@ -286,13 +303,13 @@ def _rel_attention_kernel(
     q_end = tl.load(qsl_ptr + req + 1, mask=is_req, other=num_rows).to(tl.int32)
     seq_len = tl.load(sl_ptr + req, mask=is_req, other=0).to(tl.int32)
     ctx = seq_len - (q_end - q_start)
-    row0 = q_start + (pid_b - (q_start // BLOCK_Q + req)) * BLOCK_Q
+    row0 = q_start + (pid_b - (q_start // BLOCK_Q + req * SPARE)) * BLOCK_Q
 
     offs_m = tl.arange(0, BLOCK_M)
     qi = offs_m // GP
     hg = offs_m % GP
     rows = row0 + qi
-    row_ok = (rows < q_end) & (hg < GROUP)
+    row_ok = (rows < q_end) & (hg < GROUP) & (qi < BLOCK_Q)  # tile rows past BLOCK_Q: padding
     rows64 = rows.to(tl.int64)
     heads = kvh * GROUP + hg
     p_row = ctx + (rows - q_start)
@@ -370,7 +387,7 @@ def _rel_attention_kernel(
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
         stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
+        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
     )
     # near tiles in steps of NEAR_BN keys (a narrower bias band: fewer registers)
     m_i, l_i, acc = _key_loop(
@@ -380,7 +397,7 @@ def _rel_attention_kernel(
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
         stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_DIAG, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
+        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
     )
 
     has = l_i > 0.0
@@ -399,7 +416,7 @@ def _rel_attention_kernel(
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask & direct[:, None])
         # how many splits the combine merges for these rows (1: none, out is final)
         tl.store(nsp_ptr + rows64, used_m,
-                 mask=(rows < q_end) & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
+                 mask=(rows < q_end) & (hg == 0) & (qi < BLOCK_Q) & (split_m == 0) & ((kvh + rows * 0) == 0))
         # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
         part = row_ok & (split_m < used_m) & (used_m > 1)
         slot = (split.to(tl.int64) * num_rows + rows64) * NUM_Q_HEADS + heads
@@ -504,7 +521,10 @@ class RelAttentionConfig:
     tile, then a gather of each score's distance), ``"diag"`` (one MMA per tile: the
     rows' ``r`` as a block-diagonal matrix [tile rows, block_q * d_rel'] times the
     tile's ``rel_proj`` columns, d_rel' = d_rel rounded up to a power of two >= 16;
-    no gather, the MMA depth and the registers holding ``r`` grow with ``block_q``);
+    no gather, the MMA depth and the registers holding ``r`` grow with ``block_q``),
+    ``"row"`` (``block_q`` 1 only: every row of a tile at one position, so the bias
+    tile is the rows' ``r`` times the tile's ``rel_proj`` columns, one MMA of depth
+    d_rel', no gather);
     a query block splits only into as many
     splits as give each at least ``min_split_tiles`` key tiles (one split: it writes
     its output directly). Tiles that need the bias or a mask (the last ``extent``
@@ -555,6 +575,9 @@ class RelAttentionConfig:
                 raise ValueError(f"RelAttentionConfig.{name} must be a power of two, got {value}")
         if self.bias not in BIAS_MODES:
             raise ValueError(f"RelAttentionConfig.bias must be one of {BIAS_MODES}, got {self.bias!r}")
+        if self.bias == "row" and self.block_q != 1:
+            raise ValueError(f"RelAttentionConfig(bias='row') needs block_q=1 (one query position a tile), "
+                             f"got block_q={self.block_q}")
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"RelAttentionConfig.num_stages must be an int >= 1, got {self.num_stages!r}")
 
@@ -801,17 +824,16 @@ def paged_rel_attention_triton(
     group = prob.num_q_heads // prob.num_kv_heads
     gp = _next_pow2(group)
     block_q, block_n, splits = config.block_q, config.block_n, config.num_splits
-    block_m = block_q * gp
+    # tile rows: block_q x the group's heads, padded to 16 (tl.dot's minimum on the GPU)
+    block_m = max(block_q * gp, 16)
     near_bn = config.near_block_n or block_n
-    if dev.type != "cpu" and min(block_m, block_n, near_bn) < 16:
-        raise ValueError(
-            f"on the GPU, block_q * group rows ({block_m}), block_n ({block_n}) and near_block_n "
-            f"({near_bn}) must be >= 16 (tl.dot)")
+    if dev.type != "cpu" and min(block_n, near_bn) < 16:
+        raise ValueError(f"on the GPU, block_n ({block_n}) and near_block_n ({near_bn}) must be >= 16 (tl.dot)")
     dp = max(16, _next_pow2(prob.head_dim))
     dr = max(16, _next_pow2(prob.d_rel))
     band = max(16, _next_pow2(block_q + near_bn - 1))
 
-    use_diag = config.bias == "diag"
+    use_diag, use_row = config.bias == "diag", config.bias == "row"
     if q.dtype == torch.float32:
         dot_prec = "ieee"
     else:
@@ -820,7 +842,7 @@ def paged_rel_attention_triton(
         band_prec = "tf32"  # 16-bit x 16-bit products are exact in fp32: any precision
     else:
         band_prec = "ieee"
-    num_blocks = -(-t_rows // block_q) + prob.num_reqs
+    num_blocks = -(-t_rows // block_q) + (prob.num_reqs if block_q > 1 else 0)
     if splits > 1:
         ws = torch.empty((splits, t_rows, prob.num_q_heads, dp), dtype=torch.float32, device=dev)
         wml = torch.empty((splits, t_rows, prob.num_q_heads, 2), dtype=torch.float32, device=dev)
@@ -852,7 +874,7 @@ def paged_rel_attention_triton(
         NUM_Q_HEADS=prob.num_q_heads, GROUP=group, GP=gp, N=prob.block_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
         DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
-        LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, NUM_SPLITS=splits,
+        LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, BIAS_ROW=use_row, NUM_SPLITS=splits,
         FLAT=config.flat_grid and splits > 1,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost,
         INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
