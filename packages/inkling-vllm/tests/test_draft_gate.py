@@ -4,6 +4,7 @@ model of its window; the engine-level checks are in tests/e2e/test_mtp.py."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -178,3 +179,40 @@ def test_a_bad_threshold_is_refused_while_vllm_reads_the_speculative_config(monk
     assert mtp_draft_config(Other()) is not None
     monkeypatch.setenv(draft_gate.MIN_ACCEPTANCE_ENV, "0.5")
     assert mtp_draft_config(InklingTextConfig(num_mtp_layers=1, mtp_local_layer_ids=[0])).num_nextn_predict_layers == 1
+
+
+def _engine(mode_name: str | None, method: str = "mtp") -> tuple[Any, Any]:
+    """A just-built scheduler (k = 2, vLLM's fixed schedule) and the vllm_config of an
+    engine drafting with the Inkling MTP head under ``mode_name``."""
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+
+    from inkling_vllm.drafting import MTP_ARCHITECTURE
+
+    draft = SimpleNamespace(hf_config=SimpleNamespace(architectures=[MTP_ARCHITECTURE]))
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(method=method, draft_model_config=draft),
+        compilation_config=SimpleNamespace(cudagraph_mode=None if mode_name is None else CUDAGraphMode[mode_name]))
+    sched = SimpleNamespace(num_spec_tokens=2, dynamic_sd_lookup=None, scheduler_config=SimpleNamespace(max_num_seqs=4))
+    return sched, config
+
+
+@pytest.mark.parametrize(("mode", "gated"), [("FULL_AND_PIECEWISE", True), ("PIECEWISE", True), ("FULL", True),
+                                             ("NONE", True), (None, True), ("FULL_DECODE_ONLY", False)])
+def test_no_gate_where_steps_without_drafts_lose_their_graphs(mode: str | None, gated: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``FULL_DECODE_ONLY`` a step without drafts (one row a request, not vLLM's
+    uniform 1 + k) has no graph and runs eagerly, slower than drafting: no gate there;
+    every other mode keeps one (its paused steps replay piecewise or full graphs, or
+    nothing runs in graphs)."""
+    monkeypatch.delenv(draft_gate.MIN_ACCEPTANCE_ENV, raising=False)
+    sched, config = _engine(mode)
+    gate = draft_gate.gate_for(sched, config)
+    assert (gate is not None) == gated
+    if gated:
+        assert isinstance(gate, DraftGate) and list(gate) == [2] * 5
+    monkeypatch.setenv(draft_gate.MIN_ACCEPTANCE_ENV, "0")
+    assert draft_gate.gate_for(sched, config) is None
+    monkeypatch.delenv(draft_gate.MIN_ACCEPTANCE_ENV)
+    assert draft_gate.gate_for(*_engine(mode, method="ngram")) is None

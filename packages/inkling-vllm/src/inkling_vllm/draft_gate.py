@@ -18,6 +18,13 @@ step. Greedy and sampled outputs are unchanged: only how many tokens are drafted
 
 ``INKLING_MTP_MIN_ACCEPTANCE`` sets the threshold (default
 :data:`DEFAULT_MIN_ACCEPTANCE`; ``0`` keeps vLLM's behaviour, drafting at every step).
+
+A step given 0 drafts verifies one row per request, not the ``1 + k`` of vLLM's
+uniform decode batches, so it replays no full CUDA graph: under ``FULL_AND_PIECEWISE``
+it replays piecewise graphs, under ``FULL_DECODE_ONLY`` it runs eagerly. The latter
+took 3-6x the step time of drafting at every step on an H200 (16 released-width
+layers, acceptance 0, decode of 1 and 64 requests), so engines in that mode get no gate
+(:func:`paused_steps_lose_graphs`).
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ __all__ = [
     "DEFAULT_MIN_ACCEPTANCE",
     "MIN_ACCEPTANCE_ENV",
     "DraftGate",
+    "gate_for",
     "install_draft_gate_hook",
     "min_acceptance",
+    "paused_steps_lose_graphs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -43,7 +52,7 @@ logger = logging.getLogger(__name__)
 MIN_ACCEPTANCE_ENV = "INKLING_MTP_MIN_ACCEPTANCE"
 #: Below this share of accepted drafts the gate stops drafting. A step with k drafts
 #: costs the drafter's k forwards and k more verification rows per request (one draft
-#: a step at acceptance 0 cost 10-31 % of the decode throughput at 16 released-width
+#: a step at acceptance 0 cost 10-34 % of the decode throughput at 16 released-width
 #: layers on an H200, more at fewer layers), which a quarter of the drafts accepted
 #: about pays for; a working head (0.7-0.9 accepted) stays far above it.
 DEFAULT_MIN_ACCEPTANCE = 0.25
@@ -154,10 +163,41 @@ class DraftGate(Sequence[int]):
 
 
 # --- vLLM side ---------------------------------------------------------------------
+def paused_steps_lose_graphs(cudagraph_mode: Any) -> bool:
+    """Whether a step without drafts would run without CUDA graphs in an engine whose
+    mode is ``cudagraph_mode`` (vLLM's ``CUDAGraphMode``): full graphs for uniform
+    decode batches and none for others (``FULL_DECODE_ONLY``)."""
+    decode_mode, mixed_mode = getattr(cudagraph_mode, "decode_mode", None), getattr(cudagraph_mode, "mixed_mode", None)
+    if decode_mode is None or mixed_mode is None:
+        return False
+    return decode_mode().name == "FULL" and mixed_mode().name == "NONE"
+
+
+def gate_for(scheduler: Any, vllm_config: Any) -> DraftGate | None:
+    """The :class:`DraftGate` a just-built vLLM scheduler should read, or None: no
+    drafts, a threshold of 0, another drafter, or an engine whose steps without
+    drafts would lose their CUDA graphs (:func:`paused_steps_lose_graphs`)."""
+    from .drafting import uses_inkling_mtp
+
+    threshold = min_acceptance()
+    k = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+    if k <= 0 or threshold <= 0.0 or not uses_inkling_mtp(vllm_config):
+        return None
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    if paused_steps_lose_graphs(mode):
+        logger.info("inkling-vllm: MTP draft gate off under cudagraph_mode=%s: a step without drafts would run "
+                    "without CUDA graphs; drafting at every step", getattr(mode, "name", mode))
+        return None
+    schedule = scheduler.dynamic_sd_lookup
+    if schedule is None:  # the same count at every batch size
+        schedule = [k] * (int(scheduler.scheduler_config.max_num_seqs) + 1)
+    return DraftGate(schedule, threshold)
+
+
 def install_draft_gate_hook() -> bool:
     """Give vLLM's scheduler a :class:`DraftGate` in engines that draft with the Inkling
     MTP head (idempotent; the threshold from :func:`min_acceptance`, read when an
-    engine's scheduler is built; 0 installs no gate). Returns False where the
+    engine's scheduler is built; 0 installs no gate; see :func:`gate_for`). Returns False where the
     scheduler has no such hook point (another vLLM version)."""
     try:
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -172,16 +212,9 @@ def install_draft_gate_hook() -> bool:
     @functools.wraps(init)
     def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         init(self, vllm_config, *args, **kwargs)
-        from .drafting import uses_inkling_mtp
-
-        threshold = min_acceptance()
-        k = int(getattr(self, "num_spec_tokens", 0) or 0)
-        if k <= 0 or threshold <= 0.0 or not uses_inkling_mtp(vllm_config):
-            return
-        schedule = self.dynamic_sd_lookup
-        if schedule is None:  # the same count at every batch size
-            schedule = [k] * (int(self.scheduler_config.max_num_seqs) + 1)
-        self.dynamic_sd_lookup = DraftGate(schedule, threshold)
+        gate = gate_for(self, vllm_config)
+        if gate is not None:
+            self.dynamic_sd_lookup = gate
 
     @functools.wraps(stats)
     def make_spec_decoding_stats(self: Any, spec_decoding_stats: Any, num_draft_tokens: int,
