@@ -43,7 +43,6 @@ pytest.importorskip("numpy")  # Triton's interpreter
 CHILD = "_INKLING_PEER_CONV_CHILD"
 
 
-
 def test_the_peer_comparison_passes_under_the_interpreter():
     env = dict(os.environ, **{CHILD: "1", "TRITON_INTERPRET": "1"})
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],

@@ -416,7 +416,7 @@ def _rel_attention_kernel(
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask & direct[:, None])
         # how many splits the combine merges for these rows (1: none, out is final)
         tl.store(nsp_ptr + rows64, used_m,
-                 mask=(rows < q_end) & (hg == 0) & (qi < BLOCK_Q) & (split_m == 0) & ((kvh + rows * 0) == 0))
+                 mask=row_ok & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
         # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
         part = row_ok & (split_m < used_m) & (used_m > 1)
         slot = (split.to(tl.int64) * num_rows + rows64) * NUM_Q_HEADS + heads
