@@ -103,6 +103,7 @@ FULL = Sizes(
         ("decode 1, ATTN", "ATTN", [(_hist(0), 1)]),
         ("decode 64, ATTN", "ATTN", [(_hist(i), 1) for i in range(64)]),
         ("decode 256, K", "K", [(_hist(i), 1) for i in range(256)]),
+        ("decode 256, K, one step", "K", [(_hist(i), 1) for i in range(256)]),
         ("decode 256, ATTN", "ATTN", [(_hist(i), 1) for i in range(256)]),
         ("decode 256, ATTN tp8", "ATTN tp8", [(_hist(i), 1) for i in range(256)]),
         ("spec 64x4, ATTN", "ATTN", [(_hist(i), 4) for i in range(64)]),
@@ -146,6 +147,7 @@ SMOKE = Sizes(
     steps=_STEPS_SMOKE,
     sconv_steps=[
         ("decode 3, ATTN", "ATTN", [(_small_hist(i), 1) for i in range(3)]),
+        ("decode 3, K, one step", "K", [(_small_hist(i), 1) for i in range(3)]),
         ("chunked 12 after 9, K", "K", [(9, 12)]),
         ("mixed 3+10, ATTN", "ATTN", [(_small_hist(i), 1) for i in range(3)] + [(0, 10)]),
     ],
@@ -313,26 +315,35 @@ def _peer_conv(env: Env, x: torch.Tensor, w: torch.Tensor, cache: torch.Tensor, 
 # ----------------------------------------------------------------------------- fused_sconv
 
 
-def _sconv(stream: str, requests: list[tuple[int, int]]) -> Callable[[Env], Prepared]:
+def _sconv(stream: str, requests: list[tuple[int, int]], one_step: bool = False) -> Callable[[Env], Prepared]:
+    """``one_step``: every input set is another layer of the same step (its own cache and
+    x, one metadata shared by all), as a step's launches share its metadata in L2."""
+
     def prepare(env: Env) -> Prepared:
         heads, d, off, width = env.sizes.streams[stream]
         c, e = heads * width, env.sizes.dtype.itemsize
         t = _rows(requests)
         nbytes = 3 * t * c * e + c * W * 4 + _taps(requests) * c * e  # x, slot, out, weights, taps
-        num_blocks, steps = build_steps(env, requests, env.num_sets(nbytes))
-        cache = env.randn(num_blocks, heads, N, d)
+        sets = env.num_sets(nbytes)
+        num_blocks, steps = build_steps(env, requests, 1 if one_step else sets)
+        if one_step:
+            steps = steps * sets
+            caches = [env.randn(num_blocks, heads, N, d) for _ in steps]
+        else:
+            caches = [env.randn(num_blocks, heads, N, d)] * sets
         weight = env.randn(c, W, dtype=torch.float32, scale=0.5)
         xs = [env.randn(t, c) for _ in steps]
-        c_ref, c_ours = cache.clone(), cache.clone()
+        c_ref, c_ours = caches[0].clone(), caches[0].clone()
         want = fused_sconv_ref(xs[0], weight, c_ref, steps[0].batch, off, width)
         got = fused_sconv(xs[0], weight, c_ours, steps[0].mapped, off, width)
         _close(env, "out", got, want)
         _same("cache", c_ours, c_ref)
-        prep = Prepared([lambda x=x, s=s: fused_sconv(x, weight, cache, s.mapped, off, width)
-                         for x, s in zip(xs, steps)], nbytes)
+        sets_ = list(zip(xs, steps, caches))
+        prep = Prepared([lambda x=x, s=s, k=k: fused_sconv(x, weight, k, s.mapped, off, width)
+                         for x, s, k in sets_], nbytes)
         if env.peer is not None:
-            prep.peer["vLLM fused_sconv"] = [lambda x=x, s=s: _peer_conv(env, x, weight, cache, s, off, width)
-                                             for x, s in zip(xs, steps)]
+            prep.peer["vLLM fused_sconv"] = [lambda x=x, s=s, k=k: _peer_conv(env, x, weight, k, s, off, width)
+                                             for x, s, k in sets_]
         return prep
 
     return prepare
@@ -830,7 +841,7 @@ def _sdpa(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor, mix: list[tu
 
 def registry(sizes: Sizes) -> list[Case]:
     """Every case of a size set, in the order they run."""
-    cases = [Case(f"sconv {name}", "sconv", "vLLM fused_sconv", _sconv(stream, reqs))
+    cases = [Case(f"sconv {name}", "sconv", "vLLM fused_sconv", _sconv(stream, reqs, name.endswith("one step")))
              for name, stream, reqs in sizes.sconv_steps]
     cases += [Case(f"sconv_seq_metadata {name}", "sconv_seq_metadata", "vLLM sconv_seq_metadata",
                    _metadata(lens, pad)) for name, lens, pad in sizes.metadata_steps]

@@ -269,6 +269,28 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         fields=("max_concurrent_batches", "num_speculative_tokens", "num_lookahead_tokens", "speculative_config"),
     ),
     ApiItem("vllm.config", "SpeculativeConfig", fields=("method",)),
+    # full graphs for one-row decode steps (inkling_vllm.one_row_graphs)
+    ApiItem(
+        "vllm.v1.cudagraph_dispatcher",
+        "CudagraphDispatcher",
+        params=("self", "num_tokens", "uniform_decode", "has_lora", "num_active_loras"),
+        method="_create_padded_batch_descriptor",
+        fields=("get_capture_descs", "dispatch"),
+    ),
+    ApiItem(
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        params=("self", "num_tokens", "num_reqs", "num_scheduled_tokens_np", "max_num_scheduled_tokens",
+                "force_uniform_decode"),
+        method="_determine_batch_execution_and_padding",
+        fields=("_capture_cudagraphs", "capture_model"),
+    ),
+    ApiItem(
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        params=("self", "batch_descriptors", "cudagraph_runtime_mode"),
+        method="_capture_cudagraphs",
+    ),
     ApiItem(
         "vllm.v1.kv_cache_spec_registry",
         "KVCacheSpecRegistry",

@@ -20,11 +20,13 @@ step. Greedy and sampled outputs are unchanged: only how many tokens are drafted
 :data:`DEFAULT_MIN_ACCEPTANCE`; ``0`` keeps vLLM's behaviour, drafting at every step).
 
 A step given 0 drafts verifies one row per request, not the ``1 + k`` of vLLM's
-uniform decode batches, so it replays no full CUDA graph: under ``FULL_AND_PIECEWISE``
-it replays piecewise graphs, under ``FULL_DECODE_ONLY`` it runs eagerly. The latter
-took 3-6x the step time of drafting at every step on an H200 (16 released-width
-layers, acceptance 0, decode of 1 and 64 requests), so engines in that mode get no gate
-(:func:`paused_steps_lose_graphs`).
+uniform decode batches, for which vLLM captures no full CUDA graph: under
+``FULL_AND_PIECEWISE`` it would replay piecewise graphs, under ``FULL_DECODE_ONLY`` run
+eagerly (3-6x the step time of drafting at every step on an H200: 16 released-width
+layers, acceptance 0, decode of 1 and 64 requests). Gated engines therefore capture
+full graphs for one-row decode batches too (:mod:`inkling_vllm.one_row_graphs`); an
+engine that cannot (:func:`~inkling_vllm.one_row_graphs.one_row_graphs_wanted`) gets no
+gate under ``FULL_DECODE_ONLY`` (:func:`paused_steps_lose_graphs`).
 """
 
 from __future__ import annotations
@@ -176,15 +178,18 @@ def paused_steps_lose_graphs(cudagraph_mode: Any) -> bool:
 def gate_for(scheduler: Any, vllm_config: Any) -> DraftGate | None:
     """The :class:`DraftGate` a just-built vLLM scheduler should read, or None: no
     drafts, a threshold of 0, another drafter, or an engine whose steps without
-    drafts would lose their CUDA graphs (:func:`paused_steps_lose_graphs`)."""
+    drafts would lose their CUDA graphs (:func:`paused_steps_lose_graphs`, unless its
+    runner captures one-row graphs for them:
+    :func:`~inkling_vllm.one_row_graphs.one_row_graphs_wanted`)."""
     from .drafting import uses_inkling_mtp
+    from .one_row_graphs import one_row_graphs_wanted
 
     threshold = min_acceptance()
     k = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
     if k <= 0 or threshold <= 0.0 or not uses_inkling_mtp(vllm_config):
         return None
     mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
-    if paused_steps_lose_graphs(mode):
+    if paused_steps_lose_graphs(mode) and not one_row_graphs_wanted(vllm_config):
         logger.info("inkling-vllm: MTP draft gate off under cudagraph_mode=%s: a step without drafts would run "
                     "without CUDA graphs; drafting at every step", getattr(mode, "name", mode))
         return None

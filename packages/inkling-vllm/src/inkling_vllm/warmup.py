@@ -490,8 +490,9 @@ def jit_warmup_enabled(runner: Any) -> bool:
 
 
 def install_warmup_hook() -> bool:
-    """Make vLLM's GPU worker run :func:`warm_up_kernels` after its own kernel warm-up
-    (idempotent). Returns False where the worker module or its hook point is missing
+    """Make vLLM's GPU worker run :func:`warm_up_kernels` after its own kernel warm-up,
+    then, before it captures its CUDA graphs,
+    :func:`inkling_vllm.one_row_graphs.install_one_row_graphs` (idempotent). Returns False where the worker module or its hook point is missing
     (CPU builds, other vLLM versions): the engine then serves without it."""
     try:
         from vllm.v1.worker import gpu_worker
@@ -507,6 +508,9 @@ def install_warmup_hook() -> bool:
     def kernel_warmup(worker: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(worker, *args, **kwargs)
         warm_up_kernels(worker.model_runner)
+        from .one_row_graphs import install_one_row_graphs
+
+        install_one_row_graphs(worker.model_runner)  # (before the worker captures its graphs)
         return result
 
     kernel_warmup._inkling_warmup = True  # type: ignore[attr-defined]
