@@ -103,7 +103,7 @@ FULL = Sizes(
         ("decode 1, ATTN", "ATTN", [(_hist(0), 1)]),
         ("decode 64, ATTN", "ATTN", [(_hist(i), 1) for i in range(64)]),
         ("decode 256, K", "K", [(_hist(i), 1) for i in range(256)]),
-        ("decode 256, K, one step", "K", [(_hist(i), 1) for i in range(256)]),
+        ("one-step decode 256, K", "K", [(_hist(i), 1) for i in range(256)]),
         ("decode 256, ATTN", "ATTN", [(_hist(i), 1) for i in range(256)]),
         ("decode 256, ATTN tp8", "ATTN tp8", [(_hist(i), 1) for i in range(256)]),
         ("spec 64x4, ATTN", "ATTN", [(_hist(i), 4) for i in range(64)]),
@@ -147,7 +147,7 @@ SMOKE = Sizes(
     steps=_STEPS_SMOKE,
     sconv_steps=[
         ("decode 3, ATTN", "ATTN", [(_small_hist(i), 1) for i in range(3)]),
-        ("decode 3, K, one step", "K", [(_small_hist(i), 1) for i in range(3)]),
+        ("one-step decode 3, K", "K", [(_small_hist(i), 1) for i in range(3)]),
         ("chunked 12 after 9, K", "K", [(9, 12)]),
         ("mixed 3+10, ATTN", "ATTN", [(_small_hist(i), 1) for i in range(3)] + [(0, 10)]),
     ],
@@ -841,7 +841,7 @@ def _sdpa(page: torch.Tensor, table: torch.Tensor, q: torch.Tensor, mix: list[tu
 
 def registry(sizes: Sizes) -> list[Case]:
     """Every case of a size set, in the order they run."""
-    cases = [Case(f"sconv {name}", "sconv", "vLLM fused_sconv", _sconv(stream, reqs, name.endswith("one step")))
+    cases = [Case(f"sconv {name}", "sconv", "vLLM fused_sconv", _sconv(stream, reqs, name.startswith("one-step")))
              for name, stream, reqs in sizes.sconv_steps]
     cases += [Case(f"sconv_seq_metadata {name}", "sconv_seq_metadata", "vLLM sconv_seq_metadata",
                    _metadata(lens, pad)) for name, lens, pad in sizes.metadata_steps]

@@ -139,6 +139,9 @@ ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], list[str]]] = {
     # the checkpoint's own MTP head drafting (a checkpoint with one: tiny variants
     # "mtp", random, and "mtp-predictive", mostly accepted)
     "mtp": (mtp_drafts(3), {}, ["batched", *_MTP_SCENARIOS]),
+    # full graphs for uniform decode steps only: a step the gate gives no drafts replays
+    # one of the one-row full graphs (inkling_vllm.one_row_graphs)
+    "mtp-decode": ({**mtp_drafts(3), **_DECODE_GRAPHS}, {}, ["batched", *_MTP_SCENARIOS]),
     "mtp-k1": (mtp_drafts(1), {}, _MTP_SCENARIOS),
     "mtp-k2": (mtp_drafts(2), {}, _MTP_SCENARIOS),
     "mtp-eager": ({**mtp_drafts(3), "enforce_eager": True}, {}, _MTP_SCENARIOS),
