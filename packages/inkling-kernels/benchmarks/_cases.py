@@ -610,6 +610,16 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env
         if tp > 1 and env.compile_norm:  # the norm of the gathered rows: torch.compile'd
             prep.ours_alt["compiled norm"] = [lambda i=i, s=s: ours(i, s.mapped, cache, _compiled_rms())
                                               for i, s in enumerate(lw.steps)]
+        if tp > 1:  # the model's path: the norm reads the pieces an all-gather along dim 0 leaves
+            pieces = [env.randn(tp, _rows(requests), int(lw.layout.hidden_shard)) for _ in lw.steps]
+            _close(env, "normed (pieces)", gathered_rms_norm(pieces[0], lw.nw_attn, EPS),
+                   gathered_rms_norm_ref(pieces[0], lw.nw_attn, EPS))
+
+            def of_pieces(i: int) -> Callable[..., Any]:
+                return lambda _rows, nw, eps: gathered_rms_norm(pieces[i], nw, eps)
+
+            prep.ours_alt["gathered_rms_norm"] = [lambda i=i, s=s: ours(i, s.mapped, cache, of_pieces(i))
+                                                  for i, s in enumerate(lw.steps)]
         if env.peer is not None:
             def peer(i: int, fn: Callable[..., Any]) -> Any:
                 out = _peer_kv(env, lw, i, cache)
