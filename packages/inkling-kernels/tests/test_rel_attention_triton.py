@@ -482,7 +482,8 @@ def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.Mon
     """The GPU's decode tiling on a device of 132 SMs (checked without a GPU): a few
     long requests fill exactly one wave of 3 register-capped programs on
     every SM (1 x 8 KV heads: 49 splits) with launch overlap; 2048 programs or more
-    on a global layer 2 warps, on a sliding layer 4 below 4096."""
+    on a global layer 2 warps, on a sliding layer 4 below 4096; a sliding layer's
+    one-row decode takes one row a tile with the one-distance bias."""
     import dataclasses
 
     monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
@@ -500,7 +501,12 @@ def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.Mon
     sliding = dataclasses.replace(_problem(256, 256, 8), window=512, extent=512)
     assert choose_rel_attention_config(sliding, cuda, 8192).num_warps == 4
     sliding16 = dataclasses.replace(_problem(256, 256, 16), window=512, extent=512)  # 4096 programs
-    assert choose_rel_attention_config(sliding16, cuda, 8192).num_warps == 2
+    cfg = choose_rel_attention_config(sliding16, cuda, 8192)
+    assert (cfg.num_warps, cfg.block_q, cfg.bias, cfg.block_n) == (2, 1, "row", 64), cfg
+    # one row a request on a sliding layer only: verification rows and global layers keep the band
+    verify = dataclasses.replace(_problem(256, 64, 16), window=512, extent=512)
+    assert choose_rel_attention_config(verify, cuda, 8192).bias == "band"
+    assert choose_rel_attention_config(_problem(256, 256, 16), cuda, 8192).bias == "band"
     cpu = choose_rel_attention_config(_problem(1, 1, 8), torch.device("cpu"), 32768)
     assert (cpu.pdl, cpu.max_registers) == (False, None), cpu
 

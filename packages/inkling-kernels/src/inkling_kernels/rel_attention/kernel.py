@@ -717,6 +717,8 @@ def choose_rel_attention_config(
         # one query block per request when its rows fit in 64 tile rows (K/V read once)
         per_req = _next_pow2(-(-t // reqs))
         block_q = max(max(1, 16 // gp), min(per_req, max(1, 64 // gp)))
+        if problem.window is not None and t == reqs:
+            block_q = 1  # one row a request on a sliding layer: the one-distance bias (below)
         block_n, warps, stages = 64, 2, 2
         target = 8 * _num_sms(device)
         decode = True
@@ -744,7 +746,12 @@ def choose_rel_attention_config(
     # batches, the band (deeper, the diag MMA outweighs the gather it saves).
     # The interpreter follows the same rule, so CPU runs take the GPU's code paths.
     near_bn = None
-    if t <= 8 * reqs or block_q * max(16, _next_pow2(problem.d_rel)) > DIAG_MAX_DEPTH:
+    if decode and problem.window is not None and t == reqs:
+        # Every key tile of a sliding layer's decode is near: one query row a tile takes
+        # the bias as one MMA at a single distance per key, no band gather (H100, 256
+        # requests x 8k, window 512: 1.17x the band's speed, 0.94 of copy)
+        bias = "row"
+    elif t <= 8 * reqs or block_q * max(16, _next_pow2(problem.d_rel)) > DIAG_MAX_DEPTH:
         bias = "band"
         if not decode and device.type != "cpu" and block_n >= 32:
             near_bn = block_n // 2  # band tiles: half the keys (a narrower band to gather)
