@@ -203,9 +203,10 @@ def _engine(mode_name: str | None, method: str = "mtp") -> tuple[Any, Any]:
 def test_no_gate_where_steps_without_drafts_lose_their_graphs(mode: str | None, gated: bool,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``FULL_DECODE_ONLY`` a step without drafts (one row a request, not vLLM's
-    uniform 1 + k) has no graph and runs eagerly, slower than drafting: no gate there;
-    every other mode keeps one (its paused steps replay piecewise or full graphs, or
-    nothing runs in graphs)."""
+    uniform 1 + k) would run eagerly, slower than drafting: no gate there unless the
+    runner captures one-row graphs (tests/test_one_row_graphs.py; this engine's
+    speculative config names no draft count, so it does not); every other mode keeps one
+    (its paused steps replay piecewise or full graphs, or nothing runs in graphs)."""
     monkeypatch.delenv(draft_gate.MIN_ACCEPTANCE_ENV, raising=False)
     sched, config = _engine(mode)
     gate = draft_gate.gate_for(sched, config)
