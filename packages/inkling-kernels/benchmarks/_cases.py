@@ -338,12 +338,12 @@ def _sconv(stream: str, requests: list[tuple[int, int]], one_step: bool = False)
         got = fused_sconv(xs[0], weight, c_ours, steps[0].mapped, off, width)
         _close(env, "out", got, want)
         _same("cache", c_ours, c_ref)
-        sets_ = list(zip(xs, steps, caches))
+        launch_sets = list(zip(xs, steps, caches))
         prep = Prepared([lambda x=x, s=s, k=k: fused_sconv(x, weight, k, s.mapped, off, width)
-                         for x, s, k in sets_], nbytes)
+                         for x, s, k in launch_sets], nbytes)
         if env.peer is not None:
             prep.peer["vLLM fused_sconv"] = [lambda x=x, s=s, k=k: _peer_conv(env, x, weight, k, s, off, width)
-                                             for x, s, k in sets_]
+                                             for x, s, k in launch_sets]
         return prep
 
     return prepare

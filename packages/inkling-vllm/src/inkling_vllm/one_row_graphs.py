@@ -95,7 +95,6 @@ def install_one_row_graphs(runner: Any) -> int:
     sizes = [x for x in dispatcher.compilation_config.cudagraph_capture_sizes or [] if x <= max_reqs]
     with _one_row(runner, frozenset()):
         keys = frozenset(dispatcher._create_padded_batch_descriptor(x, True, False, 0) for x in sizes)
-    keys = frozenset(k for k in keys if k.num_reqs == k.num_tokens)  # (none other in practice)
     runner._inkling_one_row_keys = keys
     if not keys:
         return 0

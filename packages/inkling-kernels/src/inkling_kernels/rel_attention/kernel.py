@@ -709,7 +709,7 @@ def choose_rel_attention_config(
     knows it) caps the key splits so that each split keeps a few tiles."""
     t, reqs, hkv = problem.num_rows, max(problem.num_reqs, 1), problem.num_kv_heads
     gp = _next_pow2(problem.num_q_heads // hkv)
-    decode = False
+    decode = one_row_window = False
     if device.type == "cpu":  # interpreter: its cost is per program and per op, so few, large tiles
         block_q, block_n, warps, stages = max(1, 64 // gp), 64, 4, 1
         target = 4
@@ -717,7 +717,8 @@ def choose_rel_attention_config(
         # one query block per request when its rows fit in 64 tile rows (K/V read once)
         per_req = _next_pow2(-(-t // reqs))
         block_q = max(max(1, 16 // gp), min(per_req, max(1, 64 // gp)))
-        if problem.window is not None and t == reqs:
+        one_row_window = problem.window is not None and t == reqs
+        if one_row_window:
             block_q = 1  # one row a request on a sliding layer: the one-distance bias (below)
         block_n, warps, stages = 64, 2, 2
         target = 8 * _num_sms(device)
@@ -746,7 +747,7 @@ def choose_rel_attention_config(
     # batches, the band (deeper, the diag MMA outweighs the gather it saves).
     # The interpreter follows the same rule, so CPU runs take the GPU's code paths.
     near_bn = None
-    if decode and problem.window is not None and t == reqs:
+    if one_row_window:
         # Every key tile of a sliding layer's decode is near: one query row a tile takes
         # the bias as one MMA at a single distance per key, no band gather (H100, 256
         # requests x 8k, window 512: 1.17x the band's speed, 0.94 of copy)
