@@ -269,6 +269,13 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         fields=("max_concurrent_batches", "num_speculative_tokens", "num_lookahead_tokens", "speculative_config"),
     ),
     ApiItem("vllm.config", "SpeculativeConfig", fields=("method",)),
+    # the draft model's eager kernels in compiled engines (inkling_vllm.mtp)
+    ApiItem("vllm.model_executor.custom_op", "CustomOp", params=("self", "enforce_enable", "compile_native"),
+            method="__init__", fields=("enabled", "forward_native")),
+    ApiItem("vllm.model_executor.custom_op", "CustomOp", params=("self", "compile_native"), method="dispatch_forward"),
+    ApiItem("vllm.config.kernel", "IrOpPriorityConfig", fields=("set_priority",)),
+    ApiItem("vllm.config", "VllmConfig", fields=("kernel_config", "compilation_config")),
+    ApiItem("vllm.platforms.interface", "Platform", params=("vllm_config",), method="get_default_ir_op_priority"),
     # full graphs for one-row decode steps (inkling_vllm.one_row_graphs)
     ApiItem(
         "vllm.v1.cudagraph_dispatcher",

@@ -30,6 +30,7 @@ the hooks into vLLM) is :mod:`inkling_vllm.drafting`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,7 +62,9 @@ from .model import (
     served_spec,
 )
 
-__all__ = ["MTP_ARCHITECTURE", "InklingMTP", "InklingMTPDepth"]
+__all__ = ["MTP_ARCHITECTURE", "InklingMTP", "InklingMTPDepth", "eager_ir_priority", "use_fused_custom_ops"]
+
+logger = logging.getLogger(__name__)
 
 
 # --- the draft model ---------------------------------------------------------------
@@ -120,6 +123,11 @@ class InklingMTP(nn.Module):
     spec_step_idx=0)``: ``hidden_states`` ``[T, H]`` the previous hidden state of each
     row (the target's for the first draft step), ``input_ids`` ``[T]`` the next tokens;
     returns ``[T, H]``, the logits input and the next step's ``hidden_states``.
+
+    vLLM runs the draft model eagerly, also in engines that compile the target; there
+    its RMSNorms and activation run on the kernels of an uncompiled engine
+    (:func:`use_fused_custom_ops`, :func:`eager_ir_priority`) rather than as the
+    torch-native forms that only inductor fuses.
     """
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
@@ -148,6 +156,14 @@ class InklingMTP(nn.Module):
         self.tail_norm = _fixed_norm(spec.hidden_size, eps)
         self._target: list[nn.Module] = []  # not a submodule: its parameters are the target's
         _share_conv_pages(vllm_config)
+        # vLLM never compiles the draft model: its norms and activation take the
+        # kernels an uncompiled engine would, not the torch-native forms a compiled
+        # engine leaves to inductor
+        switched = use_fused_custom_ops(self)
+        self._eager_priority = eager_ir_priority(vllm_config)
+        if switched or self._eager_priority is not None:
+            logger.info("inkling-vllm: the MTP draft model runs eagerly in a compiled engine: %d custom ops on their "
+                        "kernels, IR ops by %s", switched, self._eager_priority)
 
     # -- the target's embedding and LM head ----------------------------------------
     def attach_target(self, target: nn.Module) -> None:
@@ -184,6 +200,19 @@ class InklingMTP(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         spec_step_idx: int = 0,
         **kwargs: object,
+    ) -> torch.Tensor:
+        if self._eager_priority is None:
+            return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
+        with self._eager_priority.set_priority():
+            return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        inputs_embeds: torch.Tensor | None,
+        spec_step_idx: int,
     ) -> torch.Tensor:
         if inputs_embeds is None:
             assert input_ids is not None  # vLLM passes one of the two
@@ -238,6 +267,55 @@ class InklingMTP(nn.Module):
             raise UnsupportedCheckpoint(str(exc)) from None
         refuse_unfilled(params, loaded, "MTP tensor")
         return loaded
+
+
+def eager_ir_priority(vllm_config: VllmConfig) -> Any | None:
+    """The IR-op priority (vLLM's ``IrOpPriorityConfig``: which kernel implements
+    ``rms_norm`` and ``fused_add_rms_norm``) for a module that runs eagerly inside
+    ``vllm_config``'s engine: the platform's default for the same engine without
+    ``torch.compile`` (on CUDA: vLLM's fused C kernels; a compiled engine's default is
+    the torch-native form, for inductor). None where nothing needs changing: the
+    engine does not compile, its priority is not the platform's default (set by the
+    user), or the two defaults agree (the CPU platform)."""
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CompilationMode
+    from vllm.platforms import current_platform
+
+    compilation = vllm_config.compilation_config
+    if compilation.mode == CompilationMode.NONE:
+        return None
+    engine = vllm_config.kernel_config.ir_op_priority
+    try:
+        if engine != current_platform.get_default_ir_op_priority(vllm_config):
+            return None  # the user's choice
+        uncompiled = SimpleNamespace(
+            compilation_config=SimpleNamespace(backend=compilation.backend, mode=CompilationMode.NONE))
+        eager = current_platform.get_default_ir_op_priority(uncompiled)
+    except AttributeError:  # a platform whose default reads more of the config
+        return None
+    return None if eager == engine else eager
+
+
+def use_fused_custom_ops(module: nn.Module) -> int:
+    """Run every vLLM custom op in ``module`` (its RMSNorms, the MLP activation) on
+    the platform's fused kernel. Returns how many ops were switched.
+
+    Under ``torch.compile`` vLLM turns its custom ops off and runs their torch-native
+    forms, for inductor to fuse into the compiled graph. The draft model is not
+    compiled, so there each native norm would launch its several elementwise kernels
+    one by one, every step (paused steps included); the fused kernel is one launch.
+    Ops already on (an uncompiled engine, or ``custom_ops`` naming them) are left as
+    they are."""
+    from vllm.model_executor.custom_op import CustomOp
+
+    switched = 0
+    for op in module.modules():
+        if isinstance(op, CustomOp) and not (op._enforce_enable or type(op).enabled()):
+            op._enforce_enable = True
+            op._forward_method = op.dispatch_forward(compile_native=False)
+            switched += 1
+    return switched
 
 
 def _share_conv_pages(vllm_config: VllmConfig) -> None:
