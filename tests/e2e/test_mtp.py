@@ -72,6 +72,22 @@ def test_mtp_drafting_keeps_greedy_outputs(engines: Any, hf: dict[str, Any], k: 
     assert MIN_PREDICTIVE_ACCEPTANCE <= acceptance < 1.0, acceptance  # accepted and rejected drafts both occur
 
 
+def test_a_compiled_engine_keeps_the_drafters_fused_kernels(engines: Any, hf: dict[str, Any]) -> None:
+    """vLLM compiles the target and never the draft model. In a torch.compile'd engine
+    the target's custom ops run their torch-native forms (inductor fuses them), the
+    draft model's the platform's kernels (it runs eagerly: the native forms would be
+    launched op by op); drafting keeps transformers' greedy outputs and the predictive
+    head's acceptance."""
+    result = engines("mtp_compiled", "mtp-predictive")
+    ops = result["drafter_ops"]
+    assert ops["target"]["platform_kernel"] < ops["target"]["ops"], f"the engine did not compile: {ops}"
+    assert ops["drafter"]["ops"] > 0 and ops["drafter"]["platform_kernel"] == ops["drafter"]["ops"], ops
+    spec = result["spec_decode"]
+    assert_greedy_parity(hf["mtp-predictive"], spec)
+    assert spec["draft_tokens"] > 0
+    assert spec["accepted_tokens"] / spec["draft_tokens"] >= MIN_PREDICTIVE_ACCEPTANCE, spec
+
+
 def test_mtp_drafts_rejected_everywhere_keep_greedy_outputs(engines: Any, hf: dict[str, Any]) -> None:
     """A random head (release layout): its drafts are rejected at every position."""
     result = engines("mtp_k3", "mtp")
