@@ -29,6 +29,7 @@ the hooks into vLLM) is :mod:`inkling_vllm.drafting`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Iterable
@@ -201,9 +202,8 @@ class InklingMTP(nn.Module):
         spec_step_idx: int = 0,
         **kwargs: object,
     ) -> torch.Tensor:
-        if self._eager_priority is None:
-            return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
-        with self._eager_priority.set_priority():
+        priority = self._eager_priority
+        with priority.set_priority() if priority is not None else contextlib.nullcontext():
             return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
 
     def _forward(
