@@ -211,6 +211,7 @@ def set_metadata_provider(fn: MetadataProvider | None) -> MetadataProvider | Non
 
 
 def get_metadata_provider() -> MetadataProvider | None:
+    """The installed metadata provider (:func:`set_metadata_provider`), or None."""
     return _provider
 
 

@@ -57,6 +57,8 @@ def _gathered_rms_norm_kernel(
 
 @dataclass(frozen=True)
 class GatheredNormConfig:
+    """One launch's tiling: rows a program, channels a chunk, warps."""
+
     block_t: int
     block_s: int
     num_warps: int

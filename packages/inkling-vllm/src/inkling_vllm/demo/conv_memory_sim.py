@@ -130,6 +130,9 @@ def _chain(prev: bytes, token: int) -> bytes:
 
 @dataclass
 class SimConfig:
+    """One simulated request's schedule (prompt, step budget, drafts, preemption,
+    streaming turns) and the conv manager, block size and pool it runs on."""
+
     prompt_len: int
     budget: int
     decode_steps: int = 32
@@ -165,6 +168,9 @@ class SimConfig:
 
 @dataclass
 class SimResult:
+    """Per schedule: the conv blocks held, the rows still read, and the fewest blocks
+    holding those rows."""
+
     held: list[int] = field(default_factory=list)  # conv blocks held after each schedule
     # rows some scheduled or next step still reads after each schedule: the W-1 rows
     # before each in-flight step, and the W-1 (+k after a decode step with k drafts)

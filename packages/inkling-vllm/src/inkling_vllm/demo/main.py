@@ -136,6 +136,7 @@ def _refuse(path: Path) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the main job on ``argv`` (default: the command line); returns the exit status."""
     args = _build_parser().parse_args(argv)
     started = _step(1, "checking the checkpoint folder" if args.model else "preparing the tiny checkpoint")
     if args.model is not None:

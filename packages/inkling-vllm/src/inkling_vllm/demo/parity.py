@@ -61,6 +61,8 @@ class HfReference:
 
 @dataclass(frozen=True)
 class ParityReport:
+    """Whether the comparison held, and a one-line account (counts; the first mismatch)."""
+
     ok: bool
     detail: str
 

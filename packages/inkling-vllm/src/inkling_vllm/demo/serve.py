@@ -66,6 +66,7 @@ def _is_local(model: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Check MODEL, then run ``vllm serve`` with ``argv`` (default: the command line)."""
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in args
     args = [a for a in args if a != "--verbose"]
