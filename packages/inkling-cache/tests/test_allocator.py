@@ -36,7 +36,7 @@ def test_allocator_never_hands_out_the_null_block() -> None:
     assert sorted(other.allocate() for _ in range(2)) == [0, 1]
 
 
-@pytest.mark.parametrize(("num_blocks", "null"), [(1, 0), (True, 0), (4, 4), (4, -1)])
+@pytest.mark.parametrize(("num_blocks", "null"), [(1, 0), (True, 0), (4, 4), (4, -1), (4, True), (4, 1.0)])
 def test_allocator_arguments(num_blocks: int, null: int) -> None:
     with pytest.raises(ValueError):
         BlockAllocator(num_blocks, null_block=null)
@@ -267,3 +267,29 @@ def test_blocks_freed_later_in_the_batch_serve_earlier_requests() -> None:
     layout = tables.schedule([("a", 1, 1), ("b", 0, 1), ("d", 0, 1), ("c", 2, 1)])
     assert layout.num_tokens == 4 and tables.num_free_blocks == 0
     check_tables(tables)
+
+
+def test_bools_are_not_ints() -> None:
+    with pytest.raises(ValueError, match="null_block must be an int in \\[0, 4\\), got True"):
+        BlockAllocator(4, null_block=True)
+    with pytest.raises(ValueError, match="null_block must be an int"):
+        BlockTables(8, 4, 4, null_block=True)
+    with pytest.raises(ValueError, match="request 'a': num_tokens must be an int, got bool True"):
+        ScheduledChunk("a", 0, True)
+    with pytest.raises(ValueError, match="request 'a': start must be an int, got bool False"):
+        ScheduledChunk("a", False, 1)
+    with pytest.raises(ValueError, match="request 'a': start must be >= 0, got -1"):
+        ScheduledChunk("a", -1, 1)
+    tables = BlockTables(8, 4, 4)
+    with pytest.raises(ValueError, match="num_tokens must be an int, got bool True"):
+        tables.plan([("a", 0, True)])
+    assert tables.request_ids == [] and tables.num_free_blocks == 7
+
+
+def test_apply_needs_a_step_plan() -> None:
+    tables = BlockTables(8, 4, 4)
+    with pytest.raises(TypeError, match=r"plan must be the StepPlan that BlockTables.plan\(\) returned, got NoneType"):
+        tables.apply(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got list"):
+        tables.apply([("a", 0, 4)])  # type: ignore[arg-type]
+    assert tables.apply(tables.plan([("a", 0, 4)])).num_tokens == 4

@@ -311,3 +311,58 @@ def test_in_flight_tokens_scale_the_window_reserve_not_the_tail() -> None:
     assert two.admission_bytes("tail", "attn/") == two.admission_bytes("window", "attn/")
     with pytest.raises(ValueError, match="choose 'window' or 'tail'"):
         two.admission_bytes("ring")
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def test_a_single_budget_number_is_one_budget() -> None:
+    one = plan_capacity("inkling-975b", tp_size=8, budgets_gib=8.0)
+    assert one.concurrency == plan_capacity("inkling-975b", tp_size=8, budgets_gib=(8.0,)).concurrency
+    assert [c.budget_bytes for c in one.concurrency] == [8 * GIB_BYTES]
+    assert plan_capacity("inkling-975b", tp_size=8, budgets_gib=8).concurrency == one.concurrency
+
+
+@pytest.mark.parametrize(
+    ("budgets", "words"),
+    [
+        (("8",), r"budgets_gib\[0\] must be a number of GiB, got str '8'"),
+        ((8.0, None), r"budgets_gib\[1\] must be a number of GiB, got NoneType"),
+        ((True,), r"budgets_gib\[0\] must be a number of GiB, got bool"),
+        ("8", "budgets_gib must be a number or a sequence of numbers"),
+        (None, "budgets_gib must be a number or a sequence of numbers"),
+    ],
+)
+def test_budgets_must_be_numbers(budgets: object, words: str) -> None:
+    with pytest.raises(TypeError, match=words):
+        plan_capacity("inkling-975b", budgets_gib=budgets)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "error", "words"),
+    [
+        ((0, -3), ValueError, r"sweep_block_sizes\[0\] must be >= 1, got 0"),
+        ((16, -3), ValueError, r"sweep_block_sizes\[1\] must be >= 1, got -3"),
+        ((16.0,), TypeError, r"sweep_block_sizes\[0\] must be an int"),
+        ((True,), TypeError, r"sweep_block_sizes\[0\] must be an int"),
+        ("16", TypeError, "sweep_block_sizes must be an int or a sequence of ints"),
+    ],
+)
+def test_sweep_block_sizes_are_checked(sizes: object, error: type[Exception], words: str) -> None:
+    with pytest.raises(error, match=words):
+        plan_capacity("inkling-975b", sweep_block_sizes=sizes)  # type: ignore[arg-type]
+
+
+def test_a_single_sweep_block_size() -> None:
+    plan = plan_capacity("inkling-975b", tp_size=8, sweep_block_sizes=32)
+    assert list(plan.block_size_sweep) == [32]
+
+
+def test_total_names_the_valid_figures() -> None:
+    plan = plan_capacity("inkling-975b", tp_size=8)
+    with pytest.raises(ValueError, match="'nope' is not a per-kind figure: choose one of steady_blocks, steady_bytes"):
+        plan.total("nope")
+    with pytest.raises(ValueError, match="min_bytes is not defined for attn/global, attn/sliding.*prefix='conv/'"):
+        plan.total("min_bytes")
+    assert plan.total("min_bytes", "conv/") == sum(k.min_bytes * k.num_layers for k in plan.kinds if k.min_bytes)
+    assert plan.total("steady_bytes") == plan.per_request_bytes()

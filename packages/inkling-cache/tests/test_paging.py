@@ -10,6 +10,7 @@ from inkling_cache import (
     PageSpec,
     admission_reserve_blocks,
     blocks_for_tokens,
+    cdiv,
     first_live_block,
     freed_blocks,
     live_blocks,
@@ -221,3 +222,33 @@ def test_conv_page_without_padding_rejects(args: tuple, error: type[Exception]) 
 
     with pytest.raises(error):
         conv_page_without_padding(*args)
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def test_cdiv_rejects_what_it_is_not_defined_for() -> None:
+    assert [cdiv(a, 4) for a in (0, 1, 4, 5)] == [0, 1, 1, 2]
+    with pytest.raises(ValueError, match="divisor b must be >= 1, got 0"):
+        cdiv(3, 0)
+    with pytest.raises(ValueError, match="divisor b must be >= 1, got -2"):
+        cdiv(3, -2)
+    with pytest.raises(ValueError, match="dividend a must be >= 0, got -1"):
+        cdiv(-1, 2)
+    with pytest.raises(TypeError, match="divisor b must be an int"):
+        cdiv(3, True)
+    with pytest.raises(TypeError, match="dividend a must be an int"):
+        cdiv(3.0, 2)  # type: ignore[arg-type]
+
+
+def test_unify_page_sizes_needs_page_specs() -> None:
+    spec = {"name": "a", "block_size": 4, "bytes_per_token": 100}
+    with pytest.raises(TypeError, match=r"specs\[1\] must be a PageSpec, got dict.*PageSpec\(name, block_size"):
+        unify_page_sizes([PageSpec("a", 4, 100), spec])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="specs must be a list of PageSpec, got PageSpec"):
+        unify_page_sizes(PageSpec("a", 4, 100))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="specs must be a list of PageSpec, got int"):
+        unify_page_sizes(3)  # type: ignore[arg-type]
+    # any iterable of specs works, a generator included
+    gen = (PageSpec(n, 4, b) for n, b in (("a", 100), ("b", 50)))
+    assert [u.block_size for u in unify_page_sizes(gen)] == [4, 8]

@@ -64,8 +64,8 @@ class BlockAllocator:
     def __init__(self, num_blocks: int, *, null_block: int = 0) -> None:
         if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 2:
             raise ValueError(f"num_blocks must be an int >= 2 (one is the null block), got {num_blocks!r}")
-        if not isinstance(null_block, int) or not 0 <= null_block < num_blocks:
-            raise ValueError(f"null_block must be in [0, {num_blocks}), got {null_block!r}")
+        if not isinstance(null_block, int) or isinstance(null_block, bool) or not 0 <= null_block < num_blocks:
+            raise ValueError(f"null_block must be an int in [0, {num_blocks}), got {null_block!r}")
         self.num_blocks = num_blocks
         self.null_block = null_block
         # Pop from the end: low ids first, which keeps small tests readable.
@@ -129,6 +129,17 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     prefix_from: Hashable | None = None
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("start", 0), ("num_tokens", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(
+                    f"request {self.req_id!r}: {name} must be an int, got "
+                    f"{type(value).__name__} {value!r}"
+                )
+            if value < minimum:
+                raise ValueError(f"request {self.req_id!r}: {name} must be >= {minimum}, got {value}")
 
     @property
     def end(self) -> int:
@@ -323,6 +334,12 @@ class BlockTables:
     def apply(self, plan: StepPlan) -> StepLayout:
         """Free the blocks behind each chunk's window, allocate the ones it writes, and
         lay the step out. ``plan`` must come from :meth:`plan` on the current state."""
+        if not isinstance(plan, StepPlan):
+            raise TypeError(
+                f"plan must be the StepPlan that BlockTables.plan() returned, got "
+                f"{type(plan).__name__} {plan!r}: call tables.apply(tables.plan(chunks)) "
+                "or tables.schedule(chunks)"
+            )
         if plan._version != self._version:
             raise ValueError("the plan is stale: the tables changed since it was made; plan again")
         self._version += 1
@@ -344,10 +361,6 @@ class BlockTables:
     def _check_chunk(self, chunk: ScheduledChunk, batch: Sequence[ScheduledChunk]) -> list[int]:
         """Check one chunk; return the block row it starts from (empty for a new request)."""
         name = chunk.req_id
-        if not isinstance(chunk.num_tokens, int) or chunk.num_tokens < 1:
-            raise ValueError(f"request {name!r}: num_tokens must be >= 1, got {chunk.num_tokens!r}")
-        if not isinstance(chunk.start, int) or chunk.start < 0:
-            raise ValueError(f"request {name!r}: start must be >= 0, got {chunk.start!r}")
         req = self._requests.get(name)
         if chunk.prefix_from is not None:
             self._check_prefix_hit(chunk, batch)

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +76,15 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_PROMPT_LEN = 8192
 #: The conv-state managers modelled side by side.
 CONV_MANAGERS = ("window", "tail")
+#: The per-kind figures :meth:`CapacityPlan.total` sums.
+TOTAL_ATTRS = (
+    "steady_blocks",
+    "steady_bytes",
+    "reserve_blocks",
+    "reserve_bytes",
+    "min_bytes",
+    "tail_reserve_blocks",
+)
 
 
 def _check_manager(conv_manager: str) -> str:
@@ -88,6 +99,41 @@ def _positive(name: str, value: object) -> int:
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
+
+
+def _budgets(budgets_gib: object) -> tuple[float, ...]:
+    """``budgets_gib`` as a tuple of GiB figures (a single number is one budget)."""
+    if isinstance(budgets_gib, numbers.Real) and not isinstance(budgets_gib, bool):
+        budgets: tuple[object, ...] = (budgets_gib,)
+    elif isinstance(budgets_gib, Iterable) and not isinstance(budgets_gib, (str, bytes)):
+        budgets = tuple(budgets_gib)
+    else:
+        raise TypeError(
+            f"budgets_gib must be a number or a sequence of numbers (GiB per rank), got "
+            f"{type(budgets_gib).__name__} {budgets_gib!r}: pass e.g. 8.0 or (8.0, 40.0)"
+        )
+    for i, b in enumerate(budgets):
+        if isinstance(b, bool) or not isinstance(b, numbers.Real):
+            raise TypeError(
+                f"budgets_gib[{i}] must be a number of GiB, got {type(b).__name__} {b!r}"
+            )
+        if not (b > 0 and math.isfinite(b)):
+            raise ValueError(f"memory budget must be > 0 GiB, got budgets_gib[{i}] = {b}")
+    return budgets  # type: ignore[return-value]
+
+
+def _sweep_sizes(sweep_block_sizes: object) -> tuple[int, ...]:
+    """``sweep_block_sizes`` as a tuple of block sizes >= 1 (a single int is one size)."""
+    if isinstance(sweep_block_sizes, int) and not isinstance(sweep_block_sizes, bool):
+        sizes: tuple[object, ...] = (sweep_block_sizes,)
+    elif isinstance(sweep_block_sizes, Iterable) and not isinstance(sweep_block_sizes, (str, bytes)):
+        sizes = tuple(sweep_block_sizes)
+    else:
+        raise TypeError(
+            f"sweep_block_sizes must be an int or a sequence of ints, got "
+            f"{type(sweep_block_sizes).__name__} {sweep_block_sizes!r}: pass e.g. (16, 32, 64, 128)"
+        )
+    return tuple(_positive(f"sweep_block_sizes[{i}]", b) for i, b in enumerate(sizes))
 
 
 @dataclass(frozen=True)
@@ -261,10 +307,23 @@ class CapacityPlan:
         return self.kinds[0].page.physical_page_bytes
 
     def total(self, attr: str, prefix: str = "") -> int:
-        """Sum over kinds (whose name starts with ``prefix``) of ``attr * num_layers``."""
-        return sum(
-            getattr(k, attr) * k.num_layers for k in self.kinds if k.name.startswith(prefix)
-        )
+        """Sum over kinds (whose name starts with ``prefix``) of ``attr * num_layers``.
+
+        ``attr`` is one of :data:`TOTAL_ATTRS`; ``min_bytes`` and
+        ``tail_reserve_blocks`` exist for conv kinds only (pass ``prefix="conv/"``).
+        """
+        if attr not in TOTAL_ATTRS:
+            raise ValueError(
+                f"attr {attr!r} is not a per-kind figure: choose one of {', '.join(TOTAL_ATTRS)}"
+            )
+        kinds = [k for k in self.kinds if k.name.startswith(prefix)]
+        missing = [k.name for k in kinds if getattr(k, attr) is None]
+        if missing:
+            raise ValueError(
+                f"{attr} is not defined for {', '.join(missing)} (conv kinds only): "
+                "pass prefix='conv/'"
+            )
+        return sum(getattr(k, attr) * k.num_layers for k in kinds)
 
     def per_request_bytes(
         self, *, reserve: bool = False, rolling_conv: bool = False, conv_manager: str = "window"
@@ -396,11 +455,11 @@ def plan_capacity(
     speculative_method: str | None = None,
     max_model_len: int | None = None,
     request_len: int | None = None,
-    budgets_gib: tuple[float, ...] = (),
+    budgets_gib: float | Iterable[float] = (),
     dtype: str = "bfloat16",
     padding: PaddingSpec = "pow2",
     pad_pages: bool = False,
-    sweep_block_sizes: tuple[int, ...] = (16, 32, 64, 128),
+    sweep_block_sizes: int | Iterable[int] = (16, 32, 64, 128),
 ) -> CapacityPlan:
     """Lay out every cache of the model on one rank and count what fits.
 
@@ -421,14 +480,17 @@ def plan_capacity(
         max_model_len: context limit; defaults to ``max_position_embeddings``.
         request_len: tokens per request for the steady-state figure; defaults to
             ``max_model_len``.
-        budgets_gib: per-rank cache budgets (GiB) to report concurrency for.
+        budgets_gib: per-rank cache budgets (GiB) to report concurrency for (a
+            sequence of numbers, or one number for a single budget).
         dtype: cache dtype of both attention and conv state.
         padding: conv ``D`` padding policy.
         pad_pages: pad pages that do not divide the largest instead of failing.
-        sweep_block_sizes: attention block sizes for the unified-block sweep table.
+        sweep_block_sizes: attention block sizes (ints >= 1, or one int) for the
+            unified-block sweep table; sizes whose pages cannot be unified are left out.
 
     Raises:
         ValueError: invalid settings, with what to change.
+        TypeError: a setting of the wrong type (e.g. a budget that is not a number).
     """
     dims = load_config(config)
     dtype = canonical_dtype(dtype)
@@ -449,9 +511,8 @@ def plan_capacity(
             f"request_len {request_len} exceeds max_model_len {max_model_len}: lower it or "
             "raise max_model_len"
         )
-    for b in budgets_gib:
-        if not (b > 0 and math.isfinite(b)):
-            raise ValueError(f"memory budget must be > 0 GiB, got {b}")
+    budgets_gib = _budgets(budgets_gib)
+    sweep_block_sizes = _sweep_sizes(sweep_block_sizes)
 
     layouts = layer_layouts(dims, tp_size=tp_size, padding=padding)
     conv: dict[str, ConvStateLayout] = {}

@@ -50,7 +50,14 @@ def _int(name: str, value: object, minimum: int) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative ``a`` and positive ``b``."""
+    """Ceiling division for non-negative ``a`` and positive ``b``.
+
+    Raises:
+        TypeError: ``a`` or ``b`` is not an int (a bool is not accepted).
+        ValueError: ``a < 0`` or ``b < 1``.
+    """
+    _int("cdiv dividend a", a, 0)
+    _int("cdiv divisor b", b, 1)
     return -(-a // b)
 
 
@@ -431,8 +438,24 @@ def unify_page_sizes(specs: Sequence[PageSpec], *, pad: bool = False) -> list[Un
         One :class:`UnifiedPage` per spec, in order.
 
     Raises:
+        TypeError: ``specs`` is not a sequence of :class:`PageSpec`.
         ValueError: no specs, or a page does not divide the largest and ``pad`` is off.
     """
+    try:
+        if isinstance(specs, (PageSpec, str, bytes)):
+            raise TypeError
+        specs = list(specs)
+    except TypeError:
+        raise TypeError(
+            f"specs must be a list of PageSpec, got {type(specs).__name__} {specs!r}: "
+            "pass [PageSpec(name, block_size, bytes_per_token), ...]"
+        ) from None
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, PageSpec):
+            raise TypeError(
+                f"specs[{i}] must be a PageSpec, got {type(spec).__name__} {spec!r}: "
+                "build it with PageSpec(name, block_size, bytes_per_token)"
+            )
     if not specs:
         raise ValueError("unify_page_sizes needs at least one PageSpec")
     largest = max(specs, key=lambda s: s.page_bytes)
