@@ -179,3 +179,116 @@ def test_compiled_layer_matches_eager() -> None:
             outs.append(fn(q, k, v, r, torch.arange(5)))
     assert torch.allclose(outs[0], outs[1], atol=1e-6)
     assert outs[0].abs().sum() > 0
+
+
+# --- argument checks: a clear error before any work ----------------------------------
+
+
+def _bound_layer(name: str) -> tuple[InklingRelAttention, RelAttentionMetadata]:
+    """4 query heads, 2 KV heads of 4, d_rel 2: q [T, 16], k/v [T, 8], r [T, 8]."""
+    owner = AttentionCacheOwner(name, num_heads=4, num_kv_heads=2, head_dim=4, replace=True)
+    owner.bind_cache(torch.zeros(4, 2, 4, 8))
+    meta = RelAttentionMetadata(
+        block_table=torch.tensor([[1]], dtype=torch.int32), slot_mapping=torch.tensor([4, 5, 6]),
+        query_start_loc_cpu=torch.tensor([0, 3]), seq_lens_cpu=torch.tensor([3]), block_size=4,
+    )
+    return InklingRelAttention(owner, 2, 6), meta
+
+
+@pytest.mark.parametrize("with_metadata", [False, True])
+@pytest.mark.parametrize(
+    "name,shape,match",
+    [
+        ("q", (3, 12), r"q must be \[3 \(q's rows\), 16\] \(4 heads x 4"),
+        ("q", (48,), r"q must be \[num_tokens, 16\]"),
+        ("q", (), r"q must be \[num_tokens, 16\]"),
+        ("k", (3, 12), r"k must be \[3 \(q's rows\), 8\] \(2 heads x 4"),
+        ("k", (2, 8), r"k must be \[3 \(q's rows\), 8\].*got \(2, 8\)"),
+        ("v", (2, 8), r"v must be \[3 \(q's rows\), 8\].*got \(2, 8\)"),
+        ("v", (4, 8), r"v must be \[3 \(q's rows\), 8\].*got \(4, 8\)"),
+        ("r", (3, 6), r"r must be \[3 \(q's rows\), 8\] \(4 heads x 2"),
+        ("r", (3, 2, 4), r"r must be \[3 \(q's rows\), 8\]"),
+    ],
+)
+def test_forward_names_an_input_of_the_wrong_shape(name, shape, match, with_metadata) -> None:
+    layer, meta = _bound_layer(f"test-attn-shapes-{with_metadata}")
+    inputs = dict(q=torch.randn(3, 16), k=torch.randn(3, 8), v=torch.randn(3, 8), r=torch.randn(3, 8))
+    inputs[name] = torch.randn(shape)
+    cache = layer.owner.cache.clone()
+    with forward_metadata(meta if with_metadata else None), pytest.raises(ValueError, match=match):
+        layer(**inputs, positions=torch.arange(3))
+    assert torch.equal(layer.owner.cache, cache)  # nothing was written
+
+
+def test_shape_checks_compile_without_breaks_or_recompiles() -> None:
+    """The checks are plain shape comparisons: a graph traced with a symbolic token
+    count (fullgraph) serves every batch size, and still refuses a bad width."""
+    torch._dynamo.reset()
+    layer, _ = _bound_layer("test-attn-shapes-compiled")
+    layer.load_rel_proj(torch.randn(2, 6))
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="eager")
+    for tokens in (3, 5, 2):
+        meta = RelAttentionMetadata(
+            block_table=torch.tensor([[1, 2]], dtype=torch.int32), slot_mapping=torch.arange(4, 4 + tokens),
+            query_start_loc_cpu=torch.tensor([0, tokens]), seq_lens_cpu=torch.tensor([tokens]), block_size=4,
+        )
+        q, k, v, r = (torch.randn(tokens, n) for n in (16, 8, 8, 8))
+        with forward_metadata(meta):
+            want = layer(q, k, v, r, torch.arange(tokens))
+            with torch._dynamo.config.patch(error_on_recompile=tokens != 3):
+                got = compiled(q, k, v, r, torch.arange(tokens))
+        torch.testing.assert_close(got, want)
+    # (fullgraph=True reports the raise as Dynamo's Unsupported, message included)
+    with pytest.raises(ValueError, match=r"k must be \[3 \(q's rows\), 8\]"):
+        torch.compile(layer, dynamic=True, backend="eager")(
+            torch.randn(3, 16), torch.randn(3, 12), torch.randn(3, 12), torch.randn(3, 8), torch.arange(3))
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(log_scaling=0.5), TypeError, r"log_scaling must be None or a tuple \(n_floor, alpha\)"),
+        (dict(log_scaling=(1, 2, 3)), TypeError, r"log_scaling must be None or a tuple \(n_floor, alpha\)"),
+        (dict(log_scaling=(8, "x")), TypeError, "log_scaling alpha must be a float"),
+        (dict(log_scaling=(8, math.nan)), ValueError, "log_scaling alpha must be finite"),
+        (dict(log_scaling=(0, 0.5)), ValueError, "log_scaling n_floor must be >= 1"),
+        (dict(log_scaling=(2.0, 0.5)), TypeError, "log_scaling n_floor must be an int"),
+        (dict(scale=math.nan), ValueError, "scale must be finite"),
+        (dict(scale=math.inf), ValueError, "scale must be finite"),
+        (dict(scale="x"), TypeError, "scale must be a float"),
+    ],
+)
+def test_owner_checks_log_scaling_and_scale_when_built(kwargs, error, match) -> None:
+    from inkling_model import get_attention_owner
+
+    name = f"test-attn-owner-args-{len(kwargs)}-{next(iter(kwargs))}-{kwargs!r}"
+    with pytest.raises(error, match=match):
+        AttentionCacheOwner(name, num_heads=2, num_kv_heads=1, head_dim=4, **kwargs)
+    with pytest.raises(KeyError):
+        get_attention_owner(name)  # nothing was registered
+
+
+def test_owner_keeps_valid_log_scaling_and_scale() -> None:
+    owner = AttentionCacheOwner("test-attn-owner-ok", num_heads=2, num_kv_heads=1, head_dim=4,
+                                log_scaling=[3, 1], scale=1, replace=True)
+    assert owner.log_scaling == (3, 1.0) and isinstance(owner.log_scaling[1], float)
+    assert owner.scale == 1.0 and isinstance(owner.scale, float)
+    assert AttentionCacheOwner("test-attn-owner-default", num_heads=2, num_kv_heads=1, head_dim=4,
+                               replace=True).scale == 0.25
+
+
+@pytest.mark.parametrize("field", ["block_table", "slot_mapping", "query_start_loc_cpu", "seq_lens_cpu",
+                                   "query_start_loc", "seq_lens"])
+def test_metadata_fields_must_be_tensors(field) -> None:
+    fields = dict(block_table=torch.tensor([[1]], dtype=torch.int32), slot_mapping=torch.tensor([4, 5, 6]),
+                  query_start_loc_cpu=torch.tensor([0, 3]), seq_lens_cpu=torch.tensor([3]))
+    fields[field] = [0, 3]
+    with pytest.raises(TypeError, match=rf"RelAttentionMetadata\.{field} must be a torch\.Tensor"):
+        RelAttentionMetadata(**fields, block_size=4)
+
+
+def test_load_rel_proj_wants_a_tensor() -> None:
+    layer, _ = _bound_layer("test-attn-rel-proj-list")
+    with pytest.raises(TypeError, match=r"rel_logits_proj\.proj of layer .* must be a torch\.Tensor, got list"):
+        layer.load_rel_proj([[0.5] * 6] * 2)
+    assert torch.equal(layer.rel_proj, torch.zeros(2, 6))

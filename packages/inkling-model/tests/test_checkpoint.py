@@ -432,3 +432,40 @@ def expected_shapes_tf() -> dict[str, tuple[int, ...]]:
     from inkling_model.checkpoint import expected_text_shapes
 
     return expected_text_shapes(text_spec({**TEXT, "model_type": "inkling_text"}))
+
+
+# --- argument checks: a clear error, naming what to change ---------------------------
+
+
+def test_iter_text_weights_takes_a_state_dict_as_well_as_pairs() -> None:
+    state = {"model.llm.norm.weight": torch.ones(2), "model.mtp.chain_norm.weight": torch.ones(2),
+             "model.llm.layers.0.mlp.w13_dn.weight": torch.arange(8.0).reshape(4, 2)}
+    from_dict = iter_text_weights(state)
+    got = list(from_dict)
+    want = list(iter_text_weights(state.items()))
+    assert [n for n, _ in got] == [n for n, _ in want] == [
+        "model.norm.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, want))
+    assert from_dict.skipped == {"mtp": 1}
+    with pytest.raises(TypeError, match="weights must be"):
+        iter_text_weights(5)
+
+
+def test_transformers_to_release_refuses_pairs_and_an_odd_gate_up_axis() -> None:
+    with pytest.raises(TypeError, match=r"state_dict must be a mapping.*dict\(pairs\).*got list"):
+        transformers_to_release([("model.norm.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match=r"mlp\.experts\.gate_up_proj has shape \(2, 3, 4\).*axis 1.*even"):
+        transformers_to_release({"model.layers.0.mlp.experts.gate_up_proj": torch.zeros(2, 3, 4)})
+
+
+def test_shape_check_wants_a_text_spec_not_dims() -> None:
+    from inkling_cache import load_config
+
+    from inkling_model.checkpoint import check_text_shapes, expected_text_shapes
+
+    fields = {**TEXT, "model_type": "inkling_text"}
+    dims = load_config(fields)
+    for call in (lambda: check_text_shapes({}, dims), lambda: expected_text_shapes(dims)):
+        with pytest.raises(TypeError, match=r"InklingTextSpec.*InklingDims.*inkling_cache\.text_spec"):
+            call()
+    assert not check_text_shapes({}, text_spec(fields)).ok  # the spec it names works

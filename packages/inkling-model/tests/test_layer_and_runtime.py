@@ -349,3 +349,17 @@ def test_one_check_per_layer_launch(tap_map, unique_name, monkeypatch):
         for conv in convs:
             conv(torch.randn(8, conv.dim), step.positions)
     assert counts == {"check_conv_call": len(convs)}
+
+
+@pytest.mark.parametrize("pad_to", [4.0, True, "4", torch.tensor(4)])
+def test_a_pad_to_of_another_type_is_refused_before_any_allocation(pad_to):
+    runtime = PagedConvRuntime(8, 4, 4)
+    free = runtime.num_free_blocks
+    positions = runtime.positions_buffer.clone()
+    with pytest.raises(TypeError, match=r"pad_to must be an int .* or None"):
+        runtime.step([("a", 0, 3)], pad_to=pad_to)
+    # the refused step changed nothing: no request, block or buffer
+    assert not runtime.has_request("a") and runtime.num_free_blocks == free
+    assert torch.equal(runtime.positions_buffer, positions)
+    step = runtime.step([("a", 0, 3)], pad_to=4)  # the same step, pad_to an int
+    assert step.num_padded_tokens == 4 and runtime.num_written("a") == 3

@@ -160,8 +160,8 @@ def _args(**overrides):
         (dict(positions=torch.zeros(8, dtype=torch.int32)), TypeError, "positions must be int64"),
         (dict(positions=torch.zeros(16, dtype=torch.int64)[::2]), ValueError, "positions must be contiguous"),
         (dict(positions=torch.zeros(8, dtype=torch.int64, device="meta")), ValueError, "the batch is on meta"),
-        (dict(positions=[0] * 8), TypeError, "must be torch.Tensors"),
-        (dict(positions=None), TypeError, "must be torch.Tensors"),
+        (dict(positions=[0] * 8), TypeError, "positions must be a torch.Tensor"),
+        (dict(positions=None), TypeError, "positions must be a torch.Tensor"),
         (dict(block_table=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "block_table must be int32"),
     ],
 )
@@ -290,3 +290,14 @@ def test_layer_refuses_a_batch_of_another_kernel_size(spy, unique_name):
         y = conv(x, step.positions)
     assert spy.maps[-1] is step.metadata.tap_map
     torch.testing.assert_close(y, causal_conv_ref(x, conv.weight))
+
+
+@pytest.mark.parametrize("field", ["query_start_loc", "slot_mapping", "block_table"])
+def test_builder_build_names_a_list_field(field):
+    builder = SconvMetadataBuilder(16, kernel_size=4, tap_map=True)
+    builder.slot_mapping_buffer.fill_(77)
+    builder.seq_idx_buffer.fill_(77)
+    value = _args()[field].tolist()
+    with pytest.raises(TypeError, match=rf"^{field} must be a torch.Tensor, got list"):
+        builder.build(**_args(**{field: value}))
+    assert (builder.slot_mapping_buffer == 77).all() and (builder.seq_idx_buffer == 77).all()

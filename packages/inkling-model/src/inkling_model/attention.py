@@ -31,6 +31,7 @@ from torch import nn
 from inkling_kernels import paged_rel_attention as paged_rel_attention_op
 from inkling_kernels import write_kv
 from inkling_kernels.rel_attention import rel_attention_uses_triton
+from inkling_kernels.rel_attention.reference import check_log_scaling, check_scale
 
 from ._ops import out_op
 from .metadata import RelAttentionMetadata
@@ -87,18 +88,19 @@ class AttentionCacheOwner:
             )
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
-        if log_scaling is not None:
-            n_floor, alpha = log_scaling
-            if isinstance(n_floor, bool) or not isinstance(n_floor, int) or n_floor < 1:
-                raise ValueError(f"log scaling n_floor must be a positive int, got {n_floor!r}")
-            log_scaling = (int(n_floor), float(alpha))
+        if isinstance(log_scaling, list):  # e.g. read from JSON
+            log_scaling = tuple(log_scaling)
+        # the kernels' own checks, here rather than at the first forward
+        log_scaling = check_log_scaling(log_scaling)
+        if scale is not None:
+            scale = check_scale(scale)
         self.name = name
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.window = window
         self.log_scaling = log_scaling
-        self.scale = float(scale) if scale is not None else 1.0 / head_dim
+        self.scale = scale if scale is not None else 1.0 / head_dim
         self._cache: torch.Tensor = torch.empty(0)
         _owners.register(name, self, replace=replace)
 
@@ -302,6 +304,11 @@ class InklingRelAttention(nn.Module):
     @torch.no_grad()
     def load_rel_proj(self, tensor: torch.Tensor) -> None:
         """Load the checkpoint's ``[d_rel, extent]`` relative-logit profile bank."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"rel_logits_proj.proj of layer {self.owner.name!r} must be a torch.Tensor, "
+                f"got {type(tensor).__name__}"
+            )
         if tuple(tensor.shape) != tuple(self.rel_proj.shape):
             raise ValueError(
                 f"rel_logits_proj.proj of layer {self.owner.name!r} has shape {tuple(tensor.shape)}; "
@@ -315,7 +322,14 @@ class InklingRelAttention(nn.Module):
         """``q [T, Hq*Dh]``, ``k, v [T, Hkv*Dh]``, ``r [T, Hq*d_rel]`` (this rank's
         heads), ``positions [T]`` -> ``[T, Hq*Dh]`` in ``q.dtype``."""
         owner = self.owner
+        # shape checks only (ints, or guards under torch.compile, as in the convs' forward)
+        if q.dim() != 2:
+            self._refuse_shapes(q, k, v, r)
         tokens = q.shape[0]
+        kv_width = owner.num_kv_heads * owner.head_dim
+        if (q.shape[1] != owner.num_heads * owner.head_dim or k.shape != (tokens, kv_width)
+                or v.shape != (tokens, kv_width) or r.shape != (tokens, owner.num_heads * self.d_rel)):
+            self._refuse_shapes(q, k, v, r)
         q3 = q.reshape(tokens, owner.num_heads, owner.head_dim)
         k3 = k.reshape(tokens, owner.num_kv_heads, owner.head_dim)
         v3 = v.reshape(tokens, owner.num_kv_heads, owner.head_dim)
@@ -324,6 +338,21 @@ class InklingRelAttention(nn.Module):
             positions = positions.to(torch.int64)
         out = paged_rel_attention(q3, k3, v3, r3, self.rel_proj, positions, owner.name)
         return out.reshape(tokens, owner.num_heads * owner.head_dim)
+
+    def _refuse_shapes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor) -> None:
+        """Raise the ValueError naming the first of q, k, v, r not ``[T, heads * dim]``."""
+        owner = self.owner
+        tokens = q.shape[0] if q.dim() == 2 else -1
+        for name, x, count, dim in (
+            ("q", q, owner.num_heads, owner.head_dim), ("k", k, owner.num_kv_heads, owner.head_dim),
+            ("v", v, owner.num_kv_heads, owner.head_dim), ("r", r, owner.num_heads, self.d_rel),
+        ):
+            if x.dim() != 2 or x.shape[0] != tokens or x.shape[1] != count * dim:
+                rows = "num_tokens" if tokens < 0 else f"{tokens} (q's rows)"
+                raise ValueError(
+                    f"{name} must be [{rows}, {count * dim}] ({count} heads x {dim} on this rank of "
+                    f"layer {owner.name!r}), got {tuple(x.shape)}"
+                )
 
     def extra_repr(self) -> str:
         return f"d_rel={self.d_rel}, extent={self.extent}, owner={self.owner.name!r}"

@@ -242,8 +242,15 @@ def transformers_to_release(state_dict: Mapping[str, torch.Tensor]) -> dict[str,
     ``model.audio.*``). Used to write release-layout test checkpoints.
 
     Raises:
-        ValueError: a name outside the map, or a gate without its up (or the reverse).
+        TypeError: ``state_dict`` is not a mapping (``name -> tensor``).
+        ValueError: a name outside the map, a gate without its up (or the reverse), or a
+            fused experts tensor whose gate/up axis is odd.
     """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"state_dict must be a mapping of name -> tensor (e.g. model.state_dict() or dict(pairs)), "
+            f"got {type(state_dict).__name__}"
+        )
     inverse_top = {v: k for k, v in _TOP_RENAMES.items()}
     inverse_layer = {v: k for k, v in _LAYER_RENAMES.items()}
     pairs: dict[str, tuple[int, str, str]] = {}  # transformers gate name -> fused info
@@ -279,6 +286,11 @@ def transformers_to_release(state_dict: Mapping[str, torch.Tensor]) -> dict[str,
             out[prefix + inverse_layer[inner]] = tensor
         elif inner in experts:
             axis, release = experts[inner]
+            if tensor.dim() <= axis or tensor.shape[axis] % 2:
+                raise ValueError(
+                    f"{name} has shape {tuple(tensor.shape)}: its axis {axis} must hold all gate rows, then "
+                    "all up rows (an even count)"
+                )
             half = tensor.shape[axis] // 2
             gate, up = tensor.split(half, dim=axis)
             out[prefix + release] = _interleave(gate, up, axis)
@@ -303,7 +315,15 @@ class TextWeights:
     out, by kind (``"mtp"``, ``"vision"``, ``"audio"``), and :meth:`summary` gives one
     log line per kind."""
 
-    def __init__(self, weights: Iterable[tuple[str, torch.Tensor]], layout: str) -> None:
+    def __init__(
+        self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], layout: str
+    ) -> None:
+        if isinstance(weights, Mapping):  # a state dict: its (name, tensor) items
+            weights = weights.items()
+        elif isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
+            raise TypeError(
+                f"weights must be (name, tensor) pairs or a mapping name -> tensor, got {type(weights).__name__}"
+            )
         if layout not in ("release", "transformers", "auto"):
             raise ValueError(f"layout must be 'release', 'transformers' or 'auto', got {layout!r}")
         self._weights = weights
@@ -345,13 +365,14 @@ class TextWeights:
 
 
 def iter_text_weights(
-    weights: Iterable[tuple[str, torch.Tensor]], layout: str = "auto"
+    weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], layout: str = "auto"
 ) -> TextWeights:
     """The text model's tensors of a checkpoint, under transformers ``InklingForCausalLM``
     names, in checkpoint order (a fused release ``w13`` yields its parts together).
 
     Args:
-        weights: ``(name, tensor)`` pairs as stored.
+        weights: ``(name, tensor)`` pairs as stored, or a mapping ``name -> tensor``
+            (a state dict: its items are iterated).
         layout: ``"release"`` (``model.llm.*`` names), ``"transformers"``
             (``InklingForCausalLM`` / ``InklingForConditionalGeneration`` names) or
             ``"auto"`` (each name decides: ``model.llm.*`` is release); e.g.
@@ -362,9 +383,23 @@ def iter_text_weights(
         vision and audio tensors it passed over.
 
     Raises:
+        TypeError: ``weights`` is neither pairs nor a mapping.
         ValueError (while iterating): a name no rule maps.
     """
     return TextWeights(weights, layout)
+
+
+def _check_spec(spec: object) -> None:
+    from inkling_cache import InklingDims, InklingTextSpec
+
+    if isinstance(spec, InklingTextSpec):
+        return
+    hint = " (load_config gives an InklingDims, which lacks the text model's fields)" if isinstance(
+        spec, InklingDims) else ""
+    raise TypeError(
+        f"spec must be an InklingTextSpec{hint}: pass inkling_cache.text_spec(config), "
+        f"got {type(spec).__name__}"
+    )
 
 
 def expected_text_shapes(spec: InklingTextSpec, layout: str | None = None) -> dict[str, tuple[int, ...]]:
@@ -383,6 +418,7 @@ def expected_text_shapes(spec: InklingTextSpec, layout: str | None = None) -> di
     ``[E, 2*Ie, H]`` / ``down_proj`` ``[E, H, Ie]``, shared experts ``[S, Ie, H]`` /
     ``[S, H, Ie]``. Embedding and unembedding are ``[vocab_size, H]`` (the padded rows).
     """
+    _check_spec(spec)
     layout = spec.layout if layout is None else layout
     if layout not in ("release", "transformers"):
         raise ValueError(f"layout must be 'release' or 'transformers', got {layout!r}")
@@ -492,7 +528,7 @@ def check_text_shapes(stored: Mapping[str, Sequence[int]], spec: InklingTextSpec
     layout of ``spec`` (:func:`expected_text_shapes`). transformers-layout names of
     ``InklingForConditionalGeneration`` (``model.language_model.*``) count as their
     ``InklingForCausalLM`` names."""
-    expected = expected_text_shapes(spec)
+    expected = expected_text_shapes(spec)  # checks spec
     result = TextShapeCheck(layout=spec.layout)
     seen: set[str] = set()
     for name in sorted(stored):

@@ -66,6 +66,20 @@ class RelAttentionMetadata:
     seq_lens: torch.Tensor | None = None
     max_seq_len: int | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("block_table", "slot_mapping", "query_start_loc_cpu", "seq_lens_cpu"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"RelAttentionMetadata.{name} must be a torch.Tensor, got {type(value).__name__}"
+                )
+        for name in ("query_start_loc", "seq_lens"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"RelAttentionMetadata.{name} must be a torch.Tensor or None, got {type(value).__name__}"
+                )
+
     @property
     def num_tokens(self) -> int:
         """Rows of the flat batch this metadata describes (pad rows included)."""
@@ -191,8 +205,14 @@ class SconvMetadataBuilder:
                 f"num_padded_tokens {num_padded_tokens} exceeds the builder's max_num_tokens "
                 f"{self.max_num_tokens}: build the SconvMetadataBuilder with a larger max_num_tokens"
             )
-        if not isinstance(positions, torch.Tensor) or not isinstance(slot_mapping, torch.Tensor):
-            raise TypeError("positions and slot_mapping must be torch.Tensors")
+        for name, value in (
+            ("query_start_loc", query_start_loc),
+            ("slot_mapping", slot_mapping),
+            ("block_table", block_table),
+            ("positions", positions),
+        ):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
         if positions.dim() != 1 or positions.shape[0] < num_padded_tokens:
             raise ValueError(
                 f"positions must be 1-D with at least num_padded_tokens ({num_padded_tokens}) "

@@ -223,6 +223,11 @@ class PagedConvRuntime:
     ) -> tuple[StepPlan, int]:
         """Check the batch against the block tables and against what the buffers hold;
         return the plan and the padded token count. Changes nothing."""
+        if pad_to is not None and (isinstance(pad_to, bool) or not isinstance(pad_to, int)):
+            raise TypeError(
+                f"pad_to must be an int (the rows to pad the batch to) or None, got {pad_to!r} "
+                f"({type(pad_to).__name__})"
+            )
         batch = [ScheduledChunk.of(c) for c in chunks]
         if len(batch) > self.max_num_reqs:
             raise ValueError(f"{len(batch)} requests exceed max_num_reqs {self.max_num_reqs}")
