@@ -101,8 +101,9 @@ def test_op_registration() -> None:
     ],
 )
 def test_bad_arguments(shards: object, weight: object, eps: object, err: type, match: str) -> None:
-    with pytest.raises(err, match=match):
-        gathered_rms_norm(shards, weight, eps)  # type: ignore[arg-type]
+    for fn in (gathered_rms_norm, gathered_rms_norm_ref):  # the exported reference checks as the op
+        with pytest.raises(err, match=match):
+            fn(shards, weight, eps)  # type: ignore[arg-type]
 
 
 def test_traces_under_torch_compile_with_dynamic_rows() -> None:

@@ -329,6 +329,28 @@ def _small() -> tuple[World, dict[str, Any]]:
 
 
 Mut = Callable[[dict[str, Any]], Any]
+
+
+def _table_entry(k: dict[str, Any], row: int, col: int, value: int) -> torch.Tensor:
+    table = k["block_table"].clone()
+    table[row, col] = value
+    return table
+
+
+# Metadata values the Triton path reads on the device: both paths check them on the
+# host (the small world: request 0 reads block-table columns 0 and 1, request 1 column 0).
+METADATA_BAD: list[tuple[str, str, Mut, type[Exception], str]] = [
+    ("block_table capacity", "block_table", lambda k: k["block_table"][:, :1], ValueError, "holds only"),
+    ("qsl start", "query_start_loc", lambda k: k["query_start_loc"] + 1, ValueError, r"\[0\] must be 0"),
+    ("qsl decreasing", "query_start_loc", lambda k: torch.tensor([0, 3, 2]), ValueError, "non-decreasing"),
+    ("qsl beyond T", "", lambda k: dict(query_start_loc=torch.tensor([0, 2, 9]), seq_lens=torch.tensor([7, 7])),
+     ValueError, "exceeds"),
+    ("seq_lens short", "seq_lens", lambda k: torch.tensor([1, 3]), ValueError, "must be >= the query length"),
+    ("block_table entry beyond cache", "block_table", lambda k: _table_entry(k, 0, 1, 999), ValueError,
+     r"block_table\[0, 1\] = 999 but the caches have \d+ blocks"),
+    ("block_table entry negative", "block_table", lambda k: _table_entry(k, 1, 0, -1), ValueError,
+     r"block_table\[1, 0\] = -1"),
+]
 BAD: list[tuple[str, str, Mut, type[Exception], str]] = [
     ("q 2-D", "q", lambda k: k["q"][0], ValueError, "3-D"),
     ("q int", "q", lambda k: k["q"].to(torch.int32), TypeError, "bfloat16, float16 or float32"),
@@ -349,16 +371,10 @@ BAD: list[tuple[str, str, Mut, type[Exception], str]] = [
     ("block_table 1-D", "block_table", lambda k: k["block_table"][0], ValueError, "2-D"),
     ("block_table float", "block_table", lambda k: k["block_table"].float(), TypeError, "int32 or int64"),
     ("block_table rows", "block_table", lambda k: k["block_table"][:1], ValueError, "2 requests"),
-    ("block_table capacity", "block_table", lambda k: k["block_table"][:, :1], ValueError, "holds only"),
     ("qsl device", "query_start_loc", lambda k: k["query_start_loc"].to("meta"), ValueError, "host"),
     ("seq_lens device", "seq_lens", lambda k: k["seq_lens"].to("meta"), ValueError, "host"),
     ("qsl float", "query_start_loc", lambda k: k["query_start_loc"].float(), TypeError, "int32 or int64"),
     ("qsl length", "query_start_loc", lambda k: k["query_start_loc"][:-1], ValueError, "one more"),
-    ("qsl start", "query_start_loc", lambda k: k["query_start_loc"] + 1, ValueError, r"\[0\] must be 0"),
-    ("qsl decreasing", "query_start_loc", lambda k: torch.tensor([0, 3, 2]), ValueError, "non-decreasing"),
-    ("qsl beyond T", "", lambda k: dict(query_start_loc=torch.tensor([0, 2, 9]), seq_lens=torch.tensor([7, 7])),
-     ValueError, "exceeds"),
-    ("seq_lens short", "seq_lens", lambda k: torch.tensor([1, 3]), ValueError, "must be >= the query length"),
     ("window 0", "window", lambda k: 0, ValueError, ">= 1"),
     ("window float", "window", lambda k: 4.0, TypeError, "window must be None"),
     ("n_floor 0", "log_scaling", lambda k: (0, 0.1), ValueError, "n_floor must be >= 1"),
@@ -369,6 +385,7 @@ BAD: list[tuple[str, str, Mut, type[Exception], str]] = [
     ("chunk < Hq", "max_chunk_elements", lambda k: 3, ValueError, ">= Hq"),
     ("out shape", "out", lambda k: torch.empty(1, 2, 3), ValueError, "out must have"),
     ("out dtype", "out", lambda k: torch.empty_like(k["q"], dtype=torch.float16), TypeError, "out dtype"),
+    *METADATA_BAD,
 ]
 
 
@@ -394,6 +411,21 @@ def test_small_validation_base_is_valid() -> None:
         kw.pop("positions"), kw.pop("block_table"), kw.pop("query_start_loc"), kw.pop("seq_lens"), **kw,
     )
     _check_close(got, w.reference(), torch.float32, "seed 5 validation base")
+
+
+def test_unread_block_table_entries_are_not_checked() -> None:
+    """Only the entries a request reads must name cache blocks: the table's spare
+    column and the rows of requests without queries may hold anything (-1 padding)."""
+    w, kw = _small()
+    table = kw["block_table"].clone()
+    table[:, 2] = -1  # no request reads column 2
+    table[1, 1] = 10**6  # request 1 (3 positions) reads column 0 only
+    kw["block_table"] = table
+    got = paged_rel_attention(
+        kw.pop("q"), kw.pop("r"), kw.pop("rel_proj"), kw.pop("key_cache"), kw.pop("value_cache"),
+        kw.pop("positions"), kw.pop("block_table"), kw.pop("query_start_loc"), kw.pop("seq_lens"), **kw,
+    )
+    _check_close(got, w.reference(), torch.float32, "seed 5 padded table")
 
 
 WRITE_BAD: list[tuple[str, int, Callable[[list[Any]], Any], type[Exception], str]] = [

@@ -27,7 +27,7 @@ from inkling_kernels.rel_attention.kernel import (
     choose_rel_attention_config,
 )
 
-from test_rel_attention import LAYERS, World, _check_close, build_world
+from test_rel_attention import LAYERS, METADATA_BAD, World, _check_close, build_world
 
 # decode at long context, prefill, spec verify, chunked prefill, no rows, short verify
 MIX = [(40, 1), (0, 17), (25, 4), (33, 12), (12, 0), (6, 5)]
@@ -299,6 +299,26 @@ def test_validation(case: tuple[str, str, Any, type[Exception], str]) -> None:
     kw[key] = mutate(kw)
     with pytest.raises(exc, match=match):
         check_paged_rel_attention_triton_args(**kw)
+
+
+@pytest.mark.parametrize("case", METADATA_BAD, ids=[c[0] for c in METADATA_BAD])
+def test_host_metadata_values_are_checked_before_the_launch(case: tuple[str, str, Any, type[Exception], str]) -> None:
+    """Host ``query_start_loc`` / ``seq_lens`` (and a host block table) are checked as
+    the PyTorch path checks them: bad values would make the kernel read or write out
+    of bounds (rows past T, pages outside the cache); nothing is written."""
+    _, key, mutate, exc, match = case
+    kw = _small_kw()
+    if key:
+        kw[key] = mutate(kw)
+    else:
+        kw.update(mutate(kw))
+    buffer = torch.full((kw["q"].shape[0] + 4, *kw["q"].shape[1:]), float("nan"), dtype=kw["q"].dtype)
+    kw["out"] = buffer[: kw["q"].shape[0]]
+    args = [kw.pop(k) for k in ("q", "r", "rel_proj", "key_cache", "value_cache", "positions", "block_table",
+                                "query_start_loc", "seq_lens")]
+    with pytest.raises(exc, match=match):
+        paged_rel_attention_triton(*args, **kw)
+    assert torch.isnan(buffer).all()
 
 
 def test_validation_base_is_valid_and_config_checks() -> None:

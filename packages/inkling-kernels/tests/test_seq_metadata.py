@@ -113,3 +113,25 @@ def test_validation_errors() -> None:
         sconv_seq_metadata(qsl, 0, 5, ok, ok.clone(), 5)
     with pytest.raises(TypeError, match="num_reqs must be an int"):
         sconv_seq_metadata(qsl, 2.0, 5, ok, ok.clone(), 5)  # type: ignore[arg-type]
+
+
+
+@pytest.mark.parametrize("impl", ["public", "reference", "triton"])
+@pytest.mark.parametrize("qsl,num_actual,match", [
+    ([1, 2, 5], 5, r"query_start_loc\[0\] must be 0, got 1"),
+    ([0, 4, 2], 2, r"non-decreasing, but entry 2 \(2\) < entry 1 \(4\)"),
+    ([0, 2, 5], 4, r"query_start_loc\[2\] = 5 but num_actual_tokens is 4"),
+    ([0, 2, 5], 6, r"query_start_loc\[2\] = 5 but num_actual_tokens is 6"),
+], ids=["start", "decreasing", "fewer-tokens", "more-tokens"])
+def test_host_query_start_loc_values(impl: str, qsl: list[int], num_actual: int, match: str) -> None:
+    """A CPU ``query_start_loc`` is checked against the counts it must agree with
+    before anything is written (its entries past ``num_reqs`` stay free). A device
+    one is never read on the host."""
+    from inkling_kernels.seq_metadata.kernel import sconv_seq_metadata_triton
+
+    fn = {"public": sconv_seq_metadata, "reference": sconv_seq_metadata_ref, "triton": sconv_seq_metadata_triton}[impl]
+    seq = torch.full((9,), SENTINEL, dtype=torch.int32)
+    start = seq.clone()
+    with pytest.raises(ValueError, match=match):
+        fn(torch.tensor(qsl + [-7], dtype=torch.int32), 2, num_actual, seq, start, 8)
+    assert seq.tolist() == [SENTINEL] * 9 and start.tolist() == [SENTINEL] * 9

@@ -422,17 +422,24 @@ def test_attention_entry_points() -> None:
     }
 
 
-def _out_cases() -> dict[str, tuple[Callable[..., Any], int, torch.Tensor]]:
-    """Each conv op as ``call(cache, out)`` on one batch, its result count and the
-    tensor its outputs are shaped like."""
+Inputs = dict[str, torch.Tensor]
+
+
+def _out_cases(
+    block_table: torch.Tensor | None = None,
+) -> tuple[dict[str, tuple[Callable[..., Any], int, torch.Tensor]], torch.Tensor, dict[str, Inputs]]:
+    """Each conv op as ``call(cache, out)`` on one batch (its block table replaced by
+    ``block_table`` when given), its result count and the tensor its outputs are shaped
+    like; the cache; each op's activation inputs by name."""
     from inkling_kernels import fused_sconv_add, fused_sconv_add_rmsnorm, fused_sconv_kv
 
     world = PagedWorld(dtype=torch.float32, seed=3)
     world.add_request(0, 5)
     world.add_request(1, 0)
     b = world.make_batch([(0, 3), (1, 2)], num_pad=1)
-    batch = SconvBatch(positions=b.positions, block_table=b.block_table, seq_idx=b.seq_idx,
-                       slot_mapping=b.slot_mapping, query_start=b.query_start, block_size=world.N)
+    batch = SconvBatch(positions=b.positions, block_table=b.block_table if block_table is None else block_table,
+                       seq_idx=b.seq_idx, slot_mapping=b.slot_mapping, query_start=b.query_start,
+                       block_size=world.N)
     (k_off, head), (v_off, _), (off, width) = world.streams[0], world.streams[1], world.streams[2]
     x, k, v = b.x[2], b.x[0], b.x[1]
     hidden, norm_weight = torch.randn_like(x), torch.rand(x.shape[1]) + 0.5
@@ -444,7 +451,12 @@ def _out_cases() -> dict[str, tuple[Callable[..., Any], int, torch.Tensor]]:
                                                            out=out), 1, x),
         "fused_sconv_add_rmsnorm": (lambda c, out: fused_sconv_add_rmsnorm(
             hidden, x, world.weights[2], c, batch, off, width, norm_weight, 1e-6, out=out), 2, x),
-    }, world.cache
+    }, world.cache, {
+        "fused_sconv": {"x": x},
+        "fused_sconv_kv": {"k": k, "v": v},
+        "fused_sconv_add": {"hidden": hidden, "d": x},
+        "fused_sconv_add_rmsnorm": {"hidden": hidden, "d": x},
+    }
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -454,7 +466,7 @@ def test_out_receives_the_result(op: str, backend: str, monkeypatch: pytest.Monk
     them, with the values and cache writes of a call that allocates; bad outputs are
     refused before anything runs (the cache untouched)."""
     monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", backend)
-    cases, cache = _out_cases()
+    cases, cache, _ = _out_cases()
     call, count, like = cases[op]
     fresh_cache = cache.clone()
     fresh = call(fresh_cache, None)
@@ -490,3 +502,168 @@ def test_out_receives_the_result(op: str, backend: str, monkeypatch: pytest.Monk
             call(cache.clone(), (one, one))
         with pytest.raises(TypeError, match="pair of tensors"):
             call(cache.clone(), one)
+
+
+OPS = ["fused_sconv", "fused_sconv_kv", "fused_sconv_add", "fused_sconv_add_rmsnorm"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("op", OPS)
+def test_out_sharing_memory_with_an_input_is_refused(op: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out=`` sharing memory with an input (the op's own rows: ``out=x``, ``out=d``,
+    ``out=hidden``, k or v; the cache) or with the op's other output raises before
+    anything runs, on both paths: the kernels read other rows of the inputs while they
+    write, so the Triton path would return wrong values. Two outputs side by side in
+    one buffer are fine."""
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", backend)
+    cases, cache, inputs = _out_cases()
+    call, count, like = cases[op]
+    t, c = like.shape
+    before = cache.clone()
+    aliases = [*inputs[op].items(), ("cache", cache.as_strided((t, c), (c, 1), cache.storage_offset()))]
+    snapshot = [a.clone() for _, a in aliases]
+    for name, alias in aliases:
+        for slot in range(count):
+            outs = [torch.empty(like.shape) for _ in range(count)]
+            outs[slot] = alias
+            with pytest.raises(ValueError, match=rf"out(\[{slot}\])? overlaps {name} in memory"):
+                call(cache, tuple(outs) if count == 2 else outs[0])
+            assert torch.equal(cache, before)
+            assert all(torch.equal(a, b) for (_, a), b in zip(aliases, snapshot))
+    if count == 2:
+        pair = torch.empty(t + 1, c)
+        with pytest.raises(ValueError, match=r"out\[1\] overlaps out\[0\]"):
+            call(cache, (pair[:t], pair[1:]))
+        assert torch.equal(cache, before)
+        fresh = call(cache.clone(), None)
+        side_by_side = torch.empty(2 * t, c)
+        got = call(cache.clone(), (side_by_side[:t], side_by_side[t:]))
+        assert all(torch.equal(g, f) for g, f in zip(got, fresh))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_out_one_row_after_x_in_the_same_buffer_is_refused(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partial overlap (out one row after x in one buffer, as an in-place shift would
+    place it) is refused; out right after x's last row is fine."""
+    from inkling_kernels.sconv.kernel import fused_sconv_triton
+
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", backend)
+    kw = _base()
+    x = kw["x"]
+    t, c = x.shape
+    want = _call(fused_sconv, {**kw, "cache": kw["cache"].clone()})
+    buffer = torch.empty(2 * t, c, dtype=x.dtype)
+    buffer[:t] = x
+    for fn in (fused_sconv, fused_sconv_triton):
+        with pytest.raises(ValueError, match="out overlaps x in memory"):
+            fn(buffer[:t], kw["weight"], kw["cache"].clone(), _batch(kw), kw["stream_offset"], kw["stream_width"],
+               out=buffer[1 : t + 1])
+    got = fused_sconv(buffer[:t], kw["weight"], kw["cache"].clone(), _batch(kw), kw["stream_offset"],
+                      kw["stream_width"], out=buffer[t:])
+    assert got.data_ptr() == buffer[t:].data_ptr() and torch.equal(got, want)
+
+
+def test_overlap_check_skips_tensors_without_memory_and_tracing() -> None:
+    """The overlap check reads addresses on the host only: fake and meta tensors (no
+    memory) pass, and a compiled graph with ``out=`` traces without a break and
+    matches the eager call."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from inkling_kernels.checks import output_for
+
+    meta = torch.empty(4, 8, device="meta")
+    assert output_for("out", meta, meta, (("x", meta),)) is meta
+    kw = _base()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        out = fake["x"]
+        got = fused_sconv(fake["x"], fake["weight"], fake["cache"], _batch(fake), kw["stream_offset"],
+                          kw["stream_width"], out=out)
+        assert got is out
+
+    def fn(x: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return fused_sconv(x, kw["weight"], cache, _batch(kw), kw["stream_offset"], kw["stream_width"], out=out) * 2
+
+    eager = fn(kw["x"], kw["cache"].clone(), torch.empty_like(kw["x"]))
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(kw["x"], kw["cache"].clone(), torch.empty_like(kw["x"])), eager)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_empty_cache_or_block_table_with_tokens_is_refused(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache without blocks, or a block table without rows or columns, cannot serve a
+    batch with tokens: every conv op and the tap map refuse them before anything runs,
+    on both paths (the reference would index out of range, the kernels mask every
+    read). A batch without tokens needs neither."""
+    from inkling_kernels import (
+        fused_sconv_add_ref,
+        fused_sconv_add_rmsnorm_ref,
+        fused_sconv_kv_ref,
+        sconv_tap_map,
+        sconv_tap_map_ref,
+    )
+
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", backend)
+    cases, cache, _ = _out_cases()
+    for call, _, _ in cases.values():
+        with pytest.raises(ValueError, match="cache has no blocks"):
+            call(cache[:0], None)
+    for table in (torch.zeros(0, 4, dtype=torch.int32), torch.zeros(1, 0, dtype=torch.int32)):
+        cases, cache, _ = _out_cases(block_table=table)
+        before = cache.clone()
+        for call, _, _ in cases.values():
+            with pytest.raises(ValueError, match=r"block_table has shape \(\d, \d\) but the batch has 6 tokens"):
+                call(cache, None)
+        assert torch.equal(cache, before)
+    kw = _base()
+    rows = kw["x"].shape[0]
+    refs = (
+        lambda c: fused_sconv_ref(kw["x"], kw["weight"], c, _batch(kw), kw["stream_offset"], kw["stream_width"]),
+        lambda c: fused_sconv_add_ref(kw["x"], kw["x"], kw["weight"], c, _batch(kw), kw["stream_offset"],
+                                      kw["stream_width"]),
+        lambda c: fused_sconv_add_rmsnorm_ref(kw["x"], kw["x"], kw["weight"], c, _batch(kw), kw["stream_offset"],
+                                              kw["stream_width"], torch.ones(kw["x"].shape[1]), 1e-6),
+    )
+    for ref in refs:
+        with pytest.raises(ValueError, match="cache has no blocks"):
+            ref(kw["cache"][:0])
+    for table in (kw["block_table"][:0], kw["block_table"][:, :0]):
+        bad = _batch({**kw, "block_table": table}, kernel_size=4)
+        for tap_map in (sconv_tap_map, sconv_tap_map_ref):
+            with pytest.raises(ValueError, match="block_table has shape"):
+                tap_map(bad, torch.empty(rows, 3, dtype=torch.int64))
+        with pytest.raises(ValueError, match="block_table has shape"):
+            fused_sconv_kv_ref(kw["x"], kw["x"], kw["weight"], kw["weight"], kw["cache"], bad, 0,
+                               kw["stream_width"], kw["stream_width"])
+    # no tokens: an empty cache and table are fine
+    empty = {**kw, "x": kw["x"][:0], "positions": kw["positions"][:0], "seq_idx": kw["seq_idx"][:0],
+             "slot_mapping": kw["slot_mapping"][:0], "query_start": kw["query_start"][:0],
+             "block_table": kw["block_table"][:0], "cache": kw["cache"][:0]}
+    assert _call(fused_sconv, empty).shape == (0, kw["x"].shape[1])
+
+
+def test_causal_conv_ref_checks_its_arguments() -> None:
+    """The full-sequence oracle checks its epilogue as the ops do (an unknown activation
+    used to run none, any truthy ``residual`` counted as True) and its tensors."""
+    from inkling_kernels import causal_conv_ref
+
+    x, weight = torch.randn(5, 8), torch.randn(8, 4)
+    assert torch.equal(causal_conv_ref(x, weight[:, None]), causal_conv_ref(x, weight))
+    assert causal_conv_ref(x, weight[:, :1]).shape == x.shape  # W = 1: the current token only
+    bad = [
+        (dict(activation="gelu"), ValueError, "activation must be None or 'silu'"),
+        (dict(residual="no"), TypeError, "residual must be a bool"),
+        (dict(weight=weight[:, None].expand(8, 2, 4)), ValueError, r"\(C, W\) or \(C, 1, W\)"),
+        (dict(weight=weight[:, :0]), ValueError, "must be >= 1"),
+        (dict(weight=weight.tolist()), TypeError, "weight must be a torch.Tensor"),
+        (dict(weight=weight[None]), ValueError, r"\(C, W\) or \(C, 1, W\)"),
+        (dict(weight=weight.int()), TypeError, "weight must be a float tensor"),
+        (dict(weight=weight[:-1]), ValueError, "channels"),
+        (dict(x=x.tolist()), TypeError, "x must be a torch.Tensor"),
+        (dict(x=x.int()), TypeError, "x must be a float tensor"),
+        (dict(x=x[None]), ValueError, r"\[L, C\]"),
+    ]
+    for change, exc, match in bad:
+        args = {"x": x, "weight": weight, **change}
+        with pytest.raises(exc, match=match):
+            causal_conv_ref(args.pop("x"), args.pop("weight"), **args)

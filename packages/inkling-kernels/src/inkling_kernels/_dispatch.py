@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["CPU_BACKEND_ENV", "run_op", "uses_triton"]
+__all__ = ["CPU_BACKEND_ENV", "has_memory", "run_op", "traced", "uses_triton"]
 
 CPU_BACKEND_ENV = "INKLING_KERNELS_CPU_BACKEND"
 
@@ -38,6 +38,19 @@ def uses_triton(device: torch.device) -> bool:
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
 
 
+def traced() -> bool:
+    """Whether calls are being traced rather than run: under ``torch.compile``, any
+    dispatch mode (fake tensors, ``make_fx``, ``torch.export``) or a functorch transform."""
+    return (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or torch._C._are_functorch_transforms_active())
+
+
+def has_memory(t: torch.Tensor) -> bool:
+    """Whether ``t`` owns real memory whose address means something: a tensor without a
+    ``__torch_dispatch__`` of its own (not a fake or functional tensor) off the meta device."""
+    return type(t).__torch_dispatch__ is _PLAIN_DISPATCH and not t.is_meta
+
+
 def run_op(op: Any, *args: Any, direct: Optional[Callable[[], Any]] = None) -> Any:
     """Call the custom op ``op`` (a ``torch.library.custom_op``) on ``args``.
 
@@ -56,9 +69,7 @@ def run_op(op: Any, *args: Any, direct: Optional[Callable[[], Any]] = None) -> A
     as before. The direct call does not bump the version counters of the arguments it
     writes."""
     impl = getattr(op, "_init_fn", None)
-    if impl is None or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return op(*args)
-    if torch._C._are_functorch_transforms_active():
+    if impl is None or traced():
         return op(*args)
     grad = torch.is_grad_enabled()
     for arg in args:

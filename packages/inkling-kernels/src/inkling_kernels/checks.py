@@ -11,9 +11,13 @@ Two kinds, run at two rates:
   :func:`check_norm_extras`; the K+V launch (``fused_sconv_kv``)
   runs :func:`check_kv_call` instead, the same checks per stream plus the pair's.
 
-Nothing here reads tensor values or synchronises with the device, so every check is
-safe inside CUDA-graph capture. Values (slots, positions) are not inspected; the
+Nothing here reads a device tensor's values or synchronises with the device, so every
+check is safe inside CUDA-graph capture. Values (slots, positions) are not inspected; the
 kernels mask out-of-range slots instead (a slot outside the cache is never written).
+Two checks read more than shapes, on the host only: :func:`check_seq_metadata_args`
+reads ``query_start_loc``'s values when it is a CPU tensor, and :func:`output_for`
+compares an output's address range with the inputs' (``data_ptr``; skipped while
+tracing).
 
 Dtypes are exact, as the kernel contract states them (docs/design.md §3): positions
 and slot mapping int64, block table, seq_idx and query start int32, tap map int64.
@@ -25,6 +29,8 @@ import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+from ._dispatch import has_memory, traced
 
 if TYPE_CHECKING:
     from .batch import SconvBatch
@@ -166,10 +172,23 @@ def check_tap_map_call(batch: object, tap_map_out: object) -> int:
             "(the tap map has W - 1 columns)"
         )
     check_tap_map_buffer("tap_map_out", tap_map_out, batch.num_tokens, batch.kernel_size, batch.device)
+    _check_table_for_tokens(batch, batch.num_tokens)
     return batch.kernel_size
 
 
+def _check_table_for_tokens(batch: SconvBatch, num_tokens: int) -> None:
+    """A batch with tokens needs a block table with a row and a column (taps before a
+    call resolve through it)."""
+    table_shape = batch.block_table.shape
+    if num_tokens > 0 and (table_shape[0] == 0 or table_shape[1] == 0):
+        raise ValueError(
+            f"block_table has shape {tuple(table_shape)} but the batch has {num_tokens} tokens: "
+            "pass the step's table, a row per request (at least one) and a column per block"
+        )
+
+
 def _check_epilogue(activation: object, residual: object) -> None:
+    """The conv epilogue: ``activation`` None or "silu", ``residual`` a bool."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be None or 'silu', got {activation!r}")
     if not isinstance(residual, bool):
@@ -236,6 +255,7 @@ def _check_stream(
         )
     if x_device != positions.device:
         raise ValueError(f"{x_name} is on {x_device} but the batch is on {batch.device}")
+    _check_table_for_tokens(batch, rows)
 
     cache_shape = cache.shape
     if len(cache_shape) != 4:
@@ -248,6 +268,11 @@ def _check_stream(
     if cache.device != x_device:
         raise ValueError(f"cache is on {cache.device} but {x_name} is on {x_device}")
     num_blocks, num_heads, cache_block, head_size = cache_shape
+    if num_blocks == 0 and rows > 0:
+        raise ValueError(
+            f"cache has no blocks (shape {tuple(cache_shape)}) but the batch has {rows} tokens: "
+            "pass the layer's allocated cache"
+        )
     if head_size > 1 and cache.stride(3) != 1:
         raise ValueError(
             f"cache's last (D) dimension must have stride 1, got {cache.stride(3)}; "
@@ -363,11 +388,13 @@ def check_kv_call(
     return pk, pv
 
 
-def output_for(name: str, out: object, like: torch.Tensor) -> torch.Tensor:
+def output_for(
+    name: str, out: object, like: torch.Tensor, inputs: tuple[tuple[str, torch.Tensor], ...] = ()
+) -> torch.Tensor:
     """The tensor an op writes its ``[T, C]`` result into: ``out`` when the caller
     passes one (``out=``), checked to be a contiguous tensor of ``like``'s shape, dtype
-    and device, else a new one. An output must not overlap the op's inputs or its other
-    output (not checked: the kernels read other rows of the inputs while writing)."""
+    and device that shares no memory with ``inputs`` (``(name, tensor)`` pairs: the
+    kernels read other rows of the inputs while writing), else a new one."""
     if out is None:
         return torch.empty(like.shape, dtype=like.dtype, device=like.device)
     out = need_tensor(name, out)
@@ -379,20 +406,58 @@ def output_for(name: str, out: object, like: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{name} is on {out.device} but the input is on {like.device}: move it")
     if not out.is_contiguous():
         raise ValueError(f"{name} must be contiguous: pass a contiguous tensor (a leading row slice of one is)")
+    _check_disjoint(name, out, inputs)
     return out
 
 
-def outputs_for(name: str, out: object, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def outputs_for(
+    name: str, out: object, like: torch.Tensor, inputs: tuple[tuple[str, torch.Tensor], ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two outputs shaped like ``like`` (an op with two results): ``out`` as a pair of
-    distinct tensors, each checked by :func:`output_for`, or two new ones."""
+    tensors sharing no memory, each checked by :func:`output_for`, or two new ones."""
     if out is None:
         return output_for(name, None, like), output_for(name, None, like)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"{name} must be a pair of tensors (one per result), got {type(out).__name__}")
-    first, second = output_for(f"{name}[0]", out[0], like), output_for(f"{name}[1]", out[1], like)
+    first, second = output_for(f"{name}[0]", out[0], like, inputs), output_for(f"{name}[1]", out[1], like, inputs)
     if first is second:
         raise ValueError(f"{name} passes one tensor for both results: pass two")
+    _check_disjoint(f"{name}[1]", second, ((f"{name}[0]", first),))
     return first, second
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """``[start, end)``: the bytes ``t``'s elements lie in (any strides; empty when
+    ``t`` has no elements)."""
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.nbytes
+    if t.numel() == 0:
+        return start, start
+    last = 0
+    for size, stride in zip(t.shape, t.stride()):
+        last += (size - 1) * stride
+    return start, start + (last + 1) * t.element_size()
+
+
+def _check_disjoint(name: str, out: torch.Tensor, inputs: tuple[tuple[str, torch.Tensor], ...]) -> None:
+    """Raise ValueError if ``out`` overlaps one of ``inputs`` (``(name, tensor)`` pairs)
+    in memory: a comparison of the byte ranges they span (conservative for strided
+    inputs), on the host, no sync. Skipped while tracing and for tensors without real
+    memory (fake, functional or meta tensors)."""
+    if not inputs or not has_memory(out) or traced():
+        return
+    lo, hi = _byte_range(out)
+    if lo == hi:
+        return
+    for in_name, t in inputs:
+        if has_memory(t):
+            start, end = _byte_range(t)
+            if start < hi and lo < end and start < end:
+                raise ValueError(
+                    f"{name} overlaps {in_name} in memory: pass an output that shares no memory with "
+                    "the op's inputs or its other output (or none: the op allocates one)"
+                )
 
 
 def _check_hidden(hidden: object, d: torch.Tensor) -> None:
@@ -475,7 +540,9 @@ def check_seq_metadata_args(
     query_start_out: object,
     num_padded_tokens: object,
 ) -> None:
-    """Validate a `sconv_seq_metadata` call; raise TypeError/ValueError saying what to change."""
+    """Validate a `sconv_seq_metadata` call; raise TypeError/ValueError saying what to change.
+    ``query_start_loc``'s values (``[0] == 0``, non-decreasing, ``[num_reqs] ==
+    num_actual_tokens``) are checked when it is a CPU tensor (no device sync)."""
     qsl = need_tensor("query_start_loc", query_start_loc)
     seq_out = need_tensor("seq_idx_out", seq_idx_out)
     qs_out = need_tensor("query_start_out", query_start_out)
@@ -514,3 +581,19 @@ def check_seq_metadata_args(
             raise ValueError(f"{name} must be contiguous")
         if buf.device != qsl.device:
             raise ValueError(f"{name} is on {buf.device} but query_start_loc is on {qsl.device}")
+    if num_reqs > 0 and qsl.device.type == "cpu" and has_memory(qsl) and not traced():
+        starts = qsl[: num_reqs + 1].tolist()
+        if starts[0] != 0:
+            raise ValueError(f"query_start_loc[0] must be 0, got {starts[0]}")
+        for i in range(num_reqs):
+            if starts[i + 1] < starts[i]:
+                raise ValueError(
+                    f"query_start_loc must be non-decreasing, but entry {i + 1} ({starts[i + 1]}) < "
+                    f"entry {i} ({starts[i]})"
+                )
+        if starts[num_reqs] != num_actual_tokens:
+            raise ValueError(
+                f"query_start_loc[num_reqs] = query_start_loc[{num_reqs}] = {starts[num_reqs]} but "
+                f"num_actual_tokens is {num_actual_tokens}: pass the step's total token count, "
+                "query_start_loc[num_reqs]"
+            )

@@ -14,7 +14,7 @@ import torch
 
 from .._dispatch import run_op, uses_triton
 from ..checks import check_gathered_rms_norm_args
-from .reference import gathered_rms_norm_ref
+from .reference import gathered_rms_norm_ref, reference_gathered_rms_norm
 
 __all__ = ["gathered_rms_norm", "gathered_rms_norm_ref"]
 
@@ -22,7 +22,7 @@ __all__ = ["gathered_rms_norm", "gathered_rms_norm_ref"]
 @torch.library.custom_op("inkling::gathered_rms_norm", mutates_args=())
 def _gathered_rms_norm_op(shards: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
     if not uses_triton(shards.device):
-        return gathered_rms_norm_ref(shards, norm_weight, eps)
+        return reference_gathered_rms_norm(shards, norm_weight, eps)
     from .kernel import launch_gathered_rms_norm  # Triton only off the CPU path
 
     return launch_gathered_rms_norm(shards, norm_weight, eps)

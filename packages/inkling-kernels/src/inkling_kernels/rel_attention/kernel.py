@@ -71,7 +71,14 @@ import triton
 import triton.language as tl
 
 from .._triton_common import is_interpreter, pdl_launch
-from .paged import _check_caches, _float_tensor, _same_device, _tensor, check_write_kv_args
+from .paged import (
+    _check_caches,
+    _float_tensor,
+    _same_device,
+    _tensor,
+    check_metadata_values,
+    check_write_kv_args,
+)
 from .reference import INDEX_DTYPES, check_log_scaling, check_scale, check_window
 
 __all__ = [
@@ -624,8 +631,11 @@ def check_paged_rel_attention_triton_args(
     scale: object, window: object, log_scaling: object, out: object, max_chunk_elements: object,
 ) -> RelAttentionProblem:
     """Validate a :func:`paged_rel_attention_triton` call; raise TypeError/ValueError
-    saying what to change. Reads only shapes, dtypes, strides and devices (never a
-    device tensor's values), so it is safe inside CUDA-graph capture."""
+    saying what to change. Reads shapes, dtypes, strides and devices, and the values of
+    ``query_start_loc`` and ``seq_lens`` only when both are host tensors
+    (:func:`.paged.check_metadata_values`, ``block_table`` too when it is on the host);
+    never a device tensor's values, so with device metadata it is safe inside
+    CUDA-graph capture."""
     q = _float_tensor("q", q, 3, "[T, Hq, Dh]")
     t_rows, hq, dh = q.shape
     dev = q.device
@@ -664,13 +674,15 @@ def check_paged_rel_attention_triton_args(
 
     sl = _metadata("seq_lens", seq_lens, None, "[R] context lengths", dev)
     num_reqs = sl.shape[0]
-    _metadata("query_start_loc", query_start_loc, num_reqs + 1, "[R + 1] row offsets", dev)
+    qsl = _metadata("query_start_loc", query_start_loc, num_reqs + 1, "[R + 1] row offsets", dev)
     if num_reqs > 0 and bt.shape[0] < num_reqs:
         raise ValueError(f"block_table has {bt.shape[0]} rows but there are {num_reqs} requests")
 
     scale_f = check_scale(scale)
     window_i = check_window(window)
     log_s = check_log_scaling(log_scaling)
+    if qsl.device.type == "cpu" and sl.device.type == "cpu":
+        check_metadata_values(qsl.tolist(), sl.tolist(), t_rows, bt, kc.shape[0], n, window_i)
     if isinstance(max_chunk_elements, bool) or not isinstance(max_chunk_elements, int):
         raise TypeError(f"max_chunk_elements must be an int, got {type(max_chunk_elements).__name__}")
     if out is not None:
@@ -801,10 +813,11 @@ def paged_rel_attention_triton(
     except:
 
     * ``query_start_loc`` [R + 1] and ``seq_lens`` [R] should be tensors on q's
-      device (vLLM: ``query_start_loc`` / ``seq_lens``); host tensors are accepted
-      and copied (not CUDA-graph capturable). Their values are never read on the
-      host: with device metadata the call does not synchronise and replays under
-      CUDA graphs (fixed grid from T and R).
+      device (vLLM: ``query_start_loc`` / ``seq_lens``); host tensors are accepted,
+      value-checked as :func:`paged_rel_attention` checks them (the block table's
+      entries too when it is on the host) and copied (not CUDA-graph capturable).
+      Device metadata is never read on the host: the call does not synchronise and
+      replays under CUDA graphs (fixed grid from T and R).
     * ``positions`` is checked for shape only: the kernel derives each row's position
       from the metadata (request ``i``'s rows are positions ``seq_lens[i] - qlen_i ..``).
     * ``max_chunk_elements`` is accepted for signature compatibility and ignored

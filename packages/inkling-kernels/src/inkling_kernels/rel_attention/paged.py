@@ -36,7 +36,13 @@ from .reference import (
     log_scale_factor,
 )
 
-__all__ = ["check_paged_rel_attention_args", "check_write_kv_args", "paged_rel_attention", "write_kv"]
+__all__ = [
+    "check_metadata_values",
+    "check_paged_rel_attention_args",
+    "check_write_kv_args",
+    "paged_rel_attention",
+    "write_kv",
+]
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,57 @@ def _check_caches(key_cache: object, value_cache: object) -> tuple[torch.Tensor,
     return kc, vc
 
 
+def check_metadata_values(
+    starts: list[int],
+    lens: list[int],
+    num_rows: int,
+    block_table: torch.Tensor,
+    num_blocks: int,
+    block_size: int,
+    window: int | None,
+) -> None:
+    """Check the host metadata's values (``starts``: ``query_start_loc``, ``lens``:
+    ``seq_lens``, as ints) against the call's shapes: offsets from 0, non-decreasing,
+    within q's ``num_rows`` rows; each request's ``seq_lens`` at least its query length
+    and within its block-table row. When ``block_table`` is a CPU tensor, also the
+    entries each request reads (positions ``[max(0, first query - window + 1),
+    seq_lens - 1]``): in ``[0, num_blocks)``. Raises ValueError saying what to change."""
+    n = block_size
+    if starts[0] != 0:
+        raise ValueError(f"query_start_loc[0] must be 0, got {starts[0]}")
+    for i in range(len(lens)):
+        qlen = starts[i + 1] - starts[i]
+        if qlen < 0:
+            raise ValueError(f"query_start_loc must be non-decreasing, but entry {i + 1} < entry {i}")
+        if lens[i] < qlen:
+            raise ValueError(
+                f"request {i} has {qlen} query rows but seq_lens[{i}] = {lens[i]}: seq_lens counts "
+                "the context including this step's tokens, so it must be >= the query length"
+            )
+        if qlen > 0 and lens[i] > block_table.shape[1] * n:
+            raise ValueError(
+                f"request {i} has seq_lens {lens[i]} but block_table holds only "
+                f"{block_table.shape[1]} blocks of {n} = {block_table.shape[1] * n} positions"
+            )
+    if starts[-1] > num_rows:
+        raise ValueError(f"query_start_loc[-1] = {starts[-1]} exceeds the {num_rows} rows of q")
+    if block_table.device.type != "cpu" or starts[-1] == 0:
+        return
+    qlens = torch.tensor(starts[1:]) - torch.tensor(starts[:-1])
+    ends = torch.tensor(lens)
+    first = torch.zeros_like(ends) if window is None else (ends - qlens - window + 1).clamp(min=0)
+    cols = torch.arange(block_table.shape[1])
+    read = (qlens > 0)[:, None] & (cols >= (first // n)[:, None]) & (cols <= ((ends - 1) // n)[:, None])
+    table = block_table[: len(lens)]
+    bad = (read & ((table < 0) | (table >= num_blocks))).nonzero()
+    if bad.numel() > 0:
+        i, c = int(bad[0, 0]), int(bad[0, 1])
+        raise ValueError(
+            f"block_table[{i}, {c}] = {int(table[i, c])} but the caches have {num_blocks} blocks: request "
+            f"{i} reads positions {c * n}..{c * n + n - 1} through it, so it must be in [0, {num_blocks})"
+        )
+
+
 def check_paged_rel_attention_args(
     q: object,
     r: object,
@@ -126,8 +183,9 @@ def check_paged_rel_attention_args(
 ) -> RelAttentionPlan:
     """Validate a :func:`paged_rel_attention` call; raise TypeError/ValueError saying
     what to change. Reads shapes, dtypes and devices of the device tensors, and the
-    values of the host metadata; ``positions`` values are checked against the host
-    metadata only when they are on the CPU (no device sync)."""
+    values of the host metadata (:func:`check_metadata_values`); ``positions`` and
+    ``block_table`` values are checked against it only when they are on the CPU (no
+    device sync)."""
     q = _float_tensor("q", q, 3, "[T, Hq, Dh]")
     t_rows, hq, dh = q.shape
     dev = q.device
@@ -174,30 +232,13 @@ def check_paged_rel_attention_args(
             f"query_start_loc has {len(starts)} entries and seq_lens {len(lens)}: "
             "query_start_loc must have one more (R + 1 offsets for R requests)"
         )
-    if starts[0] != 0:
-        raise ValueError(f"query_start_loc[0] must be 0, got {starts[0]}")
-    for i in range(len(lens)):
-        qlen = starts[i + 1] - starts[i]
-        if qlen < 0:
-            raise ValueError(f"query_start_loc must be non-decreasing, but entry {i + 1} < entry {i}")
-        if lens[i] < qlen:
-            raise ValueError(
-                f"request {i} has {qlen} query rows but seq_lens[{i}] = {lens[i]}: seq_lens counts "
-                "the context including this step's tokens, so it must be >= the query length"
-            )
-        if qlen > 0 and lens[i] > bt.shape[1] * n:
-            raise ValueError(
-                f"request {i} has seq_lens {lens[i]} but block_table holds only "
-                f"{bt.shape[1]} blocks of {n} = {bt.shape[1] * n} positions"
-            )
-    if starts[-1] > t_rows:
-        raise ValueError(f"query_start_loc[-1] = {starts[-1]} exceeds the {t_rows} rows of q")
     if lens and bt.shape[0] < len(lens):
         raise ValueError(f"block_table has {bt.shape[0]} rows but there are {len(lens)} requests")
 
     scale_f = check_scale(scale)
     window_i = check_window(window)
     log_s = check_log_scaling(log_scaling)
+    check_metadata_values(starts, lens, t_rows, bt, kc.shape[0], n, window_i)
     if isinstance(max_chunk_elements, bool) or not isinstance(max_chunk_elements, int):
         raise TypeError(f"max_chunk_elements must be an int, got {type(max_chunk_elements).__name__}")
     if max_chunk_elements < hq:
@@ -359,7 +400,8 @@ def paged_rel_attention(
             device. Request ``i``'s rows must be positions
             ``seq_lens[i] - qlen_i .. seq_lens[i] - 1`` in order (checked on CPU).
         block_table: [>= R, max_blocks] int32/int64 on q's device; position ``j`` of
-            request ``i`` lives at ``cache[block_table[i, j // N], j % N]``.
+            request ``i`` lives at ``cache[block_table[i, j // N], j % N]``. The entries
+            a request reads must be in ``[0, num_blocks)`` (checked on CPU).
         query_start_loc: [R + 1] host (cpu) int tensor; request ``i`` owns rows
             ``query_start_loc[i] : query_start_loc[i + 1]``. Rows from
             ``query_start_loc[R]`` on are padding and get zeros.

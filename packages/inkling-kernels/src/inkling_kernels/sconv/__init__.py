@@ -95,7 +95,8 @@ def fused_sconv(
         activation: None or "silu", applied to the conv sum (before the residual).
         residual: add x: ``out = x + act(conv)``; else ``out = act(conv)``.
         out: where to write the result: a contiguous [T, H*stream_width] tensor in
-            x.dtype on x's device, sharing no memory with the inputs; by default a new one.
+            x.dtype on x's device, sharing no memory with the inputs (checked); by
+            default a new one.
 
     Returns:
         out: [T, H*stream_width] in x.dtype.
@@ -108,7 +109,7 @@ def fused_sconv(
     inside the window resolve through valid block-table entries.
     """
     prob = check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
-    out = output_for("out", out, x)
+    out = output_for("out", out, x, (("x", x), ("weight", weight), ("cache", cache)))
     run_op(
         _fused_sconv_op, x, weight, cache, *batch.op_args(), stream_offset, stream_width, activation, residual, out,
         direct=lambda: _run(x, cache, batch, prob, stream_offset, stream_width, activation, residual, out),

@@ -55,7 +55,7 @@ import triton.language as tl
 
 from .._triton_common import cdiv, decode_tap_codes, match_last_writer, pow2_ceil, resolve_taps
 from ..batch import SconvBatch
-from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call
+from ..checks import TAP_MAP_MAX_SLOTS, SconvProblem, check_conv_call, output_for
 from .rows_kernel import _rows_sconv_kernel, cache_max_offset, rows_unfit, rows_weight_tile
 
 __all__ = [
@@ -667,9 +667,8 @@ def fused_sconv_triton(
     contract as :func:`inkling_kernels.fused_sconv`; ``out`` (contiguous, like x)
     receives the result (tests poison it first)."""
     prob = check_conv_call(x, weight, cache, batch, stream_offset, stream_width, activation, residual)
-    if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous()):
-        raise ValueError("out must be a contiguous tensor with x's shape, dtype and device")
     return launch_fused_sconv(
         x, cache, batch, prob, stream_offset, stream_width, activation, residual,
-        config=config, out=out, auto_map=auto_map,
+        config=config, out=output_for("out", out, x, (("x", x), ("weight", weight), ("cache", cache))),
+        auto_map=auto_map,
     )

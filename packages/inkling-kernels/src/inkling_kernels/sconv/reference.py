@@ -26,7 +26,7 @@ import torch
 
 from .._reference_common import pre_forward_slots, tap_sources
 from ..batch import SconvBatch
-from ..checks import SconvProblem, check_conv_call
+from ..checks import SconvProblem, _check_epilogue, check_conv_call, need_tensor
 
 __all__ = ["causal_conv_ref", "fused_sconv_ref"]
 
@@ -48,10 +48,22 @@ def causal_conv_ref(
 
     x: [L, C] (any float dtype); weight: (C, W) or (C, 1, W), ``weight[:, W-1]``
     multiplies the current token. Returns ``x + act(conv(x))`` (or ``act(conv(x))``)
-    in ``x.dtype``, [L, C]; positions before the sequence start read zero.
+    in ``x.dtype``, [L, C]; positions before the sequence start read zero. Raises
+    TypeError/ValueError saying what to change.
     """
+    x = need_tensor("x", x)
+    weight = need_tensor("weight", weight)
+    _check_epilogue(activation, residual)
     if x.dim() != 2:
         raise ValueError(f"x must be [L, C], got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a float tensor, got {x.dtype}")
+    if weight.dim() not in (2, 3) or (weight.dim() == 3 and weight.shape[1] != 1):
+        raise ValueError(f"weight must be (C, W) or (C, 1, W), got shape {tuple(weight.shape)}")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be a float tensor, got {weight.dtype}")
+    if weight.shape[-1] < 1:
+        raise ValueError(f"kernel size W (weight.shape[-1]) must be >= 1, got {weight.shape[-1]}")
     w = weight.reshape(weight.shape[0], weight.shape[-1]).float()
     if w.shape[0] != x.shape[1]:
         raise ValueError(f"weight has {w.shape[0]} channels but x has {x.shape[1]}")

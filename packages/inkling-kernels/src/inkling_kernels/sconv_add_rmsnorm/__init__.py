@@ -141,14 +141,15 @@ def fused_sconv_add_rmsnorm(
         eps: the norm's epsilon (``rms_norm_eps``).
         out: where to write the results: ``(new_hidden, normed)``, two distinct
             contiguous [T, C] tensors in d.dtype on d's device, sharing no memory with
-            the inputs; by default two new ones.
+            the inputs or each other (checked); by default two new ones.
 
     Returns:
         ``(new_hidden, normed)``, [T, C] tensors in d.dtype, rounded at the points
         where transformers rounds (see :mod:`.reference`).
     """
     prob = check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
-    hidden_out, normed_out = outputs_for("out", out, d)
+    hidden_out, normed_out = outputs_for("out", out, d, (
+        ("hidden", hidden), ("d", d), ("weight", weight), ("cache", cache), ("norm_weight", norm_weight)))
     call = (hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps))
     run_op(
         _fused_sconv_add_rmsnorm_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width,
@@ -233,7 +234,7 @@ def fused_sconv_add(
             slot's stream range receives its row of ``d``); the batch's tap map, when
             it has one, serves the CUDA kernel as it serves ``fused_sconv``.
         out: where to write ``new_hidden``: a contiguous [T, C] tensor in d.dtype on
-            d's device, sharing no memory with the inputs; by default a new one.
+            d's device, sharing no memory with the inputs (checked); by default a new one.
 
     Returns:
         ``new_hidden``, [T, C] in d.dtype: ``dt(hidden + dt(d + conv(d)))``
@@ -241,7 +242,7 @@ def fused_sconv_add(
         output, bit for bit on the CPU path).
     """
     prob = check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
-    out = output_for("out", out, d)
+    out = output_for("out", out, d, (("hidden", hidden), ("d", d), ("weight", weight), ("cache", cache)))
     call = (hidden, d, prob, cache, batch, stream_offset, stream_width)
     run_op(_fused_sconv_add_op, hidden, d, weight, cache, *batch.op_args(), stream_offset, stream_width, out,
            direct=lambda: _run_add(call, out))

@@ -843,7 +843,8 @@ def fused_sconv_add_rmsnorm_triton(
     prob = check_sconv_add_rmsnorm_args(hidden, d, weight, cache, batch, stream_offset, stream_width, norm_weight, eps)
     return launch_sconv_add_rmsnorm(
         hidden, d, prob, cache, batch, stream_offset, stream_width, norm_weight, float(eps),
-        config=config, outputs=outputs_for("outputs", outputs, d),
+        config=config, outputs=outputs_for("outputs", outputs, d, (
+            ("hidden", hidden), ("d", d), ("weight", weight), ("cache", cache), ("norm_weight", norm_weight))),
     )
 
 
@@ -867,4 +868,6 @@ def fused_sconv_add_triton(
 
     prob = check_sconv_add_args(hidden, d, weight, cache, batch, stream_offset, stream_width)
     return launch_sconv_add(hidden, d, prob, cache, batch, stream_offset, stream_width, config=config,
-                            out=output_for("out", out, d), auto_map=auto_map)
+                            out=output_for("out", out, d, (("hidden", hidden), ("d", d), ("weight", weight),
+                                                          ("cache", cache))),
+                            auto_map=auto_map)

@@ -114,7 +114,7 @@ def fused_sconv_kv(
         activation, residual: as for :func:`inkling_kernels.fused_sconv`, for both streams.
         out: where to write the results: ``(k_out, v_out)``, two distinct contiguous
             [T, H*head_dim] tensors in the activation dtype on k's device, sharing no
-            memory with the inputs; by default two new ones.
+            memory with the inputs or each other (checked); by default two new ones.
 
     Returns:
         ``(k_out, v_out)``: contiguous [T, H*head_dim] tensors in the activation dtype.
@@ -124,7 +124,9 @@ def fused_sconv_kv(
     including the same-step hazard ("insert the whole batch, then convolve").
     """
     probs = check_kv_call(k, v, k_weight, v_weight, cache, batch, k_offset, v_offset, head_dim, activation, residual)
-    k_out, v_out = outputs_for("out", out, k)
+    k_out, v_out = outputs_for(
+        "out", out, k, (("k", k), ("v", v), ("k_weight", k_weight), ("v_weight", v_weight), ("cache", cache))
+    )
     run_op(
         _fused_sconv_kv_op, k, v, k_weight, v_weight, cache, *batch.op_args(), k_offset, v_offset, head_dim,
         activation, residual, k_out, v_out,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import SconvBatch
-from ..checks import SconvProblem, check_kv_call
+from ..checks import SconvProblem, check_kv_call, outputs_for
 from ..sconv.kernel import ConvStream, SconvConfig, launch_conv_streams
 
 __all__ = ["fused_sconv_kv_triton"]
@@ -77,12 +77,10 @@ def fused_sconv_kv_triton(
     as :func:`inkling_kernels.fused_sconv_kv`; ``out`` (two contiguous tensors shaped
     like k) receives the results (tests poison them first)."""
     probs = check_kv_call(k, v, k_weight, v_weight, cache, batch, k_offset, v_offset, head_dim, activation, residual)
-    if out is not None and not (
-        isinstance(out, tuple) and len(out) == 2
-        and all(o.shape == k.shape and o.dtype == k.dtype and o.device == k.device and o.is_contiguous() for o in out)
-    ):
-        raise ValueError("out must be a pair of contiguous tensors with k's shape, dtype and device")
+    outputs = outputs_for(
+        "out", out, k, (("k", k), ("v", v), ("k_weight", k_weight), ("v_weight", v_weight), ("cache", cache))
+    )
     return launch_fused_sconv_kv(
         k, v, cache, batch, probs, k_offset, v_offset, head_dim, activation, residual,
-        config=config, out=out, auto_map=auto_map,
+        config=config, out=outputs, auto_map=auto_map,
     )
