@@ -101,22 +101,24 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _one_or_many(name: str, value: object, one: tuple[type, ...], what: tuple[str, str], example: str) -> tuple[object, ...]:
+    """``value`` as a tuple: a single ``one`` instance (not a bool) is a tuple of one, any
+    other iterable (not a string) its items; anything else a TypeError naming ``name``."""
+    if isinstance(value, one) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        return tuple(value)
+    raise TypeError(
+        f"{name} must be {what[0]} or a sequence of {what[1]}, got {type(value).__name__} {value!r}: pass e.g. {example}"
+    )
+
+
 def _budgets(budgets_gib: object) -> tuple[float, ...]:
     """``budgets_gib`` as a tuple of GiB figures (a single number is one budget)."""
-    if isinstance(budgets_gib, numbers.Real) and not isinstance(budgets_gib, bool):
-        budgets: tuple[object, ...] = (budgets_gib,)
-    elif isinstance(budgets_gib, Iterable) and not isinstance(budgets_gib, (str, bytes)):
-        budgets = tuple(budgets_gib)
-    else:
-        raise TypeError(
-            f"budgets_gib must be a number or a sequence of numbers (GiB per rank), got "
-            f"{type(budgets_gib).__name__} {budgets_gib!r}: pass e.g. 8.0 or (8.0, 40.0)"
-        )
+    budgets = _one_or_many("budgets_gib", budgets_gib, (numbers.Real,), ("a number", "numbers"), "8.0 or (8.0, 40.0)")
     for i, b in enumerate(budgets):
         if isinstance(b, bool) or not isinstance(b, numbers.Real):
-            raise TypeError(
-                f"budgets_gib[{i}] must be a number of GiB, got {type(b).__name__} {b!r}"
-            )
+            raise TypeError(f"budgets_gib[{i}] must be a number of GiB, got {type(b).__name__} {b!r}")
         if not (b > 0 and math.isfinite(b)):
             raise ValueError(f"memory budget must be > 0 GiB, got budgets_gib[{i}] = {b}")
     return budgets  # type: ignore[return-value]
@@ -124,15 +126,7 @@ def _budgets(budgets_gib: object) -> tuple[float, ...]:
 
 def _sweep_sizes(sweep_block_sizes: object) -> tuple[int, ...]:
     """``sweep_block_sizes`` as a tuple of block sizes >= 1 (a single int is one size)."""
-    if isinstance(sweep_block_sizes, int) and not isinstance(sweep_block_sizes, bool):
-        sizes: tuple[object, ...] = (sweep_block_sizes,)
-    elif isinstance(sweep_block_sizes, Iterable) and not isinstance(sweep_block_sizes, (str, bytes)):
-        sizes = tuple(sweep_block_sizes)
-    else:
-        raise TypeError(
-            f"sweep_block_sizes must be an int or a sequence of ints, got "
-            f"{type(sweep_block_sizes).__name__} {sweep_block_sizes!r}: pass e.g. (16, 32, 64, 128)"
-        )
+    sizes = _one_or_many("sweep_block_sizes", sweep_block_sizes, (int,), ("an int", "ints"), "(16, 32, 64, 128)")
     return tuple(_positive(f"sweep_block_sizes[{i}]", b) for i, b in enumerate(sizes))
 
 
