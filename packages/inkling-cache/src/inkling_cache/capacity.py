@@ -101,7 +101,9 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
-def _one_or_many(name: str, value: object, one: tuple[type, ...], what: tuple[str, str], example: str) -> tuple[object, ...]:
+def _one_or_many(
+    name: str, value: object, one: tuple[type, ...], what: tuple[str, str], example: str
+) -> tuple[object, ...]:
     """``value`` as a tuple: a single ``one`` instance (not a bool) is a tuple of one, any
     other iterable (not a string) its items; anything else a TypeError naming ``name``."""
     if isinstance(value, one) and not isinstance(value, bool):
@@ -109,7 +111,8 @@ def _one_or_many(name: str, value: object, one: tuple[type, ...], what: tuple[st
     if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
         return tuple(value)
     raise TypeError(
-        f"{name} must be {what[0]} or a sequence of {what[1]}, got {type(value).__name__} {value!r}: pass e.g. {example}"
+        f"{name} must be {what[0]} or a sequence of {what[1]}, got {type(value).__name__} {value!r}: "
+        f"pass e.g. {example}"
     )
 
 
