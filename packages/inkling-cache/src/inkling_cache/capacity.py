@@ -118,13 +118,18 @@ def _one_or_many(
 
 def _budgets(budgets_gib: object) -> tuple[float, ...]:
     """``budgets_gib`` as a tuple of GiB figures (a single number is one budget)."""
-    budgets = _one_or_many("budgets_gib", budgets_gib, (numbers.Real,), ("a number", "numbers"), "8.0 or (8.0, 40.0)")
+    budgets = _one_or_many(
+        "budgets_gib", budgets_gib, (numbers.Real,), ("a number", "numbers"), "8.0 or (8.0, 40.0)"
+    )
+    out: list[float] = []
     for i, b in enumerate(budgets):
         if isinstance(b, bool) or not isinstance(b, numbers.Real):
             raise TypeError(f"budgets_gib[{i}] must be a number of GiB, got {type(b).__name__} {b!r}")
-        if not (b > 0 and math.isfinite(b)):
+        gib = float(b)
+        if not (gib > 0 and math.isfinite(gib)):
             raise ValueError(f"memory budget must be > 0 GiB, got budgets_gib[{i}] = {b}")
-    return budgets  # type: ignore[return-value]
+        out.append(gib)
+    return tuple(out)
 
 
 def _sweep_sizes(sweep_block_sizes: object) -> tuple[int, ...]:
