@@ -466,3 +466,8 @@ def test_reference_validation() -> None:
         rel_attention_ref(q, k, k, r, proj, qp, kp, scale=1.0, window=0)
     with pytest.raises(ValueError, match="n_floor"):
         rel_attention_ref(q, k, k, r, proj, qp, kp, scale=1.0, log_scaling=(0, 0.1))
+    for i, name in ((4, "rel_proj"), (5, "q_positions"), (6, "k_positions")):
+        args: list[Any] = [q, k, k, r, proj, qp, kp]
+        args[i] = args[i].tolist()
+        with pytest.raises(TypeError, match=f"{name} must be a torch.Tensor, got list"):
+            rel_attention_ref(*args, scale=1.0)

@@ -449,6 +449,13 @@ def test_iter_text_weights_takes_a_state_dict_as_well_as_pairs() -> None:
     assert from_dict.skipped == {"mtp": 1}
     with pytest.raises(TypeError, match="weights must be"):
         iter_text_weights(5)
+    with pytest.raises(TypeError, match=r"weights must yield \(name, tensor\) pairs, got str 'model.llm.norm.weight'"):
+        list(iter_text_weights(list(state)))  # names without their tensors
+
+
+def test_weight_kind_wants_a_name() -> None:
+    with pytest.raises(TypeError, match="a tensor name must be a str, got NoneType"):
+        weight_kind(None)  # type: ignore[arg-type]
 
 
 def test_transformers_to_release_refuses_pairs_and_an_odd_gate_up_axis() -> None:

@@ -351,6 +351,11 @@ def test_one_check_per_layer_launch(tap_map, unique_name, monkeypatch):
     assert counts == {"check_conv_call": len(convs)}
 
 
+def test_a_device_that_is_not_one_is_named() -> None:
+    with pytest.raises(ValueError, match="device 'gpu' is not a torch device: pass e.g. 'cpu' or 'cuda'"):
+        PagedConvRuntime(8, 4, 4, device="gpu")
+
+
 @pytest.mark.parametrize("pad_to", [4.0, True, "4", torch.tensor(4)])
 def test_a_pad_to_of_another_type_is_refused_before_any_allocation(pad_to):
     runtime = PagedConvRuntime(8, 4, 4)

@@ -148,6 +148,8 @@ def weight_kind(name: str) -> WeightKind:
     model, the multi-token-prediction head (``model.mtp.*``), the vision tower
     (``model.visual.*`` / ``model.vision_tower.*``), the audio tower
     (``model.audio.*`` / ``model.audio_tower.*``), or nothing known."""
+    if not isinstance(name, str):
+        raise TypeError(f"a tensor name must be a str, got {type(name).__name__} {name!r}")
     if name.startswith("model.mtp."):
         return "mtp"
     if name.startswith(("model.visual.", "model.vision_tower.")):
@@ -333,7 +335,13 @@ class TextWeights:
         self.yielded = 0
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self._weights:
+        for item in self._weights:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                raise TypeError(
+                    f"weights must yield (name, tensor) pairs, got {type(item).__name__} {item!r:.80}: "
+                    "pass state_dict.items() or the state dict itself"
+                )
+            name, tensor = item
             kind = weight_kind(name)
             if kind in ("mtp", "vision", "audio"):
                 self.skipped[kind] += 1

@@ -109,7 +109,10 @@ class PagedConvRuntime:
         self.max_num_tokens = max_num_tokens
         self.max_blocks_per_req = max_blocks_per_req
         self.max_num_reqs = max_num_reqs
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device {device!r} is not a torch device: pass e.g. 'cpu' or 'cuda' ({exc})") from None
         # The conv window W is the layers' kernel size (a W = 1 conv has no taps).
         self.builder = SconvMetadataBuilder(
             max_num_tokens,

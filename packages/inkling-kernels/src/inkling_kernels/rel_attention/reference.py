@@ -96,6 +96,9 @@ def _check_ref_args(
             raise ValueError(f"{name} must be a 3-D tensor [tokens, heads, dim]")
         if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be bfloat16, float16 or float32, got {t.dtype}")
+    for name, t in (("rel_proj", rel_proj), ("q_positions", q_positions), ("k_positions", k_positions)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape [Tk, Hkv, Dh]")
     tq, hq, dh = q.shape
