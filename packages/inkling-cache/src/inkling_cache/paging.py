@@ -14,7 +14,7 @@ request has ``n`` computed tokens, the next token at position ``n`` needs positi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -441,15 +441,12 @@ def unify_page_sizes(specs: Sequence[PageSpec], *, pad: bool = False) -> list[Un
         TypeError: ``specs`` is not a sequence of :class:`PageSpec`.
         ValueError: no specs, or a page does not divide the largest and ``pad`` is off.
     """
-    try:
-        if isinstance(specs, (PageSpec, str, bytes)):
-            raise TypeError
-        specs = list(specs)
-    except TypeError:
+    if isinstance(specs, (PageSpec, str, bytes)) or not isinstance(specs, Iterable):
         raise TypeError(
             f"specs must be a list of PageSpec, got {type(specs).__name__} {specs!r}: "
             "pass [PageSpec(name, block_size, bytes_per_token), ...]"
-        ) from None
+        )
+    specs = list(specs)
     for i, spec in enumerate(specs):
         if not isinstance(spec, PageSpec):
             raise TypeError(
