@@ -703,7 +703,10 @@ def main(argv: list[str]) -> int:
         _break_mtp_conv_metadata()
     started = time.time()
     llm = LLM(model=checkpoint, **{**COMMON, **settings})
-    results: dict[str, Any] = {"engine_start_s": time.time() - started}
+    # the engine's compilation mode as its config settled it (vLLM's CompilationMode: 0 is
+    # none; anything else traces the model with torch.compile)
+    mode = llm.llm_engine.vllm_config.compilation_config.mode
+    results: dict[str, Any] = {"engine_start_s": time.time() - started, "compilation_mode": int(mode)}
     workers = count_launches and ranks > 1
     if workers:
         llm.apply_model(launch_counts.install_in_worker)

@@ -79,6 +79,7 @@ def test_a_compiled_engine_keeps_the_drafters_fused_kernels(engines: Any, hf: di
     launched op by op); drafting keeps transformers' greedy outputs and the predictive
     head's acceptance."""
     result = engines("mtp_compiled", "mtp-predictive")
+    assert result["compilation_mode"] != 0, "the engine was not torch-compiled"
     ops = result["drafter_ops"]
     assert ops["target"]["platform_kernel"] < ops["target"]["ops"], f"the engine did not compile: {ops}"
     assert ops["drafter"]["ops"] > 0 and ops["drafter"]["platform_kernel"] == ops["drafter"]["ops"], ops

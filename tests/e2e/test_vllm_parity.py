@@ -33,7 +33,11 @@ def assert_greedy_parity(ref: Any, scenario: dict[str, Any]) -> None:
 
 # --- default engine: torch.compile, prefix caching, chunked prefill (vLLM defaults) ---
 def test_many_concurrent_prompts_compiled(engines: Any, hf: dict[str, Any]) -> None:
-    scenario = engines("compiled", "default")["concurrent"]
+    result = engines("compiled", "default")
+    # vLLM's default mode held: the plugin kept vLLM's breakable graphs (which compile
+    # nothing) off
+    assert result["compilation_mode"] != 0, "the engine was not torch-compiled"
+    scenario = result["concurrent"]
     lengths = sorted(len(p) for p in scenario["prompts"])
     # 1 token up to past the sliding window (24) and several conv blocks
     assert lengths[0] == 1 and lengths[-1] > 200 and len(set(lengths)) == len(lengths)
@@ -221,6 +225,7 @@ def test_release_layout_matches_transformers(engines: Any, hf: dict[str, Any]) -
     logprobs and prefix-cache hits on prompts sharing 300 tokens (past the window and
     the relative extent)."""
     result = engines("release", "release")
+    assert result["compilation_mode"] != 0, "the engine was not torch-compiled"
     assert [layer["mlp"] for layer in result["inspect"]["layers"]] == ["InklingMLP"] + ["InklingMoE"] * 3
     assert_greedy_parity(hf["release"], result["concurrent"])
     for prompt, got in zip(result["logprobs"]["prompts"], result["logprobs"]["logprobs"]):

@@ -393,6 +393,22 @@ def test_register_is_reentrant_and_points_at_our_model() -> None:
         assert getattr(entry, "class_name", None) == "InklingForCausalLM"
 
 
+def test_register_keeps_breakable_graphs_off_on_every_platform() -> None:
+    """vLLM's breakable graphs (on by default for the Inkling architectures, CPU
+    included) switch torch.compile off; registering the plugin installs the opt-out
+    whatever the platform (here: a fresh process on this machine's)."""
+    code = (
+        "from inkling_vllm import plugin; plugin.register(); "
+        "from vllm.config import VllmConfig; from vllm.platforms import current_platform; "
+        "print(current_platform.device_type, "
+        "getattr(VllmConfig._maybe_enable_breakable_cudagraph, '_inkling_opt_out', False))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    device_type, opted_out = out.stdout.split()[-2:]
+    assert opted_out == "True", f"no opt-out installed on {device_type}"
+
+
 def test_plugin_import_is_lazy() -> None:
     code = "import sys, inkling_vllm.plugin; print('vllm' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

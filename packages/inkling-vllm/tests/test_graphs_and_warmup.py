@@ -618,7 +618,9 @@ def test_breakable_graphs_stay_off_for_the_plugins_engines(opt_out: bool, monkey
     from inkling_vllm.plugin import ARCHITECTURES
 
     env = attention.BREAKABLE_GRAPHS_ENV
-    monkeypatch.setattr(VllmConfig, "_maybe_enable_breakable_cudagraph", VllmConfig._maybe_enable_breakable_cudagraph)
+    # vLLM's own decision (the plugin, registered in this process, wrapped it)
+    vllm_decides = VllmConfig._maybe_enable_breakable_cudagraph
+    monkeypatch.setattr(VllmConfig, "_maybe_enable_breakable_cudagraph", getattr(vllm_decides, "__wrapped__", vllm_decides))
     if opt_out:
         assert attention.keep_breakable_graphs_off() and attention.keep_breakable_graphs_off()  # idempotent
 

@@ -112,6 +112,7 @@ def keep_breakable_graphs_off() -> bool:
         return original(self, *args, **kwargs)
 
     maybe_enable._inkling_opt_out = True  # type: ignore[attr-defined]
+    maybe_enable.__wrapped__ = original  # type: ignore[attr-defined]
     VllmConfig._maybe_enable_breakable_cudagraph = maybe_enable
     return True
 

@@ -125,8 +125,10 @@ def builtin_model_for(vllm_config: Any) -> type | None:
     if choice == "plugin":
         return None
     arch = _architecture(model_config)
-    builtin = _builtin_class(arch) if arch is not None else None
+    # vLLM's class is imported only where it may serve: importing it has side effects
+    # (numba's LLVM binding, which vLLM's CPU worker cannot scan for kernel overrides)
     if choice == "builtin":
+        builtin = _builtin_class(arch) if arch is not None else None
         if builtin is None:
             raise ValueError(
                 f"{SWITCH_KEY}='builtin' but this vLLM build has no in-tree Inkling for "
@@ -135,7 +137,8 @@ def builtin_model_for(vllm_config: Any) -> type | None:
         logger.info("inkling-vllm: serving with vLLM's in-tree %s (%s='builtin')", arch, SWITCH_KEY)
         return builtin
     reasons = unsupported_reasons(model_config)
-    if not reasons or builtin is None or not _platform_runs_builtin():
+    builtin = _builtin_class(arch) if reasons and arch is not None and _platform_runs_builtin() else None
+    if builtin is None:
         return None  # the plugin's model serves it (or refuses it, saying why)
     logger.warning(
         "inkling-vllm: stepping aside for vLLM's in-tree %s: %s (set %s=plugin to force the plugin)",

@@ -32,9 +32,11 @@ def register() -> None:
     spec to its manager in vLLM's KV-cache spec registry
     (:func:`inkling_vllm.conv_manager.register_conv_state_spec`) and, on CUDA, makes
     the GPU worker compile the model's kernels before serving
-    (:func:`inkling_vllm.warmup.install_warmup_hook`) and keeps vLLM's breakable CUDA
-    graphs off for the engines it serves
-    (:func:`inkling_vllm.attention.keep_breakable_graphs_off`). It registers the
+    (:func:`inkling_vllm.warmup.install_warmup_hook`). On every platform it keeps
+    vLLM's breakable CUDA graphs off for the engines it serves, so they are
+    torch-compiled (:func:`inkling_vllm.attention.keep_breakable_graphs_off`; vLLM
+    turns them on for the Inkling architectures on CPU too, where they only switch
+    compilation off). It registers the
     checkpoint's multi-token-prediction head as the drafter for speculative method
     ``"mtp"`` (:data:`inkling_vllm.drafting.MTP_ARCHITECTURE`,
     :func:`inkling_vllm.drafting.install_mtp_hooks`), whose drafts vLLM's scheduler
@@ -60,15 +62,17 @@ def register() -> None:
     from .conv_manager import register_conv_state_spec
 
     register_conv_state_spec()
-    # GPU workers compile the model's kernels at start-up, not while serving.
+    # torch.compile for the plugin's engines (vLLM's breakable graphs would skip it)
     from vllm.platforms import current_platform
 
+    from .attention import keep_breakable_graphs_off
+
+    keep_breakable_graphs_off()
+    # GPU workers compile the model's kernels at start-up, not while serving.
     if current_platform.is_cuda():
-        from .attention import keep_breakable_graphs_off
         from .warmup import install_warmup_hook
 
         install_warmup_hook()
-        keep_breakable_graphs_off()
     models = getattr(ModelRegistry, "models", {})
     for arch in ARCHITECTURES:
         remember_builtin(arch, models.get(arch))
