@@ -72,8 +72,18 @@ def hf(checkpoints: dict[str, Path]) -> dict[str, Any]:
     return {v: HfReference(reference_checkpoint(p)) for v, p in checkpoints.items()}
 
 
+# vLLM writes its own choice of breakable CUDA graphs into os.environ when it builds a
+# config (unit tests in this process do): engines inherit only the value set before
+# the session, as a user's choice
+_GRAPH_CHOICE = "VLLM_USE_BREAKABLE_CUDAGRAPH"
+_GRAPH_CHOICE_AT_START = os.environ.get(_GRAPH_CHOICE)
+
+
 def engine_env(scratch: Path) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop(_GRAPH_CHOICE, None)
+    if _GRAPH_CHOICE_AT_START is not None:
+        env[_GRAPH_CHOICE] = _GRAPH_CHOICE_AT_START
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env["VLLM_CACHE_ROOT"] = str(scratch / "vllm-cache")
     return env

@@ -618,6 +618,9 @@ def test_breakable_graphs_stay_off_for_the_plugins_engines(opt_out: bool, monkey
     from inkling_vllm.plugin import ARCHITECTURES
 
     env = attention.BREAKABLE_GRAPHS_ENV
+    # vLLM writes its choice into os.environ itself: recorded here, so the variable is
+    # restored (or removed) after the test and later engines do not inherit it
+    monkeypatch.setenv(env, "")
     # vLLM's own decision (the plugin, registered in this process, wrapped it)
     vllm_decides = VllmConfig._maybe_enable_breakable_cudagraph
     monkeypatch.setattr(VllmConfig, "_maybe_enable_breakable_cudagraph", getattr(vllm_decides, "__wrapped__", vllm_decides))
