@@ -16,6 +16,7 @@ keeps K then V per token and head (its backend's own layout: no other code reads
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any, ClassVar
@@ -106,13 +107,13 @@ def keep_breakable_graphs_off() -> bool:
     if getattr(original, "_inkling_opt_out", False):
         return True
 
+    @functools.wraps(original)  # keeps vLLM's own decision as ``__wrapped__``
     def maybe_enable(self: Any, *args: Any, **kwargs: Any) -> Any:
         if BREAKABLE_GRAPHS_ENV not in os.environ and _served_by_plugin(self):
             os.environ[BREAKABLE_GRAPHS_ENV] = "0"
         return original(self, *args, **kwargs)
 
     maybe_enable._inkling_opt_out = True  # type: ignore[attr-defined]
-    maybe_enable.__wrapped__ = original  # type: ignore[attr-defined]
     VllmConfig._maybe_enable_breakable_cudagraph = maybe_enable
     return True
 

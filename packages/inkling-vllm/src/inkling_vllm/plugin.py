@@ -63,12 +63,12 @@ def register() -> None:
 
     register_conv_state_spec()
     # torch.compile for the plugin's engines (vLLM's breakable graphs would skip it)
-    from vllm.platforms import current_platform
-
     from .attention import keep_breakable_graphs_off
 
     keep_breakable_graphs_off()
     # GPU workers compile the model's kernels at start-up, not while serving.
+    from vllm.platforms import current_platform
+
     if current_platform.is_cuda():
         from .warmup import install_warmup_hook
 
