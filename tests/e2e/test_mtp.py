@@ -6,8 +6,9 @@ drafts) under chunked prefill, prefix-cache hits and preemption; the conv-state 
 every layer keeps (the target's and the MTP block's) must equal those of a run that
 never drafted and transformers' own conv inputs, although almost every draft of a
 random head is rejected; a drafter whose conv layers store nothing must fail that
-check. Engines run once each (run_scenarios.py); transformers recomputes every
-sequence from scratch.
+check. In a torch.compile'd engine a draft model of one depth is compiled with the
+target and one of two depths runs eagerly on vLLM's kernels. Engines run once each
+(run_scenarios.py); transformers recomputes every sequence from scratch.
 """
 
 from __future__ import annotations
@@ -72,21 +73,44 @@ def test_mtp_drafting_keeps_greedy_outputs(engines: Any, hf: dict[str, Any], k: 
     assert MIN_PREDICTIVE_ACCEPTANCE <= acceptance < 1.0, acceptance  # accepted and rejected drafts both occur
 
 
-def test_a_compiled_engine_keeps_the_drafters_fused_kernels(engines: Any, hf: dict[str, Any]) -> None:
-    """vLLM compiles the target and never the draft model. In a torch.compile'd engine
-    the target's custom ops run their torch-native forms (inductor fuses them), the
-    draft model's the platform's kernels (it runs eagerly: the native forms would be
-    launched op by op); drafting keeps transformers' greedy outputs and the predictive
-    head's acceptance."""
+def test_a_compiled_engine_compiles_a_one_depth_drafter(engines: Any, hf: dict[str, Any]) -> None:
+    """At k = 1 the draft model builds one depth, and a torch.compile'd engine compiles
+    it with the target: vLLM's compile wrapper is active on it and has traced it, and
+    its custom ops, like the target's, keep the torch-native forms left to inductor
+    (none switched to the platform's kernels); drafting keeps transformers' greedy
+    outputs and the predictive head's acceptance."""
     result = engines("mtp_compiled", "mtp-predictive")
     assert result["compilation_mode"] != 0, "the engine was not torch-compiled"
     ops = result["drafter_ops"]
     assert ops["target"]["platform_kernel"] < ops["target"]["ops"], f"the engine did not compile: {ops}"
-    assert ops["drafter"]["ops"] > 0 and ops["drafter"]["platform_kernel"] == ops["drafter"]["ops"], ops
+    drafter = ops["drafter"]
+    assert drafter["depths"] == 1, ops
+    assert drafter["compiles"] and drafter["compiled"], f"the one-depth draft model was not compiled: {ops}"
+    assert drafter["ops"] > 0 and drafter["platform_kernel"] == 0, f"the compiled draft model switched ops: {ops}"
     spec = result["spec_decode"]
     assert_greedy_parity(hf["mtp-predictive"], spec)
     assert spec["draft_tokens"] > 0
     assert spec["accepted_tokens"] / spec["draft_tokens"] >= MIN_PREDICTIVE_ACCEPTANCE, spec
+
+
+def test_a_compiled_engine_runs_a_multi_depth_drafter_eagerly_on_fused_kernels(
+    engines: Any, hf: dict[str, Any]
+) -> None:
+    """A two-depth head at k = 2 picks its depth per draft step, which a compiled
+    forward without guards would freeze: vLLM compiles only the target, and the draft
+    model, run eagerly, keeps the platform's kernels for its norms and activation (the
+    native forms would be launched op by op); its drafts keep transformers' greedy
+    outputs."""
+    result = engines("mtp_compiled_k2", "mtp-deep")
+    assert result["compilation_mode"] != 0, "the engine was not torch-compiled"
+    ops = result["drafter_ops"]
+    assert ops["target"]["platform_kernel"] < ops["target"]["ops"], f"the engine did not compile: {ops}"
+    drafter = ops["drafter"]
+    assert drafter["depths"] == 2 and not drafter["compiles"] and not drafter["compiled"], ops
+    assert drafter["ops"] > 0 and drafter["platform_kernel"] == drafter["ops"], ops
+    spec = result["spec_decode"]
+    assert_greedy_parity(hf["mtp-deep"], spec)
+    assert spec["draft_tokens"] > 0
 
 
 def test_mtp_drafts_rejected_everywhere_keep_greedy_outputs(engines: Any, hf: dict[str, Any]) -> None:

@@ -1,10 +1,14 @@
-"""The MTP draft model runs eagerly in compiled engines: its RMSNorms and activation
-must take the kernels of an uncompiled engine, not the torch-native forms a compiled
-engine leaves to inductor (each a chain of elementwise launches)."""
+"""The MTP draft model in compiled engines: with one depth built vLLM compiles it with
+the target, and its RMSNorms and activation stay the torch-native forms inductor
+fuses; with several it runs eagerly, and they must take the kernels of an uncompiled
+engine, not the torch-native forms a compiled engine leaves to inductor (each a chain
+of elementwise launches)."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -136,3 +140,144 @@ def test_disabled_custom_ops_switch_to_the_platform_kernel() -> None:
         assert mtp.use_fused_custom_ops(module) == 0  # already on: left as it is
     with set_current_vllm_config(VllmConfig(compilation_config=CompilationConfig(custom_ops=["all"]))):
         assert mtp.use_fused_custom_ops(torch.nn.Sequential(SiluAndMul())) == 0
+
+
+def test_a_compiled_forward_runs_its_body_without_a_priority_context() -> None:
+    """A draft model without an eager priority (compiled, or in an uncompiled engine)
+    calls its body directly: nothing for the compiled forward to trace but the model."""
+    seen: list[tuple[Any, ...]] = []
+
+    def body(*args: Any) -> torch.Tensor:
+        seen.append(args)
+        return args[2]
+
+    x = torch.randn(3, 8)
+    stand_in = SimpleNamespace(_eager_priority=None, _forward=body)
+    out = mtp.InklingMTP.forward(stand_in, None, torch.zeros(3, dtype=torch.long), x, spec_step_idx=0)
+    assert out is x and len(seen) == 1
+
+
+# --- which draft models vLLM compiles -----------------------------------------------
+_MODES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
+
+
+def _draft_engine(depths: int, k: int | None, mode: str) -> Any:
+    """A stand-in engine config drafting with a head of ``depths`` depths (vLLM's
+    draft config fields), ``k`` drafts per step (None: the speculative config names no
+    count), compilation ``mode``."""
+    from vllm.config.compilation import CompilationMode
+
+    head = SimpleNamespace(num_nextn_predict_layers=depths, model_type="inkling_mtp")
+    return SimpleNamespace(
+        model_config=SimpleNamespace(model="/nonexistent/inkling-checkpoint", hf_config=head, hf_overrides=None),
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        compilation_config=SimpleNamespace(mode=getattr(CompilationMode, mode)),
+    )
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("k", [None, 1, 2, 3])
+@pytest.mark.parametrize("depths", [1, 2, 3])
+def test_only_one_depth_drafters_of_compiling_engines_are_compiled(depths: int, k: int | None, mode: str) -> None:
+    """The draft model builds ``min(depths, k)`` depths (every depth without a count);
+    vLLM compiles it where the engine compiles its models itself (not under
+    ``STOCK_TORCH_COMPILE``, where the runner compiles the target alone) and it builds
+    exactly one: a forward that picks its depth per step cannot be compiled without
+    guards."""
+    config = _draft_engine(depths, k, mode)
+    built = min(depths, k) if k else depths
+    assert mtp.draft_depths(config) == built
+    compiling = mode in ("DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
+    assert mtp.compiles_draft_model(config) is (compiling and built == 1)
+
+
+def test_a_head_passed_in_is_not_read_again() -> None:
+    from inkling_vllm.drafting import MtpHead
+
+    config = _draft_engine(3, 2, "VLLM_COMPILE")
+    assert mtp.draft_depths(config, MtpHead(num_layers=1)) == 1
+    assert mtp.draft_depths(config) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_heads() -> Iterator[dict[str, Path]]:
+    """Tiny checkpoints with a one-depth (``mtp``) and a two-depth (``mtp-deep``) head,
+    and vLLM's distributed state at world size 1."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    from inkling_vllm import plugin
+    from inkling_vllm.demo.tiny import build_tiny_checkpoint
+
+    plugin.register()
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = {v: build_tiny_checkpoint(Path(tmp) / v, variant=v) for v in ("mtp", "mtp-deep")}
+        owns = not ps.model_parallel_is_initialized()
+        with set_current_vllm_config(VllmConfig()):
+            if owns:
+                ps.init_distributed_environment(
+                    world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{tmp}/init", backend="gloo"
+                )
+                ps.initialize_model_parallel(1, 1)
+            try:
+                yield folders
+            finally:
+                if owns:
+                    ps.destroy_model_parallel()
+                    ps.destroy_distributed_environment()
+
+
+def _built_drafter(folder: Path, k: int, mode: int) -> Any:
+    """:class:`InklingMTP` built as vLLM's loader builds it, in an engine of compilation
+    ``mode`` whose custom ops are left to inductor (CUDA's default for compiled engines)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(
+        model=str(folder), dtype="float32", max_model_len=256, enforce_eager=mode == 0,
+        compilation_config={"mode": mode, "custom_ops": ["none"]},
+        speculative_config={"method": "mtp", "num_speculative_tokens": k},
+    ).create_engine_config()
+    with set_current_vllm_config(config):
+        return config, mtp.InklingMTP(vllm_config=config, prefix="")
+
+
+def _kernel_ops(model: torch.nn.Module) -> tuple[int, int]:
+    """vLLM custom ops in ``model``, and how many run the platform's kernel."""
+    from vllm.model_executor.custom_op import CustomOp
+
+    ops = [m for m in model.modules() if isinstance(m, CustomOp)]
+    return len(ops), sum(m._forward_method == m.forward_cpu for m in ops)
+
+
+@pytest.mark.parametrize(("variant", "k", "compiled"), [
+    ("mtp", 1, True),         # a one-depth head
+    ("mtp-deep", 1, True),    # two depths, one drafted
+    ("mtp-deep", 2, False),   # two depths: eager, on the platform's kernels
+])
+def test_compiled_drafters_keep_native_ops_and_eager_ones_switch(
+    tiny_heads: dict[str, Path], variant: str, k: int, compiled: bool
+) -> None:
+    """In a compiling engine, vLLM's compile wrapper is active on a one-depth draft
+    model, which switches none of its ops and sets no eager priority (inductor fuses
+    the native forms); a multi-depth one is left uncompiled and runs every custom op
+    on the platform's kernel."""
+    from vllm.config.compilation import CompilationMode
+
+    config, model = _built_drafter(tiny_heads[variant], k, int(CompilationMode.VLLM_COMPILE))
+    assert config.compilation_config.mode != CompilationMode.NONE
+    assert len(model.layers) == mtp.draft_depths(config) == min(k, 2 if variant == "mtp-deep" else 1)
+    assert mtp.compiles_draft_model(config) is compiled
+    assert model.do_not_compile is not compiled, "vLLM's compile switch disagrees with compiles_draft_model"
+    ops, on_kernel = _kernel_ops(model)
+    assert ops > 0
+    if compiled:
+        assert on_kernel == 0, f"a compiled draft model switched {on_kernel} of {ops} ops to kernels"
+        assert model._eager_priority is None
+    else:
+        assert on_kernel == ops, f"an eager draft model left {ops - on_kernel} of {ops} ops native"
+
+
+def test_an_uncompiled_engine_compiles_no_drafter(tiny_heads: dict[str, Path]) -> None:
+    config, model = _built_drafter(tiny_heads["mtp"], 1, 0)
+    assert not mtp.compiles_draft_model(config) and model.do_not_compile

@@ -25,11 +25,22 @@ overwritten by the next step, never read.
 The draft model is :class:`InklingMTP` (registered as :data:`MTP_ARCHITECTURE`); the
 engine side (draft config, refusal of a checkpoint without a head, the proposer and
 the hooks into vLLM) is :mod:`inkling_vllm.drafting`.
+
+When it builds one depth (:func:`draft_depths`: a one-depth head, or one draft per
+step), an engine that compiles the target (vLLM's ``DYNAMO_TRACE_ONCE`` or
+``VLLM_COMPILE`` mode) compiles the draft model's forward too, tag ``eagle_head``,
+with the target's graph-splitting ops (:func:`compiles_draft_model`): on CUDA vLLM
+then captures piecewise graphs of it, and inductor fuses its norms and activation like
+the target's. vLLM keeps no guards on a compiled forward, so a forward that chooses
+among several depths by ``spec_step_idx`` would keep the depth of its first trace:
+with several depths built the draft model runs eagerly, and there, as in every engine
+that compiles the target alone (``STOCK_TORCH_COMPILE``), its norms and activation take
+the kernels of an uncompiled engine (:func:`use_fused_custom_ops`,
+:func:`eager_ir_priority`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Iterable
@@ -37,6 +48,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import (
     get_tensor_model_parallel_rank,
@@ -63,7 +75,15 @@ from .model import (
     served_spec,
 )
 
-__all__ = ["MTP_ARCHITECTURE", "InklingMTP", "InklingMTPDepth", "eager_ir_priority", "use_fused_custom_ops"]
+__all__ = [
+    "MTP_ARCHITECTURE",
+    "InklingMTP",
+    "InklingMTPDepth",
+    "compiles_draft_model",
+    "draft_depths",
+    "eager_ir_priority",
+    "use_fused_custom_ops",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +132,44 @@ class InklingMTPDepth(nn.Module):
         return out
 
 
+def draft_depths(vllm_config: VllmConfig, head: MtpHead | None = None) -> int:
+    """How many depth blocks :class:`InklingMTP` builds in ``vllm_config``'s engine:
+    ``min(depths, num_speculative_tokens)`` (every depth where the speculative config
+    names no count; 0 for a checkpoint without a head). ``head``: the checkpoint's
+    head, where the caller has read it already."""
+    if head is None:
+        model_config = vllm_config.model_config
+        raw = _raw_config(model_config)
+        head = mtp_head(raw if raw is not None else model_config.hf_config)
+    speculative = getattr(vllm_config, "speculative_config", None)
+    num_spec = int(getattr(speculative, "num_speculative_tokens", 0) or 0)
+    return min(head.num_layers, num_spec) if num_spec else head.num_layers
+
+
+def _builds_one_depth(vllm_config: VllmConfig) -> bool:
+    """vLLM's compile switch for :class:`InklingMTP` (``enable_if``): its compiled
+    forward keeps no guards, so only a draft model of one depth has a forward that
+    does not depend on ``spec_step_idx``."""
+    return draft_depths(vllm_config) == 1
+
+
+def compiles_draft_model(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM compiles :class:`InklingMTP`'s forward in ``vllm_config``'s engine:
+    the engine compiles its models itself (vLLM's ``DYNAMO_TRACE_ONCE`` or
+    ``VLLM_COMPILE``; under ``STOCK_TORCH_COMPILE`` the model runner compiles the
+    target alone) and the draft model builds one depth."""
+    from vllm.config.compilation import CompilationMode
+
+    mode = vllm_config.compilation_config.mode
+    if mode in (None, CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
+        return False
+    return _builds_one_depth(vllm_config)
+
+
+@support_torch_compile(
+    dynamic_arg_dims={"input_ids": 0, "positions": 0, "hidden_states": 0, "inputs_embeds": 0},
+    enable_if=_builds_one_depth,
+)
 class InklingMTP(nn.Module):
     """vLLM draft model for an Inkling checkpoint's MTP head (both layouts).
 
@@ -125,10 +183,15 @@ class InklingMTP(nn.Module):
     row (the target's for the first draft step), ``input_ids`` ``[T]`` the next tokens;
     returns ``[T, H]``, the logits input and the next step's ``hidden_states``.
 
-    vLLM runs the draft model eagerly, also in engines that compile the target; there
-    its RMSNorms and activation run on the kernels of an uncompiled engine
-    (:func:`use_fused_custom_ops`, :func:`eager_ir_priority`) rather than as the
-    torch-native forms that only inductor fuses.
+    With one depth built, an engine that compiles (:func:`compiles_draft_model`)
+    compiles the forward, like the target's (vLLM's ``support_torch_compile``; on CUDA
+    the drafter's piecewise graphs are captured): its RMSNorms and activation stay in
+    the torch-native forms inductor fuses. With several depths (the forward picks one
+    per ``spec_step_idx``, which a guardless compiled forward would freeze), or where
+    the engine compiles only the target, the draft model runs eagerly; in an engine
+    that compiles, its RMSNorms and activation then run on the kernels of an
+    uncompiled engine (:func:`use_fused_custom_ops`, :func:`eager_ir_priority`) rather
+    than as torch-native forms launched op by op.
     """
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
@@ -138,11 +201,9 @@ class InklingMTP(nn.Module):
         spec = served_spec(vllm_config, raw)
         check_supported_config(spec)
         head = mtp_head(raw if raw is not None else model_config.hf_config)
-        speculative = vllm_config.speculative_config
-        num_spec = int(getattr(speculative, "num_speculative_tokens", 0) or 0)
         if head.num_layers < 1:
             raise UnsupportedCheckpoint(f"{getattr(model_config, 'model', '')}: the checkpoint declares no MTP head")
-        depths = min(head.num_layers, num_spec) if num_spec else head.num_layers
+        depths = draft_depths(vllm_config, head)
         self.head = head
         self.spec = _block_spec(spec, head, depths)
         self.fused = _fused_tails(vllm_config, raw)
@@ -157,14 +218,18 @@ class InklingMTP(nn.Module):
         self.tail_norm = _fixed_norm(spec.hidden_size, eps)
         self._target: list[nn.Module] = []  # not a submodule: its parameters are the target's
         _share_conv_pages(vllm_config)
-        # vLLM never compiles the draft model: its norms and activation take the
-        # kernels an uncompiled engine would, not the torch-native forms a compiled
-        # engine leaves to inductor
+        self._eager_priority: Any | None = None
+        if compiles_draft_model(vllm_config):
+            # compiled like the target: inductor fuses the torch-native forms
+            logger.info("inkling-vllm: the MTP draft model (one depth) is compiled with the target")
+            return
+        # run eagerly: its norms and activation take the kernels an uncompiled engine
+        # would, not the torch-native forms a compiled engine leaves to inductor
         switched = use_fused_custom_ops(self)
         self._eager_priority = eager_ir_priority(vllm_config)
         if switched or self._eager_priority is not None:
-            logger.info("inkling-vllm: the MTP draft model runs eagerly in a compiled engine: %d custom ops on their "
-                        "kernels, IR ops by %s", switched, self._eager_priority)
+            logger.info("inkling-vllm: the MTP draft model (%d depths) runs eagerly in a compiled engine: %d custom "
+                        "ops on their kernels, IR ops by %s", depths, switched, self._eager_priority)
 
     # -- the target's embedding and LM head ----------------------------------------
     def attach_target(self, target: nn.Module) -> None:
@@ -203,7 +268,9 @@ class InklingMTP(nn.Module):
         **kwargs: object,
     ) -> torch.Tensor:
         priority = self._eager_priority
-        with priority.set_priority() if priority is not None else contextlib.nullcontext():
+        if priority is None:  # (the compiled forward: no context to trace)
+            return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
+        with priority.set_priority():
             return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
 
     def _forward(
@@ -217,7 +284,8 @@ class InklingMTP(nn.Module):
         if inputs_embeds is None:
             assert input_ids is not None  # vLLM passes one of the two
             inputs_embeds = self.embed_input_ids(input_ids)
-        depth = self.layers[spec_step_idx % len(self.layers)]
+        # one depth (the only draft model vLLM compiles): the same block at every step
+        depth = self.layers[0] if len(self.layers) == 1 else self.layers[spec_step_idx % len(self.layers)]
         block = depth.transformer_block
         x = depth.combine(hidden_states, inputs_embeds)
         normed = block.input_layernorm(x)
@@ -302,9 +370,10 @@ def use_fused_custom_ops(module: nn.Module) -> int:
     the platform's fused kernel. Returns how many ops were switched.
 
     Under ``torch.compile`` vLLM turns its custom ops off and runs their torch-native
-    forms, for inductor to fuse into the compiled graph. The draft model is not
-    compiled, so there each native norm would launch its several elementwise kernels
-    one by one, every step (paused steps included); the fused kernel is one launch.
+    forms, for inductor to fuse into the compiled graph. A draft model that runs
+    eagerly there (several depths built) would launch each native norm's several
+    elementwise kernels one by one, every step (paused steps included); the fused
+    kernel is one launch.
     Ops already on (an uncompiled engine, or ``custom_ops`` naming them) are left as
     they are."""
     from vllm.model_executor.custom_op import CustomOp
