@@ -590,14 +590,16 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
                              speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
                         ["spec_decode", "drafter_ops"]),
     # MTP drafts (k = 3) under preemption and recompute: a KV cache too small for the
-    # batch, admission by chunk, prefix caching on
+    # batch, admission by chunk, prefix caching on; torch.compile'd like a default
+    # engine, so the one-depth draft model is compiled too
     "mtp_preempt": (
         dict(
-            _env=ALWAYS_DRAFT, enforce_eager=True, block_size=32, max_model_len=256, max_num_batched_tokens=64,
+            _env=ALWAYS_DRAFT, block_size=32, max_model_len=256, max_num_batched_tokens=64,
             num_gpu_blocks_override=40, scheduler_reserve_full_isl=False, max_num_seqs=8,
+            compilation_config={"mode": 3, "cudagraph_mode": "NONE", "custom_ops": ["none"]},
             speculative_config={"method": "mtp", "num_speculative_tokens": 3},
         ),
-        ["preempt_spec"],
+        ["preempt_spec", "drafter_ops"],
     ),
     # MTP drafts (k = 2) on two tensor-parallel ranks: the drafter's K/V heads sharded,
     # its ATTN/MLP convs on the hidden shard like the target's

@@ -141,7 +141,13 @@ def test_two_depth_head_chains_its_depths(engines: Any, hf: dict[str, Any]) -> N
 
 
 def test_mtp_drafting_under_preemption(engines: Any, hf: dict[str, Any]) -> None:
-    scenario = engines("mtp_preempt", "mtp-predictive")["preempt_spec"]
+    """Preemption and recompute with k = 3 drafts in a torch.compile'd engine, whose
+    one-depth draft model is compiled with the target."""
+    result = engines("mtp_preempt", "mtp-predictive")
+    assert result["compilation_mode"] != 0, "the engine was not torch-compiled"
+    drafter = result["drafter_ops"]["drafter"]
+    assert drafter["depths"] == 1 and drafter["compiled"], result["drafter_ops"]
+    scenario = result["preempt_spec"]
     assert scenario["preemptions"] > 0
     assert scenario["draft_tokens"] > 0 and 0 < scenario["accepted_tokens"] < scenario["draft_tokens"]
     assert_greedy_parity(hf["mtp-predictive"], scenario)
