@@ -7,8 +7,6 @@ checks show that every piece of the routing is load-bearing at this tolerance.
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -79,28 +77,6 @@ def hf_moe(weights: dict[str, torch.Tensor]) -> Any:
 def hf_out(hf_moe: Any, tokens: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return hf_moe(tokens.unsqueeze(0)).squeeze(0)
-
-
-@pytest.fixture(scope="module")
-def vllm_ctx() -> Iterator[Any]:
-    """A VllmConfig made current, and vLLM's distributed state at world size 1."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
-
-    config = VllmConfig()
-    owns = not ps.model_parallel_is_initialized()
-    with tempfile.TemporaryDirectory() as tmp, set_current_vllm_config(config):
-        if owns:
-            ps.init_distributed_environment(
-                world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{tmp}/init", backend="gloo"
-            )
-            ps.initialize_model_parallel(1, 1)
-        try:
-            yield config
-        finally:
-            if owns:
-                ps.destroy_model_parallel()
-                ps.destroy_distributed_environment()
 
 
 _built = iter(range(10**6))

@@ -200,31 +200,15 @@ def test_a_head_passed_in_is_not_read_again() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_heads() -> Iterator[dict[str, Path]]:
-    """Tiny checkpoints with a one-depth (``mtp``) and a two-depth (``mtp-deep``) head,
-    and vLLM's distributed state at world size 1."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
-
+def tiny_heads(vllm_ctx: Any) -> Iterator[dict[str, Path]]:
+    """Tiny checkpoints with a one-depth (``mtp``) and a two-depth (``mtp-deep``) head
+    (vLLM's distributed state at world size 1: ``vllm_ctx``)."""
     from inkling_vllm import plugin
     from inkling_vllm.demo.tiny import build_tiny_checkpoint
 
     plugin.register()
     with tempfile.TemporaryDirectory() as tmp:
-        folders = {v: build_tiny_checkpoint(Path(tmp) / v, variant=v) for v in ("mtp", "mtp-deep")}
-        owns = not ps.model_parallel_is_initialized()
-        with set_current_vllm_config(VllmConfig()):
-            if owns:
-                ps.init_distributed_environment(
-                    world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{tmp}/init", backend="gloo"
-                )
-                ps.initialize_model_parallel(1, 1)
-            try:
-                yield folders
-            finally:
-                if owns:
-                    ps.destroy_model_parallel()
-                    ps.destroy_distributed_environment()
+        yield {v: build_tiny_checkpoint(Path(tmp) / v, variant=v) for v in ("mtp", "mtp-deep")}
 
 
 def _built_drafter(folder: Path, k: int, mode: int) -> Any:
