@@ -192,6 +192,8 @@ class Env:
     peer: Any  # the peer module or None
     gen: torch.Generator  # block placement
     compile_norm: bool  # whether the peer's add + norm also tries a torch.compile'd one
+    # tilings (RelAttentionConfig) the attention cases also time, each checked first
+    attention_configs: dict[str, Any] = field(default_factory=dict)
 
     def num_sets(self, nbytes: int) -> int:
         return 1 if self.sizes.smoke else max(2, min(16, math.ceil(WORKING_SET / nbytes)))
@@ -743,6 +745,14 @@ def _attention(mix: list[tuple[int, int]], opts: dict[str, Any]) -> Callable[[En
         keys = sum(c + t - (0 if window is None else max(0, c - window + 1)) for c, t in mix)
         nbytes = keys * hkv * dh * 2 * dt.itemsize  # the K and V the queries must read
         prep = Prepared([lambda: paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens))], nbytes)
+        for label, config in env.attention_configs.items():
+            tiled = paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens), config=config)
+            err = float((tiled[:rows].float() - want[:rows].float()).abs().max())
+            if not err <= (3e-2 if dt == torch.bfloat16 else 1e-3):
+                raise AssertionError(f"tiling {label}: max abs error {err:.3g} against the PyTorch path")
+            prep.ours_alt[f"tiling {label}"] = [
+                lambda config=config: paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens),
+                                                                 config=config)]
         if not env.sizes.smoke:
             prep.peer["SDPA flash, no bias"] = [_sdpa(page, table, q, mix, hkv, dh, qsl.tolist())]
         if window is not None and all(t == 1 and c + 1 >= window for c, t in mix):

@@ -42,6 +42,11 @@ rate heads each results file); "of copy" is the case's minimum bytes per second 
 case checks our output on its first set against the fp32 reference before timing; a
 case that fails (or raises) is marked FAIL and the exit status is 1.
 
+``--attention-config FIELD=VALUE,...`` (repeatable) makes the ``rel_attention`` cases
+also time each given ``RelAttentionConfig`` tiling, after checking its output against
+the reference: a tile sweep on the runner's own inputs. Each tiling's time is printed
+and kept in the JSON (``ours_variants_us``); the table reports the fastest.
+
 ``--host`` times the host instead: the median wall-clock µs per eager call over
 back-to-back calls of the case's launches (no graph, no synchronisation inside a pass),
 ours and the peer's sequence: what an engine pays for each launch it makes from Python
@@ -251,6 +256,7 @@ def run_case(case: _cases.Case, env: _cases.Env, timer: Callable[..., float], re
             return timer([launches[0]] * 16 if hot else launches, reps)
 
         ours = {"default": t(prep.ours), **{k: t(v) for k, v in prep.ours_alt.items()}}
+        row["ours_variants_us"] = ours
         row["ours_variant"] = min(ours, key=ours.__getitem__)
         row["ours_us"] = ours[row["ours_variant"]]
         if prep.amortised is not None:
@@ -305,6 +311,31 @@ def versions() -> dict[str, str]:
     return out
 
 
+def attention_config(spec: str) -> Any:
+    """A ``RelAttentionConfig`` from ``"field=value,..."`` (integers, ``true`` /
+    ``false``, ``none``, or text such as ``bias=row``); raises ValueError naming what is
+    wrong."""
+    import dataclasses
+
+    from inkling_kernels.rel_attention.kernel import RelAttentionConfig
+
+    known = {f.name for f in dataclasses.fields(RelAttentionConfig)}
+    fields: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise ValueError(f"{item!r} is not FIELD=VALUE with FIELD one of {', '.join(sorted(known))}")
+        text = value.strip()
+        low = text.lower()
+        fields[name] = (None if low == "none" else low == "true" if low in ("true", "false")
+                        else int(text) if text.lstrip("-").isdigit() else text)
+    try:
+        return RelAttentionConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{spec!r}: {exc}") from None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="substring of case names ('|' separates alternatives)")
@@ -321,8 +352,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     ap.add_argument("--host", action="store_true",
                     help="time the host's µs per eager call (with --smoke: launches replaced by no-ops)")
+    ap.add_argument("--attention-config", action="append", default=[], metavar="FIELD=VALUE,...",
+                    help="a RelAttentionConfig tiling the rel_attention cases also time, after checking its "
+                         "output (e.g. block_q=1,block_n=32,bias=row,num_warps=4); repeat for several: each "
+                         "time is printed and kept in the JSON, the fastest of the default and them reported")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     args = ap.parse_args(argv)
+    try:
+        tilings = {spec: attention_config(spec) for spec in args.attention_config}
+    except ValueError as exc:
+        ap.error(f"--attention-config: {exc}")
     sizes = _cases.SMOKE if args.smoke else _cases.FULL
     cases = [c for c in _cases.registry(sizes)
              if not args.only or any(part in c.name for part in args.only.split("|"))]
@@ -337,7 +376,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.manual_seed(args.seed)
     peer, provenance = load_peer(args.peer) if cuda else (None, "none (smoke)")
     env = _cases.Env(sizes, torch.device("cuda" if cuda else "cpu"), peer,
-                     torch.Generator().manual_seed(args.seed), compile_norm=cuda and not args.no_compile)
+                     torch.Generator().manual_seed(args.seed), compile_norm=cuda and not args.no_compile,
+                     attention_configs=tilings)
     reps = args.reps or (50 if cuda else 3)
     meta: dict[str, Any] = dict(
         device=torch.cuda.get_device_name() if cuda else "cpu (smoke: Triton interpreter)",
@@ -360,6 +400,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{case.name}: " + (f"{r['ours_us']:.2f} µs" + (f", peer {r['peer_us']:.2f} ({r['ratio']:.2f}x)"
                                                               if "peer_us" in r else "") if r["ok"]
                                   else f"FAIL {r.get('error')}"), flush=True)
+        for label, us in (r.get("ours_variants_us", {}).items() if len(r.get("ours_variants_us", {})) > 1 else ()):
+            print(f"    {label}: {us:.2f} µs", flush=True)
     md = table(rows)
     print(md)
     out = args.out or HERE / "out" / f"results-{meta['date'].replace(':', '')[:15]}.md"

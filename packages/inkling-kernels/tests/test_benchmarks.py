@@ -87,3 +87,42 @@ def test_host_mode_times_the_python_with_the_launches_stubbed(run: Any, tmp_path
     assert all(r["ok"] and r["ours_us"] > 0 and r["of_copy"] is None for r in res["cases"])
     assert seen and all(isinstance(k, run._NoLaunch) for pair in seen for k in pair)
     assert (sconv_kernel._fused_sconv_kernel, norm_kernel._sconv_add_rmsnorm_kernel) == originals
+
+
+def test_attention_tilings_are_checked_and_timed_beside_the_default(run: Any, tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    tiling = "block_q=1,block_n=16,bias=row,num_warps=2,num_stages=1"
+    assert run.main(["--smoke", "--reps", "1", "--only", "rel_attention sliding decode",
+                     "--attention-config", tiling, "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["cases"]
+    assert row["ok"] and set(row["ours_variants_us"]) == {"default", f"tiling {tiling}"}
+    assert row["ours_us"] == min(row["ours_variants_us"].values())
+
+
+def test_a_tiling_with_a_wrong_output_fails_its_case(run: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    real = run._cases.paged_rel_attention_triton
+
+    def wrong_when_tiled(*args: Any, config: Any = None, **kw: Any) -> torch.Tensor:
+        out = real(*args, config=config, **kw)
+        if config is not None:
+            out[0] += 1.0
+        return out
+
+    monkeypatch.setattr(run._cases, "paged_rel_attention_triton", wrong_when_tiled)
+    out = tmp_path / "results.json"
+    assert run.main(["--smoke", "--reps", "1", "--only", "rel_attention sliding decode",
+                     "--attention-config", "block_q=1,block_n=16,bias=row", "--out", str(out)]) == 1
+    (row,) = json.loads(out.read_text())["cases"]
+    assert not row["ok"] and "tiling block_q=1,block_n=16,bias=row" in row["error"]
+
+
+@pytest.mark.parametrize("spec, says", [("block_q=1,blocks=16", "blocks=16"), ("block_q=1", "block_n"),
+                                        ("block_q=2,block_n=16,bias=row", "block_q=1")])
+def test_a_bad_attention_config_is_refused_before_any_case(run: Any, spec: str, says: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run.main(["--smoke", "--only", "rel_attention", "--attention-config", spec])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--attention-config" in err and says in err
