@@ -737,10 +737,11 @@ def _attention(mix: list[tuple[int, int]], opts: dict[str, Any]) -> Callable[[En
         kw = dict(scale=1.0 / dh, window=window, log_scaling=None if window else (4096, 0.1))
         out = torch.empty_like(q)
         args = (q, r, rel_proj, kc, vc, pos, table.to(dev), qsl.to(dev), sl.to(dev))
+        tol = 3e-2 if dt == torch.bfloat16 else 1e-3
         got = paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens)).clone()
         want = paged_rel_attention(q, r, rel_proj, kc, vc, pos, table.to(dev), qsl, sl, **kw)
         err = float((got[:rows].float() - want[:rows].float()).abs().max())
-        if not err <= (3e-2 if dt == torch.bfloat16 else 1e-3):
+        if not err <= tol:
             raise AssertionError(f"out: max abs error {err:.3g} against the PyTorch path")
         keys = sum(c + t - (0 if window is None else max(0, c - window + 1)) for c, t in mix)
         nbytes = keys * hkv * dh * 2 * dt.itemsize  # the K and V the queries must read
@@ -748,7 +749,7 @@ def _attention(mix: list[tuple[int, int]], opts: dict[str, Any]) -> Callable[[En
         for label, config in env.attention_configs.items():
             tiled = paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens), config=config)
             err = float((tiled[:rows].float() - want[:rows].float()).abs().max())
-            if not err <= (3e-2 if dt == torch.bfloat16 else 1e-3):
+            if not err <= tol:
                 raise AssertionError(f"tiling {label}: max abs error {err:.3g} against the PyTorch path")
             prep.ours_alt[f"tiling {label}"] = [
                 lambda config=config: paged_rel_attention_triton(*args, **kw, out=out, max_seq_len=max(lens),
@@ -760,7 +761,7 @@ def _attention(mix: list[tuple[int, int]], opts: dict[str, Any]) -> Callable[[En
             if env.device.type == "cuda":  # (the CPU's Flex runs unfused: checked, not timed)
                 prep.peer["FlexAttention, bias as score_mod, window gathered dense"] = [flex]
             err = float((flex_out()[:rows].float() - got[:rows].float()).abs().max())
-            if not err <= (3e-2 if dt == torch.bfloat16 else 1e-3):
+            if not err <= tol:
                 raise AssertionError(f"FlexAttention: max abs error {err:.3g} against ours")
         return prep
 

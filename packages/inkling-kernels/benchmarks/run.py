@@ -400,8 +400,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{case.name}: " + (f"{r['ours_us']:.2f} µs" + (f", peer {r['peer_us']:.2f} ({r['ratio']:.2f}x)"
                                                               if "peer_us" in r else "") if r["ok"]
                                   else f"FAIL {r.get('error')}"), flush=True)
-        for label, us in (r.get("ours_variants_us", {}).items() if len(r.get("ours_variants_us", {})) > 1 else ()):
-            print(f"    {label}: {us:.2f} µs", flush=True)
+        variants = r.get("ours_variants_us", {})
+        if len(variants) > 1:
+            for label, us in variants.items():
+                print(f"    {label}: {us:.2f} µs", flush=True)
     md = table(rows)
     print(md)
     out = args.out or HERE / "out" / f"results-{meta['date'].replace(':', '')[:15]}.md"

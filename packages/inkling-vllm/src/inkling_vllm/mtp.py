@@ -153,17 +153,18 @@ def _builds_one_depth(vllm_config: VllmConfig) -> bool:
     return draft_depths(vllm_config) == 1
 
 
-def compiles_draft_model(vllm_config: VllmConfig) -> bool:
+def compiles_draft_model(vllm_config: VllmConfig, head: MtpHead | None = None) -> bool:
     """Whether vLLM compiles :class:`InklingMTP`'s forward in ``vllm_config``'s engine:
     the engine compiles its models itself (vLLM's ``DYNAMO_TRACE_ONCE`` or
     ``VLLM_COMPILE``; under ``STOCK_TORCH_COMPILE`` the model runner compiles the
-    target alone) and the draft model builds one depth."""
+    target alone) and the draft model builds one depth. ``head``: as for
+    :func:`draft_depths`."""
     from vllm.config.compilation import CompilationMode
 
     mode = vllm_config.compilation_config.mode
     if mode in (None, CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
         return False
-    return _builds_one_depth(vllm_config)
+    return draft_depths(vllm_config, head) == 1
 
 
 @support_torch_compile(
@@ -219,7 +220,7 @@ class InklingMTP(nn.Module):
         self._target: list[nn.Module] = []  # not a submodule: its parameters are the target's
         _share_conv_pages(vllm_config)
         self._eager_priority: Any | None = None
-        if compiles_draft_model(vllm_config):
+        if compiles_draft_model(vllm_config, head):
             # compiled like the target: inductor fuses the torch-native forms
             logger.info("inkling-vllm: the MTP draft model (one depth) is compiled with the target")
             return
@@ -284,7 +285,8 @@ class InklingMTP(nn.Module):
         if inputs_embeds is None:
             assert input_ids is not None  # vLLM passes one of the two
             inputs_embeds = self.embed_input_ids(input_ids)
-        # one depth (the only draft model vLLM compiles): the same block at every step
+        # one depth (the only draft model vLLM compiles): the same block at every step,
+        # without tracing an index computed from spec_step_idx
         depth = self.layers[0] if len(self.layers) == 1 else self.layers[spec_step_idx % len(self.layers)]
         block = depth.transformer_block
         x = depth.combine(hidden_states, inputs_embeds)
