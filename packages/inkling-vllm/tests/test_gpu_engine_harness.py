@@ -144,6 +144,15 @@ def test_bench_model_grows_by_layers_and_carries_an_mtp_head_on_request() -> Non
     assert gpu_engine.bench_key("on", "ours", 0, 4, gate=False) == "graphs-on"  # no drafts: no gate
     assert gpu_engine.bench_key("on", "ours", 1, 4, head="predictive") == "graphs-on-mtp1-predictive"
     assert gpu_engine.bench_key("on", "ours", 0, 4, head="predictive") == "graphs-on"  # no drafts: no head
+    assert gpu_engine.bench_key("on", "ours", 2, 40, head_depths=2) == "graphs-on-mtp2-h2-L40"
+    assert gpu_engine.bench_key("on", "ours", 0, 40, head_depths=2) == "graphs-on-L40"  # no drafts: no head
+    assert gpu_engine.bench_config(mtp_layers=2)["mtp_config"] == {"num_nextn_predict_layers": 2}
+
+
+def test_bench_refuses_a_head_without_depth_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        gpu_engine.main(["bench", "out.json", "--tokenizer", ".", "--drafts", "2", "--head-depths", "0"])
+    assert exc.value.code == 2 and "--head-depths: must be at least 1, not 0" in capsys.readouterr().err
 
 
 def _tiny_models(hidden: int = 8) -> tuple[Any, Any]:
@@ -246,6 +255,25 @@ def test_report_gives_drafting_over_no_drafting(tmp_path: Path, capsys: Any) -> 
     assert "| pred | 3 | 1 x 256 | 250 | 2.50 | 0.750 | 3.25 |" in out
     assert "| pred | 0 | 16 x 256 | 1000 | 1.00 |  |  |" in out
     assert "| rand | 3 | failed to run |" in out
+
+
+def test_report_gives_no_ratio_for_a_case_the_kv_cache_could_not_hold(tmp_path: Path, capsys: Any) -> None:
+    """A decode case where fewer requests ran than it asked for (its KV cache too small,
+    as for a deep model with a drafter's caches beside it) times other steps: the report
+    names how many ran instead of a ratio; a head of several depth blocks is put beside
+    the same engine without drafts."""
+    short = _bench_record(3000.0, 700.0)
+    short["decode"][0]["running_min"] = 42  # type: ignore[index]
+    full = _bench_record(3000.0, 500.0)
+    full["decode"][0]["running_min"] = 64  # type: ignore[index]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": {}, "cases": {
+        "graphs-on-L40": full, "graphs-on-mtp2-h2-L40": short, "graphs-on-mtp1-L40": _bench_record(3000.0, 480.0)}}))
+    assert gpu_engine.main(["report", "--bench", str(bench)]) == 0
+    out = capsys.readouterr().out
+    assert "| graphs-on-mtp2-h2-L40 | decode 64 x 1024 | 500 | 700 | n/a: 42 of 64 running |  |" in out
+    assert "| graphs-on-mtp1-L40 | decode 64 x 1024 | 500 | 480 | 0.96 |  |" in out
+    assert gpu_engine.kv_bound(short["decode"][0]) and not gpu_engine.kv_bound(full["decode"][0])  # type: ignore[index]
 
 
 def test_tokens_per_step_adds_the_accepted_drafts_once() -> None:

@@ -99,8 +99,8 @@ def test_the_cpu_platform_needs_no_change() -> None:
 
 
 def test_the_draft_forward_dispatches_its_norms_to_the_eager_provider(platform: None) -> None:
-    """``InklingMTP.forward`` runs its body under the eager priority: the norms inside
-    it reach the provider an uncompiled engine would use, the ones after it the
+    """``InklingMTP.forward`` runs its depth block under the eager priority: the norms
+    inside it reach the provider an uncompiled engine would use, the ones after it the
     engine's own (native) again. Outputs unchanged."""
     from vllm import ir
 
@@ -112,7 +112,7 @@ def test_the_draft_forward_dispatches_its_norms_to_the_eager_provider(platform: 
         seen.append(ir.ops.rms_norm(x, w, 1e-6))
         return seen[-1]
 
-    stand_in = SimpleNamespace(_eager_priority=eager, _forward=body)
+    stand_in = SimpleNamespace(_eager_priority=eager, _pinned_depth=None, layers=[body])
     _CALLS.clear()
     out = mtp.InklingMTP.forward(stand_in, None, torch.zeros(5, dtype=torch.long), x)
     assert _CALLS == [5], "the draft forward's norm did not reach the eager provider"
@@ -142,19 +142,34 @@ def test_disabled_custom_ops_switch_to_the_platform_kernel() -> None:
         assert mtp.use_fused_custom_ops(torch.nn.Sequential(SiluAndMul())) == 0
 
 
-def test_a_compiled_forward_runs_its_body_without_a_priority_context() -> None:
-    """A draft model without an eager priority (compiled, or in an uncompiled engine)
-    calls its body directly: nothing for the compiled forward to trace but the model."""
-    seen: list[tuple[Any, ...]] = []
+def test_the_forward_runs_the_depth_of_its_draft_step_or_the_pinned_one() -> None:
+    """Draft step ``s`` runs depth block ``s % depths``, called directly where there is
+    no eager priority (compiled blocks, or an uncompiled engine); a pinned depth (vLLM's
+    warm-up and capture runs pass no step) overrides it, and only inside the pin."""
+    seen: list[int] = []
 
-    def body(*args: Any) -> torch.Tensor:
-        seen.append(args)
-        return args[2]
+    def block(j: int) -> Any:
+        def run(*args: Any) -> torch.Tensor:
+            seen.append(j)
+            return args[2]
+        return run
 
     x = torch.randn(3, 8)
-    stand_in = SimpleNamespace(_eager_priority=None, _forward=body)
-    out = mtp.InklingMTP.forward(stand_in, None, torch.zeros(3, dtype=torch.long), x, spec_step_idx=0)
-    assert out is x and len(seen) == 1
+    stand_in = SimpleNamespace(_eager_priority=None, _pinned_depth=None, layers=[block(j) for j in range(3)])
+
+    def forward(step: int) -> torch.Tensor:
+        return mtp.InklingMTP.forward(stand_in, None, torch.zeros(3, dtype=torch.long), x, spec_step_idx=step)
+
+    assert all(forward(step) is x for step in range(7))
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+    seen.clear()
+    with mtp.InklingMTP.pinned_depth(stand_in, 2):
+        forward(0), forward(1)
+    forward(1)
+    assert seen == [2, 2, 1]
+    with pytest.raises(ValueError, match="depth 3 is not built"):
+        with mtp.InklingMTP.pinned_depth(stand_in, 3):
+            pass
 
 
 # --- which draft models vLLM compiles -----------------------------------------------
@@ -178,17 +193,15 @@ def _draft_engine(depths: int, k: int | None, mode: str) -> Any:
 @pytest.mark.parametrize("mode", _MODES)
 @pytest.mark.parametrize("k", [None, 1, 2, 3])
 @pytest.mark.parametrize("depths", [1, 2, 3])
-def test_only_one_depth_drafters_of_compiling_engines_are_compiled(depths: int, k: int | None, mode: str) -> None:
+def test_drafters_of_engines_that_compile_their_models_are_compiled(depths: int, k: int | None, mode: str) -> None:
     """The draft model builds ``min(depths, k)`` depths (every depth without a count);
-    vLLM compiles it where the engine compiles its models itself (not under
-    ``STOCK_TORCH_COMPILE``, where the runner compiles the target alone) and it builds
-    exactly one: a forward that picks its depth per step cannot be compiled without
-    guards."""
+    vLLM compiles its depth blocks, however many, where the engine compiles its models
+    itself (not under ``STOCK_TORCH_COMPILE``, where the runner compiles the target
+    alone)."""
     config = _draft_engine(depths, k, mode)
     built = min(depths, k) if k else depths
     assert mtp.draft_depths(config) == built
-    compiling = mode in ("DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
-    assert mtp.compiles_draft_model(config) is (compiling and built == 1)
+    assert mtp.compiles_draft_model(config) is (mode in ("DYNAMO_TRACE_ONCE", "VLLM_COMPILE"))
 
 
 def test_a_head_passed_in_is_not_read_again() -> None:
@@ -234,25 +247,28 @@ def _kernel_ops(model: torch.nn.Module) -> tuple[int, int]:
     return len(ops), sum(m._forward_method == m.forward_cpu for m in ops)
 
 
-@pytest.mark.parametrize(("variant", "k", "compiled"), [
-    ("mtp", 1, True),         # a one-depth head
-    ("mtp-deep", 1, True),    # two depths, one drafted
-    ("mtp-deep", 2, False),   # two depths: eager, on the platform's kernels
+@pytest.mark.parametrize(("variant", "k", "mode"), [
+    ("mtp", 1, "VLLM_COMPILE"),                # a one-depth head
+    ("mtp-deep", 1, "VLLM_COMPILE"),           # two depths, one drafted
+    ("mtp-deep", 2, "VLLM_COMPILE"),           # two depth blocks, each compiled
+    ("mtp-deep", 2, "STOCK_TORCH_COMPILE"),    # the runner compiles the target alone
 ])
 def test_compiled_drafters_keep_native_ops_and_eager_ones_switch(
-    tiny_heads: dict[str, Path], variant: str, k: int, compiled: bool
+    tiny_heads: dict[str, Path], variant: str, k: int, mode: str
 ) -> None:
-    """In a compiling engine, vLLM's compile wrapper is active on a one-depth draft
-    model, which switches none of its ops and sets no eager priority (inductor fuses
-    the native forms); a multi-depth one is left uncompiled and runs every custom op
-    on the platform's kernel."""
+    """In an engine that compiles its models, vLLM's compile wrapper is active on every
+    depth block of the draft model, which switches none of its ops and sets no eager
+    priority (inductor fuses the native forms); where only the target is compiled the
+    blocks run eagerly, every custom op on the platform's kernel."""
     from vllm.config.compilation import CompilationMode
 
-    config, model = _built_drafter(tiny_heads[variant], k, int(CompilationMode.VLLM_COMPILE))
+    config, model = _built_drafter(tiny_heads[variant], k, int(getattr(CompilationMode, mode)))
+    compiled = mode == "VLLM_COMPILE"
     assert config.compilation_config.mode != CompilationMode.NONE
     assert len(model.layers) == mtp.draft_depths(config) == min(k, 2 if variant == "mtp-deep" else 1)
     assert mtp.compiles_draft_model(config) is compiled
-    assert model.do_not_compile is not compiled, "vLLM's compile switch disagrees with compiles_draft_model"
+    for block in model.layers:
+        assert block.do_not_compile is not compiled, "vLLM's compile switch disagrees with compiles_draft_model"
     ops, on_kernel = _kernel_ops(model)
     assert ops > 0
     if compiled:
@@ -264,4 +280,23 @@ def test_compiled_drafters_keep_native_ops_and_eager_ones_switch(
 
 def test_an_uncompiled_engine_compiles_no_drafter(tiny_heads: dict[str, Path]) -> None:
     config, model = _built_drafter(tiny_heads["mtp"], 1, 0)
-    assert not mtp.compiles_draft_model(config) and model.do_not_compile
+    assert not mtp.compiles_draft_model(config) and all(block.do_not_compile for block in model.layers)
+
+
+def test_each_compiled_depth_block_has_its_own_compile_cache_keys(tiny_heads: dict[str, Path]) -> None:
+    """vLLM keys its ahead-of-time compile cache by the compiled forward's qualified
+    name (and the engine config), and its inductor cache by the model tag: blocks that
+    shared either would load one depth's saved graph, with that depth's attention and
+    conv-state layer names, for another. Every depth block gets its own of both, and
+    the checkpoint's parameter names are unchanged."""
+    from vllm.compilation.decorators import _model_hash_key
+    from vllm.config.compilation import CompilationMode
+
+    config, model = _built_drafter(tiny_heads["mtp-deep"], 2, int(CompilationMode.VLLM_COMPILE))
+    blocks = list(model.layers)
+    assert len(blocks) == 2 and not any(block.do_not_compile for block in blocks)
+    assert len({_model_hash_key(block.forward) for block in blocks}) == 2, "two depth blocks share an AOT cache key"
+    assert len({block._compile_tag for block in blocks}) == 2, "two depth blocks share a model tag"
+    assert all(isinstance(block, mtp.InklingMTPDepth) for block in blocks)
+    names = {name for name, _ in model.named_parameters()}
+    assert {"layers.0.input_proj.weight", "layers.1.input_proj.weight", "chain_norm.weight"} <= names

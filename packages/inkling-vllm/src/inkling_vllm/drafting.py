@@ -227,7 +227,9 @@ def _make_proposer_class() -> type:
         target's; on CPU the attention's host copy of the sequence lengths is kept exact
         after rejected drafts shortened them; and the target's embedding and LM head are
         shared through :meth:`InklingMTP.attach_target`. A step given no drafts runs
-        only the drafter's first forward (:meth:`propose`).
+        only the drafter's first forward (:meth:`propose`). vLLM's warm-up and capture
+        runs (:meth:`dummy_run`) run every depth block, so each compiles and has its
+        graphs captured at start-up.
         """
 
         def initialize_attn_backend(self, kv_cache_config: Any, kernel_block_sizes: list[int] | None = None) -> None:
@@ -302,6 +304,14 @@ def _make_proposer_class() -> type:
             finally:
                 del self._sample_draft_tokens_for_step
             return drafts[:, :0]
+
+        def dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> None:
+            # vLLM's base runs the draft model without a draft step index (its depth 0);
+            # a compiled depth block first run while serving would compile then, and
+            # its graphs, never captured, could not be replayed
+            for depth in range(len(self.model.layers)):
+                with self.model.pinned_depth(depth):
+                    super().dummy_run(num_tokens, *args, **kwargs)
 
         def _maybe_share_embeddings(self, target_language_model: nn.Module) -> None:
             self.model.attach_target(target_language_model)

@@ -26,15 +26,17 @@ The draft model is :class:`InklingMTP` (registered as :data:`MTP_ARCHITECTURE`);
 engine side (draft config, refusal of a checkpoint without a head, the proposer and
 the hooks into vLLM) is :mod:`inkling_vllm.drafting`.
 
-When it builds one depth (:func:`draft_depths`: a one-depth head, or one draft per
-step), an engine that compiles the target (vLLM's ``DYNAMO_TRACE_ONCE`` or
-``VLLM_COMPILE`` mode) compiles the draft model's forward too, tag ``eagle_head``,
-with the target's graph-splitting ops (:func:`compiles_draft_model`): on CUDA vLLM
-then captures piecewise graphs of it, and inductor fuses its norms and activation like
-the target's. vLLM keeps no guards on a compiled forward, so a forward that chooses
-among several depths by ``spec_step_idx`` would keep the depth of its first trace:
-with several depths built the draft model runs eagerly, and there, as in every engine
-that compiles the target alone (``STOCK_TORCH_COMPILE``), its norms and activation take
+In an engine that compiles the target (vLLM's ``DYNAMO_TRACE_ONCE`` or
+``VLLM_COMPILE`` mode: :func:`compiles_draft_model`) every depth block is compiled on
+its own (:func:`compiled_depth_class`: one class per depth, so vLLM's compile caches,
+keyed by the forward's name and the model tag, keep each depth's graph apart), with
+the target's graph-splitting ops; the draft model's Python forward picks the depth for
+``spec_step_idx`` outside any compiled code (vLLM's compiled forwards keep no guards,
+so a choice traced inside one would stay frozen at the first trace). On CUDA vLLM
+captures piecewise graphs of every depth (:class:`InklingMTPProposer` runs each depth
+in vLLM's warm-up and capture runs), and inductor fuses the blocks' norms and
+activation like the target's. Where the engine compiles only the target
+(``STOCK_TORCH_COMPILE``) the draft model runs eagerly, its norms and activation on
 the kernels of an uncompiled engine (:func:`use_fused_custom_ops`,
 :func:`eager_ir_priority`).
 """
@@ -42,12 +44,16 @@ the kernels of an uncompiled engine (:func:`use_fused_custom_ops`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Iterable
+import types
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
+from vllm.compilation import backends as compile_backends
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import (
@@ -79,6 +85,7 @@ __all__ = [
     "MTP_ARCHITECTURE",
     "InklingMTP",
     "InklingMTPDepth",
+    "compiled_depth_class",
     "compiles_draft_model",
     "draft_depths",
     "eager_ir_priority",
@@ -112,11 +119,18 @@ def _fixed_norm(hidden_size: int, eps: float) -> RMSNorm:
 
 class InklingMTPDepth(nn.Module):
     """One MTP depth block: both inputs RMS-normed, concatenated, projected
-    ``2H -> H``, then one Inkling decoder layer with its own conv state and KV cache."""
+    ``2H -> H``, then one Inkling decoder layer with its own conv state and KV cache.
+
+    ``forward(input_ids, positions, hidden_states, inputs_embeds=None)`` runs the block
+    for one draft step (``[T]`` next tokens or ``[T, H]`` their embeddings, ``[T, H]``
+    previous hidden states) and returns ``[T, H]``. The embedding, the output norm and
+    the TP layout are the owning :class:`InklingMTP`'s. The draft model builds each
+    depth as :func:`compiled_depth_class` (``depth``)."""
 
     def __init__(self, spec: InklingTextSpec, depth: int, quant_config: Any, prefix: str, padding: str,
                  fused: bool) -> None:
         super().__init__()
+        self._owner: list[InklingMTP] = []  # not a submodule: the draft model holding this block
         hidden = spec.hidden_size
         self.hidden_norm = RMSNorm(hidden, eps=spec.rms_norm_eps)
         self.embed_norm = RMSNorm(hidden, eps=spec.rms_norm_eps)
@@ -130,6 +144,51 @@ class InklingMTPDepth(nn.Module):
         both = torch.cat([self.hidden_norm(previous_hidden), self.embed_norm(embeds)], dim=-1)
         out, _ = self.input_proj(both)
         return out
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        owner = self._owner[0]
+        if inputs_embeds is None:
+            assert input_ids is not None  # vLLM passes one of the two
+            inputs_embeds = owner.embed_input_ids(input_ids)
+        block = self.transformer_block
+        x = self.combine(hidden_states, inputs_embeds)
+        normed = block.input_layernorm(x)
+        tp_size = get_tensor_model_parallel_world_size()
+        sharded = owner.fused and tp_size > 1
+        if sharded:  # the fused tails keep the residual stream sharded by columns
+            x = x.chunk(tp_size, dim=-1)[get_tensor_model_parallel_rank()].contiguous()
+        chain_norm = owner.chain_norm
+        out, out_normed = block(positions, x, normed, chain_norm if chain_norm is not None else owner.tail_norm)
+        if chain_norm is not None:
+            return out_normed
+        return tensor_model_parallel_all_gather(out, dim=-1) if sharded else out
+
+
+#: The dimensions of a depth block's inputs that vary between steps (token rows).
+_DEPTH_DYNAMIC_DIMS = {"input_ids": 0, "positions": 0, "hidden_states": 0, "inputs_embeds": 0}
+
+
+@functools.cache
+def compiled_depth_class(depth: int) -> type[InklingMTPDepth]:
+    """:class:`InklingMTPDepth` for depth block ``depth`` under vLLM's compile decorator.
+
+    One class per depth, each with its own ``forward`` function object named
+    ``InklingMTPDepth{depth}.forward``: vLLM keys its ahead-of-time compile cache by the
+    forward's qualified name and the engine config, so instances of one class would
+    share one saved graph, and with it the first depth's attention and conv-state layer
+    names. (The model tag, which names the inductor cache, is set per depth by
+    :class:`InklingMTP`.) Compiled where vLLM compiles the models itself; eager
+    elsewhere."""
+    base = InklingMTPDepth.forward
+    forward = types.FunctionType(base.__code__, base.__globals__, "forward", base.__defaults__, base.__closure__)
+    forward.__kwdefaults__ = base.__kwdefaults__
+    forward.__annotations__ = dict(base.__annotations__)
+    forward.__doc__ = base.__doc__
+    name = f"InklingMTPDepth{depth}"
+    forward.__qualname__ = f"{name}.forward"
+    cls = type(name, (InklingMTPDepth,), {"forward": forward, "__module__": __name__, "__qualname__": name})
+    return support_torch_compile(dynamic_arg_dims=_DEPTH_DYNAMIC_DIMS)(cls)
 
 
 def draft_depths(vllm_config: VllmConfig, head: MtpHead | None = None) -> int:
@@ -146,31 +205,17 @@ def draft_depths(vllm_config: VllmConfig, head: MtpHead | None = None) -> int:
     return min(head.num_layers, num_spec) if num_spec else head.num_layers
 
 
-def _builds_one_depth(vllm_config: VllmConfig) -> bool:
-    """vLLM's compile switch for :class:`InklingMTP` (``enable_if``): its compiled
-    forward keeps no guards, so only a draft model of one depth has a forward that
-    does not depend on ``spec_step_idx``."""
-    return draft_depths(vllm_config) == 1
-
-
-def compiles_draft_model(vllm_config: VllmConfig, head: MtpHead | None = None) -> bool:
-    """Whether vLLM compiles :class:`InklingMTP`'s forward in ``vllm_config``'s engine:
-    the engine compiles its models itself (vLLM's ``DYNAMO_TRACE_ONCE`` or
-    ``VLLM_COMPILE``; under ``STOCK_TORCH_COMPILE`` the model runner compiles the
-    target alone) and the draft model builds one depth. ``head``: as for
-    :func:`draft_depths`."""
+def compiles_draft_model(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM compiles :class:`InklingMTP`'s depth blocks in ``vllm_config``'s
+    engine: where the engine compiles its models itself (vLLM's ``DYNAMO_TRACE_ONCE``
+    or ``VLLM_COMPILE``; under ``STOCK_TORCH_COMPILE`` the model runner compiles the
+    target alone)."""
     from vllm.config.compilation import CompilationMode
 
     mode = vllm_config.compilation_config.mode
-    if mode in (None, CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
-        return False
-    return draft_depths(vllm_config, head) == 1
+    return mode not in (None, CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE)
 
 
-@support_torch_compile(
-    dynamic_arg_dims={"input_ids": 0, "positions": 0, "hidden_states": 0, "inputs_embeds": 0},
-    enable_if=_builds_one_depth,
-)
 class InklingMTP(nn.Module):
     """vLLM draft model for an Inkling checkpoint's MTP head (both layouts).
 
@@ -184,15 +229,15 @@ class InklingMTP(nn.Module):
     row (the target's for the first draft step), ``input_ids`` ``[T]`` the next tokens;
     returns ``[T, H]``, the logits input and the next step's ``hidden_states``.
 
-    With one depth built, an engine that compiles (:func:`compiles_draft_model`)
-    compiles the forward, like the target's (vLLM's ``support_torch_compile``; on CUDA
-    the drafter's piecewise graphs are captured): its RMSNorms and activation stay in
-    the torch-native forms inductor fuses. With several depths (the forward picks one
-    per ``spec_step_idx``, which a guardless compiled forward would freeze), or where
-    the engine compiles only the target, the draft model runs eagerly; in an engine
-    that compiles, its RMSNorms and activation then run on the kernels of an
-    uncompiled engine (:func:`use_fused_custom_ops`, :func:`eager_ir_priority`) rather
-    than as torch-native forms launched op by op.
+    The forward runs depth block ``spec_step_idx % depths`` (:meth:`pinned_depth`
+    overrides it for vLLM's warm-up and capture runs, which pass no step). In an engine
+    that compiles (:func:`compiles_draft_model`) each block is compiled on its own
+    (:func:`compiled_depth_class`), like the target (on CUDA vLLM captures piecewise
+    graphs of each): its RMSNorms and activation stay in the torch-native forms
+    inductor fuses. Where the engine compiles only the target, the blocks run eagerly,
+    their RMSNorms and activation on the kernels of an uncompiled engine
+    (:func:`use_fused_custom_ops`, :func:`eager_ir_priority`) rather than as
+    torch-native forms launched op by op.
     """
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
@@ -210,19 +255,29 @@ class InklingMTP(nn.Module):
         self.fused = _fused_tails(vllm_config, raw)
         padding = _conv_padding(vllm_config, raw)
         quant_config = vllm_config.quant_config
-        self.layers = nn.ModuleList(
-            InklingMTPDepth(self.spec, j, quant_config, _join(prefix, f"model.mtp.layers.{j}"), padding, self.fused)
-            for j in range(depths)
-        )
+        blocks = []
+        for j in range(depths):
+            # depth 0 keeps the drafter's model tag (vLLM's "eagle_head"); later depths
+            # get their own, which names their compile cache
+            tag = compile_backends.model_tag
+            with compile_backends.set_model_tag(f"{tag}_depth{j}") if j else nullcontext():
+                block = compiled_depth_class(j)(
+                    spec=self.spec, depth=j, quant_config=quant_config, prefix=_join(prefix, f"model.mtp.layers.{j}"),
+                    padding=padding, fused=self.fused, vllm_config=vllm_config,
+                )
+            block._owner[:] = [self]
+            blocks.append(block)
+        self.layers = nn.ModuleList(blocks)
+        self._pinned_depth: int | None = None
         eps = spec.rms_norm_eps
         self.chain_norm = RMSNorm(spec.hidden_size, eps=eps) if head.chain_hidden_post_norm else None
         self.tail_norm = _fixed_norm(spec.hidden_size, eps)
         self._target: list[nn.Module] = []  # not a submodule: its parameters are the target's
         _share_conv_pages(vllm_config)
         self._eager_priority: Any | None = None
-        if compiles_draft_model(vllm_config, head):
+        if compiles_draft_model(vllm_config):
             # compiled like the target: inductor fuses the torch-native forms
-            logger.info("inkling-vllm: the MTP draft model (one depth) is compiled with the target")
+            logger.info("inkling-vllm: the MTP draft model's %d depth blocks are compiled with the target", depths)
             return
         # run eagerly: its norms and activation take the kernels an uncompiled engine
         # would, not the torch-native forms a compiled engine leaves to inductor
@@ -259,6 +314,18 @@ class InklingMTP(nn.Module):
         assert logits is not None
         return logits.argmax(dim=-1)
 
+    @contextmanager
+    def pinned_depth(self, depth: int) -> Iterator[None]:
+        """Run depth block ``depth`` whatever ``spec_step_idx`` the forward is given
+        (vLLM's warm-up and capture runs of a drafter pass none)."""
+        if not 0 <= depth < len(self.layers):
+            raise ValueError(f"InklingMTP: depth {depth} is not built (depths 0..{len(self.layers) - 1})")
+        self._pinned_depth = depth
+        try:
+            yield
+        finally:
+            self._pinned_depth = None
+
     def forward(
         self,
         input_ids: torch.Tensor | None,
@@ -268,38 +335,13 @@ class InklingMTP(nn.Module):
         spec_step_idx: int = 0,
         **kwargs: object,
     ) -> torch.Tensor:
+        pinned = self._pinned_depth
+        block = self.layers[pinned if pinned is not None else spec_step_idx % len(self.layers)]
         priority = self._eager_priority
-        if priority is None:  # (the compiled forward: no context to trace)
-            return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
+        if priority is None:
+            return block(input_ids, positions, hidden_states, inputs_embeds)
         with priority.set_priority():
-            return self._forward(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
-
-    def _forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        inputs_embeds: torch.Tensor | None,
-        spec_step_idx: int,
-    ) -> torch.Tensor:
-        if inputs_embeds is None:
-            assert input_ids is not None  # vLLM passes one of the two
-            inputs_embeds = self.embed_input_ids(input_ids)
-        # one depth (the only draft model vLLM compiles): the same block at every step,
-        # without tracing an index computed from spec_step_idx
-        depth = self.layers[0] if len(self.layers) == 1 else self.layers[spec_step_idx % len(self.layers)]
-        block = depth.transformer_block
-        x = depth.combine(hidden_states, inputs_embeds)
-        normed = block.input_layernorm(x)
-        tp_size = get_tensor_model_parallel_world_size()
-        sharded = self.fused and tp_size > 1
-        if sharded:  # the fused tails keep the residual stream sharded by columns
-            x = x.chunk(tp_size, dim=-1)[get_tensor_model_parallel_rank()].contiguous()
-        norm = self.chain_norm if self.chain_norm is not None else self.tail_norm
-        out, out_normed = block(positions, x, normed, norm)
-        if self.chain_norm is not None:
-            return out_normed
-        return tensor_model_parallel_all_gather(out, dim=-1) if sharded else out
+            return block(input_ids, positions, hidden_states, inputs_embeds)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load the ``model.mtp.*`` tensors of the depths built (either layout; every
@@ -373,7 +415,7 @@ def use_fused_custom_ops(module: nn.Module) -> int:
 
     Under ``torch.compile`` vLLM turns its custom ops off and runs their torch-native
     forms, for inductor to fuse into the compiled graph. A draft model that runs
-    eagerly there (several depths built) would launch each native norm's several
+    eagerly there (the runner compiling the target alone) would launch each native norm's several
     elementwise kernels one by one, every step (paused steps included); the fused
     kernel is one launch.
     Ops already on (an uncompiled engine, or ``custom_ops`` naming them) are left as

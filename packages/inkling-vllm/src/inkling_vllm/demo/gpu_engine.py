@@ -36,8 +36,8 @@ Four modes, each writing JSON (and ``report`` Markdown tables of them):
     End-to-end tokens/s (a short prompt, then decoding) and the MTP head's acceptance
     on checkpoints with a head (the tiny
     ``mtp`` and ``mtp-predictive`` variants), each draft count its own engine, one
-    after another. ``bench --drafts 0 1`` gives the benchmark model a one-depth head
-    and drafts with it: ``--head random`` (the cost of a head that is never right),
+    after another. ``bench --drafts 0 1`` gives the benchmark model a head
+    (``--head-depths`` depth blocks, default 1) and drafts with it: ``--head random`` (the cost of a head that is never right),
     ``--head predictive`` (:func:`make_head_predictive`: a head that is always right).
 
     python -m inkling_vllm.demo.gpu_engine reference CKPT ref.json
@@ -664,7 +664,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     counters = Counters()
     folder = Path(args.workdir)
     folder.mkdir(parents=True, exist_ok=True)
-    config = bench_config(smoke=args.smoke, layers=args.layers, mtp_layers=1 if args.drafts else 0)
+    config = bench_config(smoke=args.smoke, layers=args.layers, mtp_layers=args.head_depths if args.drafts else 0)
     (folder / "config.json").write_text(json.dumps(config))
     import shutil
 
@@ -741,13 +741,19 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
                     produced[o.request_id] = 1  # (vLLM may suffix the ids it was given)
         # settle; a drafting engine's gate judges its drafts over the first 32 or more
         _step_until(engine, lambda: False, limit=40 if args.drafts else 5)
+        running = [_running(engine)]
         before = {m: _metric(llm, m) for m in _SPEC_COUNTERS}
         steps = _step_until(engine, lambda: False, limit=args.steps)
+        running.append(_running(engine))
         # (read before the core steps: their outputs, statistics included, are dropped)
         drafted, accepted = (_metric(llm, m) - before[m] for m in _SPEC_COUNTERS)
         core = _core_steps(engine, args.steps)
+        running.append(_running(engine))
         case = {"concurrency": conc, "context": ctx, "step_ms_median": 1e3 * statistics.median(steps),
-                "core_step_ms_median": 1e3 * statistics.median(core)}
+                "core_step_ms_median": 1e3 * statistics.median(core), "running_min": min(running)}
+        if min(running) < conc:  # the KV cache held fewer: the steps timed are not this case's
+            print(f"WARNING decode {conc} x {ctx}: only {min(running)} of {conc} requests running (the KV "
+                  "cache is too small for the case); its figures are not comparable", flush=True)
         case["tokens_per_step"] = tokens_per_step(conc, accepted, len(steps))
         case["tokens_per_s"] = case["tokens_per_step"] / (case["step_ms_median"] / 1e3)
         if drafted:
@@ -779,6 +785,17 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 _SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
 
 
+def _running(engine: Any) -> int:
+    """Requests the engine's scheduler is running (the engine core in this process)."""
+    return len(engine.engine_core.engine_core.scheduler.running)
+
+
+def kv_bound(case: dict[str, Any]) -> bool:
+    """Whether a bench decode case ran fewer requests than it asked for (its KV cache
+    too small): its step times are not that case's."""
+    return case.get("running_min", case["concurrency"]) < case["concurrency"]
+
+
 def tokens_per_step(requests: int, accepted: float, steps: int) -> float:
     """Tokens a decode step emits: one per request, plus the drafts accepted over
     ``steps`` steps (vLLM counts ``accepted`` over all requests)."""
@@ -786,11 +803,13 @@ def tokens_per_step(requests: int, accepted: float, steps: int) -> float:
 
 
 def bench_key(graphs: str, conv: str, drafts: int = 0, layers: int = 4, gate: bool = True,
-              head: str = "random") -> str:
+              head: str = "random", head_depths: int = 1) -> str:
     """A bench result's name: ``graphs-on``, ``graphs-on-peer``, ``graphs-on-mtp1-L16``,
     ``graphs-on-mtp1-nogate`` (drafting at every step, the draft gate off),
-    ``graphs-on-mtp1-predictive`` (the head of :func:`make_head_predictive`), ..."""
+    ``graphs-on-mtp1-predictive`` (the head of :func:`make_head_predictive`),
+    ``graphs-on-mtp2-h2`` (a head of two depth blocks), ..."""
     return (f"graphs-{graphs}" + ("" if conv == "ours" else f"-{conv}") + (f"-mtp{drafts}" if drafts else "")
+            + ("" if head_depths == 1 or not drafts else f"-h{head_depths}")
             + ("" if gate or not drafts else "-nogate") + ("-predictive" if drafts and head == "predictive" else "")
             + ("" if layers == 4 else f"-L{layers}"))
 
@@ -808,11 +827,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     runs = [(g, c, k, gate == "on", head) for g in args.graphs for c in args.conv for k in args.drafts
             for gate in (args.gate if k else ["on"]) for head in (args.head if k else ["random"])]
     for graphs, conv, drafts, gate, head in runs:
-        key = bench_key(graphs, conv, drafts, args.layers, gate, head)
+        key = bench_key(graphs, conv, drafts, args.layers, gate, head, args.head_depths)
         log = Path(args.logs) / f"bench-{key}.log" if args.logs else None
         rec, tail = _child(["bench-engine", graphs, "--workdir", args.workdir, "--steps", str(args.steps),
                             "--tokenizer", args.tokenizer, "--conv", conv, "--peer", str(Path(args.peer).resolve()),
-                            "--layers", str(args.layers), "--drafts", str(drafts), "--head", head,
+                            "--layers", str(args.layers), "--head-depths", str(args.head_depths),
+                            "--drafts", str(drafts), "--head", head,
                             *([] if gate else ["--no-gate"]),
                             *(["--decode", *args.decode] if args.decode else []),
                             *(["--smoke"] if args.smoke else [])],
@@ -1020,8 +1040,18 @@ def _peer_ratios(cases: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _bench_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=4, help="decoder layers of the benchmark model (default 4)")
+    p.add_argument("--head-depths", type=_positive, default=1,
+                   help="depth blocks of the drafting engines' MTP head (default 1; released checkpoints "
+                        "carry 8, of which a drafter builds min(8, drafts))")
     p.add_argument("--decode", nargs="*", choices=[f"{r}x{c}" for r, c in DECODE_CASES],
                    help="only these decode cases, as REQUESTSxCONTEXT")
 
@@ -1031,7 +1061,7 @@ def _draft_ratios(cases: dict[str, Any]) -> list[str]:
     ratio and the acceptance, for every ``...-mtpK...`` result with its draft-free twin."""
     lines: list[str] = []
     for name, spec in cases.items():
-        base = re.sub(r"-mtp\d+(-nogate)?(-predictive)?", "", name)
+        base = re.sub(r"-mtp\d+(-h\d+)?(-nogate)?(-predictive)?", "", name)
         plain = cases.get(base) if base != name else None
         if plain is None or "error" in plain or "error" in spec:
             continue
@@ -1039,11 +1069,14 @@ def _draft_ratios(cases: dict[str, Any]) -> list[str]:
             lines += ["", "| engine | case | without drafts tokens/s | with drafts tokens/s | with / without | acceptance |",
                       "|---|---|---|---|---|---|"]
         accept = {_decode_case(c): c.get("acceptance") for c in spec["decode"]}
+        short = {_decode_case(c): c for rec in (plain, spec) for c in rec["decode"] if kv_bound(c)}
         mine, theirs = _bench_rows(spec), _bench_rows(plain)
         for case, rate in mine.items():
             if case in theirs and case.startswith("decode"):
                 a = accept.get(case)
-                lines.append(f"| {name} | {case} | {theirs[case]:.0f} | {rate:.0f} | {rate / theirs[case]:.2f} | "
+                ratio = f"{rate / theirs[case]:.2f}" if case not in short else (
+                    f"n/a: {short[case]['running_min']} of {short[case]['concurrency']} running")
+                lines.append(f"| {name} | {case} | {theirs[case]:.0f} | {rate:.0f} | {ratio} | "
                              f"{'' if a is None else f'{a:.3f}'} |")
     return lines
 
@@ -1085,7 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", default=".peer", help="folder holding vllm_sconv_peer.py (fetch_peer.py's output)")
     _bench_shape_args(p)
     p.add_argument("--drafts", nargs="+", type=int, default=[0],
-                   help="tokens the model's MTP head (one depth) drafts a step; 0: no drafting")
+                   help="tokens the model's MTP head drafts a step; 0: no drafting")
     p.add_argument("--head", nargs="+", default=["random"], choices=BENCH_HEADS,
                    help="drafting engines' MTP head: random (vLLM's dummy weights, drafts rejected), predictive "
                         "(rewritten as it loads so that its drafts are the model's own next tokens), or both")
