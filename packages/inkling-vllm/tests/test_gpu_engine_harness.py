@@ -283,10 +283,22 @@ def test_tokens_per_step_adds_the_accepted_drafts_once() -> None:
     assert gpu_engine.tokens_per_step(1, 0.0, 15) == 1.0
 
 
-def test_bench_refuses_an_unknown_decode_case(capsys: Any) -> None:
+@pytest.mark.parametrize(("case", "message"), [
+    ("64x1k", "'64x1k' is not REQUESTSxCONTEXT"),
+    ("0x1024", "'0x1024': REQUESTS 1-256"),
+    ("300x1024", "'300x1024': REQUESTS 1-256"),
+    ("32x9000", "CONTEXT 1-8192 (its prompt length)"),
+])
+def test_bench_refuses_a_decode_case_it_cannot_run(capsys: Any, case: str, message: str) -> None:
     with pytest.raises(SystemExit):
-        gpu_engine.main(["bench", "out.json", "--tokenizer", ".", "--decode", "64x1k"])
-    assert "invalid choice: '64x1k'" in capsys.readouterr().err
+        gpu_engine.main(["bench", "out.json", "--tokenizer", ".", "--decode", case])
+    assert message in capsys.readouterr().err
+
+
+def test_bench_takes_any_decode_case_the_engine_holds() -> None:
+    """Cases beyond the default set (a deep model whose KV cache holds fewer requests)."""
+    assert gpu_engine._decode_shape("32x1024") == "32x1024"
+    assert gpu_engine._decode_shape("0256x04096") == "256x4096"
 
 
 def test_counters_record_each_compile_by_kernel_name_and_specialisation(monkeypatch: Any) -> None:

@@ -459,8 +459,11 @@ def bench_config(vocab: int = 32768, smoke: bool = False, layers: int = 4, mtp_l
 #: CUDA-graph batch sizes of the benchmark engine (covers every decode case).
 BENCH_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
-#: (concurrent requests, context tokens) of the decode cases.
+#: (concurrent requests, context tokens) of the decode cases (``--decode`` names others).
 DECODE_CASES = [(1, 1024), (1, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 4096)]
+#: The benchmark engine's request limit (``max_num_seqs``) and prompt length: the
+#: largest decode case it runs.
+BENCH_MAX_REQUESTS, BENCH_PROMPT = 256, 8192
 
 
 #: The benchmark's graph settings: ``on`` is the plugin's serving mode, vLLM's default
@@ -672,16 +675,19 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     # is detokenized, so a small one does
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(args.tokenizer) / name, folder / name)
-    prompt_len, cases = (256, [(1, 64), (4, 128)]) if args.smoke else (8192, DECODE_CASES)
+    prompt_len, cases = (256, [(1, 64), (4, 128)]) if args.smoke else (BENCH_PROMPT, DECODE_CASES)
     if args.decode:
-        cases = [c for c in cases if f"{c[0]}x{c[1]}" in args.decode]
+        cases = [(int(r), int(c)) for r, c in (d.split("x") for d in args.decode)]
+        if max(c for _, c in cases) > prompt_len:
+            print(f"--decode: a context of at most {prompt_len} tokens (the prompt length)", file=sys.stderr)
+            return 2
     # tokens each decode request may generate: about 140 steps of a case (prefill of
     # the others, settling, the timed and profiled steps), each up to 1 + drafts tokens
     budget = 150 * (1 + args.drafts) if args.drafts else 200
     predictive = bool(args.drafts) and args.head == "predictive"
     started = time.time()
     llm = LLM(model=str(folder), load_format=register_predictive_loader() if predictive else "dummy", dtype="bfloat16",
-              max_model_len=prompt_len + max(256, budget), max_num_seqs=256, max_num_batched_tokens=prompt_len,
+              max_model_len=prompt_len + max(256, budget), max_num_seqs=BENCH_MAX_REQUESTS, max_num_batched_tokens=prompt_len,
               enable_prefix_caching=False, enforce_eager=args.graphs == "off", seed=0, disable_log_stats=False,
               compilation_config=bench_compilation(args.graphs),
               # no start-up JIT warm-up (vLLM's or the plugin's; minutes on a cold Triton
@@ -1047,13 +1053,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _decode_shape(text: str) -> str:
+    match = re.fullmatch(r"(\d+)x(\d+)", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not REQUESTSxCONTEXT (e.g. 64x1024)")
+    requests, context = int(match[1]), int(match[2])
+    if not (1 <= requests <= BENCH_MAX_REQUESTS and 1 <= context <= BENCH_PROMPT):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: REQUESTS 1-{BENCH_MAX_REQUESTS} (the engine's max_num_seqs), CONTEXT 1-{BENCH_PROMPT} "
+            "(its prompt length)")
+    return f"{requests}x{context}"
+
+
 def _bench_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=4, help="decoder layers of the benchmark model (default 4)")
     p.add_argument("--head-depths", type=_positive, default=1,
                    help="depth blocks of the drafting engines' MTP head (default 1; released checkpoints "
                         "carry 8, of which a drafter builds min(8, drafts))")
-    p.add_argument("--decode", nargs="*", choices=[f"{r}x{c}" for r, c in DECODE_CASES],
-                   help="only these decode cases, as REQUESTSxCONTEXT")
+    p.add_argument("--decode", nargs="*", type=_decode_shape,
+                   help="these decode cases, as REQUESTSxCONTEXT (default: "
+                        + " ".join(f"{r}x{c}" for r, c in DECODE_CASES) + ")")
 
 
 def _draft_ratios(cases: dict[str, Any]) -> list[str]:
