@@ -256,10 +256,10 @@ class InklingMTP(nn.Module):
         padding = _conv_padding(vllm_config, raw)
         quant_config = vllm_config.quant_config
         blocks = []
+        # depth 0 keeps the drafter's model tag (vLLM's "eagle_head"); later depths get
+        # their own, which names their compile cache
+        tag = compile_backends.model_tag
         for j in range(depths):
-            # depth 0 keeps the drafter's model tag (vLLM's "eagle_head"); later depths
-            # get their own, which names their compile cache
-            tag = compile_backends.model_tag
             with compile_backends.set_model_tag(f"{tag}_depth{j}") if j else nullcontext():
                 block = compiled_depth_class(j)(
                     spec=self.spec, depth=j, quant_config=quant_config, prefix=_join(prefix, f"model.mtp.layers.{j}"),

@@ -37,8 +37,9 @@ Four modes, each writing JSON (and ``report`` Markdown tables of them):
     on checkpoints with a head (the tiny
     ``mtp`` and ``mtp-predictive`` variants), each draft count its own engine, one
     after another. ``bench --drafts 0 1`` gives the benchmark model a head
-    (``--head-depths`` depth blocks, default 1) and drafts with it: ``--head random`` (the cost of a head that is never right),
-    ``--head predictive`` (:func:`make_head_predictive`: a head that is always right).
+    (``--head-depths`` depth blocks, default 1) and drafts with it: ``--head random``
+    (the cost of a head that is never right), ``--head predictive``
+    (:func:`make_head_predictive`: a head that is always right).
 
     python -m inkling_vllm.demo.gpu_engine reference CKPT ref.json
     python -m inkling_vllm.demo.gpu_engine parity CKPT ref.json parity.json
@@ -687,7 +688,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     predictive = bool(args.drafts) and args.head == "predictive"
     started = time.time()
     llm = LLM(model=str(folder), load_format=register_predictive_loader() if predictive else "dummy", dtype="bfloat16",
-              max_model_len=prompt_len + max(256, budget), max_num_seqs=BENCH_MAX_REQUESTS, max_num_batched_tokens=prompt_len,
+              max_model_len=prompt_len + max(256, budget), max_num_seqs=BENCH_MAX_REQUESTS,
+              max_num_batched_tokens=prompt_len,
               enable_prefix_caching=False, enforce_eager=args.graphs == "off", seed=0, disable_log_stats=False,
               compilation_config=bench_compilation(args.graphs),
               # no start-up JIT warm-up (vLLM's or the plugin's; minutes on a cold Triton
