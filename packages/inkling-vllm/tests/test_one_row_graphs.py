@@ -17,13 +17,20 @@ CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64]
 MAX_SEQS = 20
 
 
-def _config(mode: str, k: int = 2, method: str = "mtp", **over: Any) -> Any:
+def _config(mode: str, k: int = 2, method: str = "mtp", rounded: bool = False, **over: Any) -> Any:
+    """``rounded``: the capture sizes rounded to multiples of ``1 + k`` as vLLM's
+    first-generation runner does in drafting engines, with the plugin's record of the
+    sizes before."""
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
 
     compilation = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode[mode],
                                     cudagraph_capture_sizes=list(CAPTURE_SIZES))
     compilation.set_splitting_ops_for_v1(all2all_backend="naive")  # (attention split: piecewise graphs)
     compilation.max_cudagraph_capture_size = max(CAPTURE_SIZES)
+    if rounded:
+        assert one_row_graphs.install_capture_size_record()
+        compilation.adjust_cudagraph_sizes_for_spec_decode(1 + k)
+        assert compilation.cudagraph_capture_sizes != CAPTURE_SIZES  # (vLLM rounded them)
     draft = SimpleNamespace(hf_config=SimpleNamespace(architectures=[MTP_ARCHITECTURE]))
     fields = dict(
         speculative_config=SimpleNamespace(method=method, draft_model_config=draft, num_speculative_tokens=k),
@@ -93,10 +100,13 @@ def _default_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_one_row_steps_replay_full_graphs_and_nothing_else_does(mode: str, k: int) -> None:
+@pytest.mark.parametrize("rounded", [False, True])
+def test_one_row_steps_replay_full_graphs_and_nothing_else_does(mode: str, k: int, rounded: bool) -> None:
+    """One-row steps pad to the configured capture sizes (not vLLM's multiples of
+    ``1 + k``) and replay full graphs; no other batch shape takes them."""
     from vllm.config import CUDAGraphMode
 
-    runner = _runner(_config(mode, k))
+    runner = _runner(_config(mode, k, rounded=rounded))
     before = {n: _step(runner, [1] * n) for n in range(1, MAX_SEQS + 1)}
     assert all(m != CUDAGraphMode.FULL for m, _ in before.values())  # vLLM alone: no full graph for them
     full_keys = set(runner.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL])

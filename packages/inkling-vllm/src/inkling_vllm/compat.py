@@ -286,7 +286,14 @@ REQUIRED_API: tuple[ApiItem, ...] = (
         "CudagraphDispatcher",
         params=("self", "num_tokens", "uniform_decode", "has_lora", "num_active_loras"),
         method="_create_padded_batch_descriptor",
-        fields=("get_capture_descs", "dispatch"),
+        fields=("get_capture_descs", "dispatch", "_compute_bs_to_padded_graph_size"),
+    ),
+    ApiItem(
+        "vllm.config.compilation",
+        "CompilationConfig",
+        params=("self", "uniform_decode_query_len"),
+        method="adjust_cudagraph_sizes_for_spec_decode",
+        fields=("cudagraph_capture_sizes", "max_cudagraph_capture_size"),
     ),
     ApiItem(
         "vllm.v1.worker.gpu_model_runner",

@@ -32,9 +32,11 @@ def register() -> None:
     spec to its manager in vLLM's KV-cache spec registry
     (:func:`inkling_vllm.conv_manager.register_conv_state_spec`) and, on CUDA, makes
     the GPU worker compile the model's kernels before serving
-    (:func:`inkling_vllm.warmup.install_warmup_hook`). On every platform it keeps
-    vLLM's breakable CUDA graphs off for the engines it serves, so they are
-    torch-compiled (:func:`inkling_vllm.attention.keep_breakable_graphs_off`; vLLM
+    (:func:`inkling_vllm.warmup.install_warmup_hook`) and keeps the capture sizes vLLM
+    rounds for drafting engines
+    (:func:`inkling_vllm.one_row_graphs.install_capture_size_record`). On every
+    platform it keeps vLLM's breakable CUDA graphs off for the engines it serves, so
+    they are torch-compiled (:func:`inkling_vllm.attention.keep_breakable_graphs_off`; vLLM
     turns them on for the Inkling architectures on CPU too, where they only switch
     compilation off). It registers the
     checkpoint's multi-token-prediction head as the drafter for speculative method
@@ -70,9 +72,11 @@ def register() -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_cuda():
+        from .one_row_graphs import install_capture_size_record
         from .warmup import install_warmup_hook
 
         install_warmup_hook()
+        install_capture_size_record()
     models = getattr(ModelRegistry, "models", {})
     for arch in ARCHITECTURES:
         remember_builtin(arch, models.get(arch))
