@@ -317,3 +317,25 @@ def test_counters_record_each_compile_by_kernel_name_and_specialisation(monkeypa
                                         compile={}, is_manual_warmup=False, already_compiled=False)
     assert counters.compiles == ["vllm.fused_moe.fused_moe_kernel"]
     assert counters.compile_signatures == [signature]
+
+
+def test_bench_capture_sizes_reach_each_engine_and_vllm_accepts_them(tmp_path: Path, capsys: Any,
+                                                                     monkeypatch: Any) -> None:
+    """``--capture-sizes`` (a quicker start-up: only the sizes the cases run) goes to
+    every engine child and becomes a compilation config vLLM accepts; 0 is refused."""
+    from vllm.config import CompilationConfig
+
+    config = CompilationConfig(**gpu_engine.bench_compilation("on", [64, 1, 32, 1]))
+    assert config.cudagraph_capture_sizes == [1, 32, 64]
+    assert gpu_engine.bench_compilation("on")["cudagraph_capture_sizes"] == gpu_engine.BENCH_CAPTURE_SIZES
+    children: list[list[str]] = []
+    monkeypatch.setattr(gpu_engine, "_child", lambda argv, *a, **k: (children.append(argv), (None, "stopped"))[1])
+    assert gpu_engine.main(["bench", str(tmp_path / "b.json"), "--tokenizer", ".", "--graphs", "on",
+                            "--drafts", "0", "1", "--capture-sizes", "1", "32"]) == 0
+    assert len(children) == 2
+    for argv in children:
+        at = argv.index("--capture-sizes")
+        assert argv[at + 1:at + 3] == ["1", "32"]
+    with pytest.raises(SystemExit):
+        gpu_engine.main(["bench", "out.json", "--tokenizer", ".", "--capture-sizes", "0"])
+    assert "must be at least 1" in capsys.readouterr().err

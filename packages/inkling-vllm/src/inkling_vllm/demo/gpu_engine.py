@@ -554,12 +554,13 @@ def register_predictive_loader() -> str:
     return PREDICTIVE_LOAD_FORMAT
 
 
-def bench_compilation(graphs: str) -> dict[str, Any] | None:
+def bench_compilation(graphs: str, capture_sizes: list[int] | None = None) -> dict[str, Any] | None:
     """vLLM's ``compilation_config`` for a :data:`BENCH_GRAPHS` setting: graphs at
-    :data:`BENCH_CAPTURE_SIZES`."""
+    ``capture_sizes`` (default :data:`BENCH_CAPTURE_SIZES`; fewer sizes start an engine
+    sooner, and a decode case replays the same graph when its batch is one of them)."""
     if graphs == "off":
         return None
-    config: dict[str, Any] = {"cudagraph_capture_sizes": BENCH_CAPTURE_SIZES}
+    config: dict[str, Any] = {"cudagraph_capture_sizes": sorted(set(capture_sizes or BENCH_CAPTURE_SIZES))}
     if graphs == "on-nocompile":
         config.update(mode=0, cudagraph_mode="FULL_DECODE_ONLY")  # CompilationMode.NONE
     return config
@@ -691,7 +692,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
               max_model_len=prompt_len + max(256, budget), max_num_seqs=BENCH_MAX_REQUESTS,
               max_num_batched_tokens=prompt_len,
               enable_prefix_caching=False, enforce_eager=args.graphs == "off", seed=0, disable_log_stats=False,
-              compilation_config=bench_compilation(args.graphs),
+              compilation_config=bench_compilation(args.graphs, args.capture_sizes),
               # no start-up JIT warm-up (vLLM's or the plugin's; minutes on a cold Triton
               # cache at these widths): kernels compile on first use, before the measured steps
               kernel_config={"enable_jit_warmup": False},
@@ -704,6 +705,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     vocab = config["text_config"]["unpadded_vocab_size"]
     out: dict[str, Any] = {"graphs": args.graphs, "conv": args.conv, "layers": args.layers, "drafts": args.drafts,
                            "startup_s": round(startup, 1), "decode": [], "prefill": {}}
+    if args.capture_sizes:
+        out["capture_sizes"] = sorted(set(args.capture_sizes))
     if args.drafts:
         out["head"] = args.head
     print(f"started in {startup:.0f} s", flush=True)
@@ -843,6 +846,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             "--drafts", str(drafts), "--head", head,
                             *([] if gate else ["--no-gate"]),
                             *(["--decode", *args.decode] if args.decode else []),
+                            *(["--capture-sizes", *map(str, args.capture_sizes)] if args.capture_sizes else []),
                             *(["--smoke"] if args.smoke else [])],
                            args.timeout, log)
         results["cases"][key] = rec if rec is not None else {"error": tail}
@@ -1075,6 +1079,9 @@ def _bench_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", nargs="*", type=_decode_shape,
                    help="these decode cases, as REQUESTSxCONTEXT (default: "
                         + " ".join(f"{r}x{c}" for r, c in DECODE_CASES) + ")")
+    p.add_argument("--capture-sizes", nargs="+", type=_positive,
+                   help="CUDA-graph batch sizes (default: " + " ".join(map(str, BENCH_CAPTURE_SIZES))
+                        + "); e.g. only the decode cases' request counts, for a quicker start-up")
 
 
 def _draft_ratios(cases: dict[str, Any]) -> list[str]:
