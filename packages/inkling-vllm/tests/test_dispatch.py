@@ -105,31 +105,59 @@ def test_plugin_keeps_vllms_own_entries() -> None:
         assert arch in ModelRegistry.get_supported_archs()
 
 
-def test_plugin_log_lines_go_to_vllms_handlers() -> None:
+@pytest.mark.parametrize("vllm_logging_first", [True, False], ids=["vllm-set-up-first", "vllm-set-up-later"])
+def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool) -> None:
+    """The plugin's records reach vLLM's handlers at vLLM's level, whether vLLM set its
+    logging up before the plugin loaded or after (vLLM 0.32: after), once each."""
     import logging
 
-    ours, theirs = logging.getLogger("inkling_vllm"), logging.getLogger("vllm")
-    saved = (list(ours.handlers), ours.level)
+    ours, theirs, root = logging.getLogger("inkling_vllm"), logging.getLogger("vllm"), logging.getLogger()
+    saved_ours = (list(ours.handlers), ours.level, ours.propagate)
+    saved_theirs = (list(theirs.handlers), theirs.level, theirs.propagate)
     seen: list[str] = []
+    at_root: list[str] = []
 
     class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
+        def __init__(self, into: list[str]) -> None:
+            super().__init__()
+            self.into = into
 
-    probe = Collect()
-    theirs.addHandler(probe)
+        def emit(self, record: logging.LogRecord) -> None:
+            self.into.append(record.getMessage())
+
+    probe, root_probe = Collect(seen), Collect(at_root)
     try:
-        for h in list(ours.handlers):
+        for h in list(ours.handlers) + list(theirs.handlers):
             ours.removeHandler(h)
+            theirs.removeHandler(h)
+        root.addHandler(root_probe)
+        theirs.propagate = False  # as vLLM's logging set-up leaves it
+        if vllm_logging_first:
+            theirs.addHandler(probe)
         plugin.log_with_vllm()
-        logging.getLogger("inkling_vllm.warmup").log(max(theirs.getEffectiveLevel(), logging.INFO), "warm-up line")
+        plugin.log_with_vllm()  # idempotent: no second route to vLLM's handlers
+        if not vllm_logging_first:  # as vLLM 0.32 does, after loading its plugins
+            theirs.addHandler(probe)
+        theirs.setLevel(logging.INFO)
+        warmup = logging.getLogger("inkling_vllm.warmup")
+        warmup.info("warm-up line")
+        warmup.debug("below vLLM's level")
         assert seen == ["warm-up line"]
-        plugin.log_with_vllm()  # idempotent: no second copy of the handlers
-        assert ours.handlers.count(probe) == 1
+        theirs.setLevel(logging.WARNING)
+        warmup.info("below vLLM's level")
+        warmup.warning("a warning")
+        assert seen == ["warm-up line", "a warning"]
+        assert at_root == [], "records reached the root logger beside vLLM's handlers"
     finally:
+        root.removeHandler(root_probe)
         theirs.removeHandler(probe)
         for h in list(ours.handlers):
             ours.removeHandler(h)
-        for h in saved[0]:
+        for h in saved_ours[0]:
             ours.addHandler(h)
-        ours.setLevel(saved[1])
+        ours.setLevel(saved_ours[1])
+        ours.propagate = saved_ours[2]
+        for h in saved_theirs[0]:
+            theirs.addHandler(h)
+        theirs.setLevel(saved_theirs[1])
+        theirs.propagate = saved_theirs[2]

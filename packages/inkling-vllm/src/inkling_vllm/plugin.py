@@ -90,14 +90,28 @@ def register() -> None:
     _registered = True
 
 
+class _ToVllm(logging.Handler):
+    """Hands the plugin's log records to vLLM's logger ``vllm`` when that logger takes
+    their level, so they meet the handlers vLLM (or the application) has set up by the
+    time a record is made, not those present when the plugin loaded."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        theirs = logging.getLogger("vllm")
+        if theirs.isEnabledFor(record.levelno):
+            theirs.handle(record)
+
+
 def log_with_vllm() -> None:
-    """Send the plugin's log records (``inkling_vllm.*``) to vLLM's handlers at vLLM's
-    level, so its start-up lines (the kernel warm-up's progress, a changed graph mode)
-    appear in the engine's log in vLLM's format; a logging set-up of the application's
-    own (handlers on ``inkling_vllm``) is left alone."""
-    ours, theirs = logging.getLogger("inkling_vllm"), logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers:
+    """Send the plugin's log records (``inkling_vllm.*``) through vLLM's logger, at
+    vLLM's level and in its format, so the plugin's start-up lines (the kernel warm-up's
+    progress, the one-row graphs, a changed graph mode) appear in the engine's log.
+    vLLM 0.32 sets its logging up only after it has loaded the plugins, so the records
+    are handed over as they are made (a logger ``inkling_vllm`` that takes every level
+    and does not propagate: vLLM's logger decides, as for its own records). A logging
+    set-up of the application's own (handlers on ``inkling_vllm``) is left alone."""
+    ours = logging.getLogger("inkling_vllm")
+    if ours.handlers:
         return
-    for handler in theirs.handlers:
-        ours.addHandler(handler)
-    ours.setLevel(theirs.getEffectiveLevel())
+    ours.addHandler(_ToVllm())
+    ours.setLevel(logging.DEBUG)
+    ours.propagate = False
