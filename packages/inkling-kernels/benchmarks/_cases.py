@@ -527,8 +527,10 @@ def _sub(lw: LayerWorld, i: int, s: SconvBatch, hidden: torch.Tensor, mlp: bool,
 
 
 def _peer_sub(env: Env, lw: LayerWorld, i: int, hidden: torch.Tensor, mlp: bool, cache: torch.Tensor,
-              add_norm: Callable[..., Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The peer: its fused_sconv, then the unfused add + RMSNorm (of the full row at tp > 1)."""
+              add_norm: Callable[..., Any], pieces: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The peer: its fused_sconv, then the unfused add + RMSNorm (of the full row at tp > 1;
+    ``pieces``: the all-gathered conv outputs as the collective leaves them, which vLLM's
+    ``all_gather(dim=-1)`` copies into rows first)."""
     d, nw = (lw.d_mlp[i], lw.nw_mlp) if mlp else (lw.d_attn[i], lw.nw_attn)
     w = lw.peer_weights[1 if mlp else 0]
     off, width = lw.stream(Stream.MLP if mlp else Stream.ATTN)
@@ -536,7 +538,7 @@ def _peer_sub(env: Env, lw: LayerWorld, i: int, hidden: torch.Tensor, mlp: bool,
     if lw.layout.tp_size == 1:
         return add_norm(hidden, y, nw)
     # the full residual row + the all-gathered conv output (stand-ins; collectives excluded)
-    return add_norm(hidden, lw.gathered[i], nw)
+    return add_norm(hidden, lw.gathered[i] if pieces is None else _gathered_rows(pieces), nw)
 
 
 def _add_rmsnorm(requests: list[tuple[int, int]]) -> Callable[[Env], Prepared]:
@@ -566,9 +568,20 @@ def _add_rmsnorm(requests: list[tuple[int, int]]) -> Callable[[Env], Prepared]:
     return prepare
 
 
-def _layer(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env], Prepared]:
+def _layer(kind: str, tp: int, requests: list[tuple[int, int]], gather: bool = False) -> Callable[[Env], Prepared]:
     """One decoder layer's conv work: K+V, ATTN + add + norm, MLP + add + norm; the step's
-    tap map build amortised over the KV-cache group's layers."""
+    tap map build amortised over the KV-cache group's layers.
+
+    At tp > 1 both sides' collectives are left out. By default both norms read stand-in
+    gathered rows. ``gather``: each side's all-gather as its model runs it, less the
+    transfer (the same bytes on both sides). Ours, the served model's path: the norm
+    reads the ``[tp, T, S]`` pieces an all-gather along dim 0 leaves
+    (:func:`gathered_rms_norm`). The peer: vLLM's ``all_gather(dim=-1)`` copies those
+    pieces into rows (:func:`_gathered_rows`) before its add + RMSNorm, in either
+    arrangement. A compiled model cannot fold that copy into the norm: vLLM's all-gather
+    is an opaque custom op that returns the copied rows."""
+    if gather and tp == 1:
+        raise ValueError("gather: a layer at tp > 1")
 
     def prepare(env: Env) -> Prepared:
         nbytes = _layer_bytes(env, kind, tp, requests, "layer")
@@ -606,12 +619,13 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env
             _close(env, f"sublayer {j} normed", got[3 + 2 * j], normed)
         _same("cache", c_ours, c_ref)
         cache = lw.cache
+        amortised = [lambda s=s: sconv_tap_map(s.batch, s.tap_map) for s in lw.steps]
         prep = Prepared([lambda i=i, s=s: ours(i, s.mapped, cache) for i, s in enumerate(lw.steps)], nbytes,
-                        amortised=[lambda s=s: sconv_tap_map(s.batch, s.tap_map) for s in lw.steps],
-                        amortise_over=GROUP_LAYERS)
-        if tp > 1 and env.compile_norm:  # the norm of the gathered rows: torch.compile'd
+                        amortised=amortised, amortise_over=GROUP_LAYERS)
+        if tp > 1 and env.compile_norm and not gather:  # the norm of the gathered rows: torch.compile'd
             prep.ours_alt["compiled norm"] = [lambda i=i, s=s: ours(i, s.mapped, cache, _compiled_rms())
                                               for i, s in enumerate(lw.steps)]
+        pieces: list[Optional[torch.Tensor]] = [None] * len(lw.steps)
         if tp > 1:  # the model's path: the norm reads the pieces an all-gather along dim 0 leaves
             pieces = [env.randn(tp, _rows(requests), int(lw.layout.hidden_shard)) for _ in lw.steps]
             _close(env, "normed (pieces)", gathered_rms_norm(pieces[0], lw.nw_attn, EPS),
@@ -620,20 +634,30 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env
             def of_pieces(i: int) -> Callable[..., Any]:
                 return lambda _rows, nw, eps: gathered_rms_norm(pieces[i], nw, eps)
 
-            prep.ours_alt["gathered_rms_norm"] = [lambda i=i, s=s: ours(i, s.mapped, cache, of_pieces(i))
-                                                  for i, s in enumerate(lw.steps)]
+            served = [lambda i=i, s=s: ours(i, s.mapped, cache, of_pieces(i)) for i, s in enumerate(lw.steps)]
+            if gather:
+                prep = Prepared(served, nbytes, amortised=amortised, amortise_over=GROUP_LAYERS)
+                # the peer's rows are those pieces, copied: the same norm input
+                _close(env, "normed (the peer's copied rows)",
+                       gathered_rms_norm_rows(_gathered_rows(pieces[0]), lw.nw_attn, EPS),
+                       gathered_rms_norm_ref(pieces[0], lw.nw_attn, EPS))
+            else:
+                prep.ours_alt["gathered_rms_norm"] = served
         if env.peer is not None:
             def peer(i: int, fn: Callable[..., Any]) -> Any:
                 out = _peer_kv(env, lw, i, cache)
-                h1, n1 = _peer_sub(env, lw, i, lw.hidden[i] if tp == 1 else lw.full[i], False, cache, fn)
-                return out + [h1, n1, *_peer_sub(env, lw, i, h1, True, cache, fn)]
+                at = pieces[i] if gather else None
+                h1, n1 = _peer_sub(env, lw, i, lw.hidden[i] if tp == 1 else lw.full[i], False, cache, fn, at)
+                return out + [h1, n1, *_peer_sub(env, lw, i, h1, True, cache, fn, at)]
+            copy = " + all-gather copy" if gather else ""
             for name, fn in _add_norms(env).items():
-                prep.peer[f"vLLM fused_sconv x4 + add + {name}"] = [
+                prep.peer[f"vLLM fused_sconv x4{copy} + add + {name}"] = [
                     lambda i=i, fn=fn: peer(i, fn) for i in range(len(lw.steps))]
             if tp > 1:  # the other arrangement: the add on the shard, then the norm of the gathered row
                 for name, norm in _row_norms(env).items():
-                    prep.peer[f"vLLM fused_sconv x4 + add on the shard + {name} of the row"] = [
-                        lambda i=i, norm=norm: _peer_layer_shard_add(env, lw, i, cache, norm)
+                    prep.peer[f"vLLM fused_sconv x4 + add on the shard{copy} + {name} of the row"] = [
+                        lambda i=i, norm=norm: _peer_layer_shard_add(env, lw, i, cache, norm,
+                                                                     pieces[i] if gather else None)
                         for i in range(len(lw.steps))]
         return prep
 
@@ -641,10 +665,10 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]]) -> Callable[[Env
 
 
 def _peer_layer_shard_add(env: Env, lw: LayerWorld, i: int, cache: torch.Tensor,
-                          norm: Callable[..., Any]) -> list[torch.Tensor]:
+                          norm: Callable[..., Any], pieces: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
     """The peer's layer at tp > 1 arranged as ours is: its fused_sconv for K, V and
     each sublayer's shard, the residual add on the shard, the RMSNorm of the row
-    all-gathered from it (collective excluded)."""
+    all-gathered from it (collective excluded; ``pieces``: as in :func:`_peer_sub`)."""
     s = lw.steps[i]
     out = _peer_kv(env, lw, i, cache)
     h = lw.hidden[i]
@@ -652,8 +676,15 @@ def _peer_layer_shard_add(env: Env, lw: LayerWorld, i: int, cache: torch.Tensor,
         d, nw = (lw.d_mlp[i], lw.nw_mlp) if mlp else (lw.d_attn[i], lw.nw_attn)
         off, width = lw.stream(Stream.MLP if mlp else Stream.ATTN)
         h = h + _peer_conv(env, d, lw.peer_weights[1 if mlp else 0], cache, s, off, width)
-        out += [h, norm(lw.gathered[i], nw, EPS)]
+        out += [h, norm(lw.gathered[i] if pieces is None else _gathered_rows(pieces), nw, EPS)]
     return out
+
+
+def _gathered_rows(pieces: torch.Tensor) -> torch.Tensor:
+    """The rows vLLM's ``all_gather(dim=-1)`` returns: the ``[tp, T, S]`` buffer its
+    collective fills, moved and reshaped into ``[T, tp * S]`` (a copy on the GPU)."""
+    tp, t, s = pieces.shape
+    return pieces.movedim(0, 1).reshape(t, tp * s)
 
 
 def _row_norms(env: Env) -> dict[str, Callable[..., Any]]:
@@ -878,6 +909,9 @@ def registry(sizes: Sizes) -> list[Case]:
         for tp in tps:
             cases += [Case(f"layer {kind} tp{tp} {step}", "layer", "vLLM fused_sconv x4 + add + RMSNorm x2",
                            _layer(kind, tp, reqs)) for step, reqs in sizes.steps]
+    cases += [Case(f"layer+gather {kind} tp{sizes.tp_shard} {step}", "layer+gather",
+                   "vLLM fused_sconv x4 + all-gather copy + add + RMSNorm x2", _layer(kind, sizes.tp_shard, reqs, True))
+              for kind in sizes.kv_heads for step, reqs in sizes.steps]
     cases += [Case(f"gathered_rms_norm tp{tp} {step}", "gathered_rms_norm", "copy + F.rms_norm",
                    _gathered(tp, reqs)) for tp in sizes.gathered_tp for step, reqs in sizes.steps]
     cases += [Case(f"rel_attention {name}", "rel_attention", "SDPA flash, no bias", _attention(mix, opts))

@@ -16,6 +16,10 @@ Cases (``--list`` prints them; ``_cases.py`` builds them), Inkling 975B shapes, 
 - ``layer``: one decoder layer's conv work (K+V, ATTN and MLP with their add + norm; at
   TP > 1 ``fused_sconv_add`` and the norm of the gathered row, collectives excluded),
   the step's tap map build amortised over the 11 layers sharing it;
+- ``layer+gather``: the TP 8 layer with each side's all-gather work on the GPU besides
+  the transfer: ours reads the gathered ``[tp, T, S]`` pieces (``gathered_rms_norm``, the
+  served model's path), the peer first copies them into rows as vLLM's
+  ``all_gather(dim=-1)`` does;
 - ``gathered_rms_norm``: the norm of all-gathered pieces at TP 2 and 8;
 - ``rel_attention``: ``paged_rel_attention_triton`` at long context, prefill, mixed and
   sliding-window shapes.

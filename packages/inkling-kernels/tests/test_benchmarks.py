@@ -36,13 +36,25 @@ def test_smoke_runs_every_case(run: Any, tmp_path: Path) -> None:
     assert [r["case"] for r in res["cases"]] == names
     assert all(r["ok"] and r["ours_us"] > 0 for r in res["cases"])
     groups = {r["group"] for r in res["cases"]}
-    assert groups == {"sconv", "sconv_seq_metadata", "sconv_kv", "sconv_add_rmsnorm", "layer",
+    assert groups == {"sconv", "sconv_seq_metadata", "sconv_kv", "sconv_add_rmsnorm", "layer", "layer+gather",
                       "gathered_rms_norm", "rel_attention"}
     assert res["copy_GBps"] > 0 and res["command"].startswith("python3 packages/inkling-kernels/benchmarks/run.py")
     # the full size set names the cases RESULTS.md reports
     full = {c.name for c in run._cases.registry(run._cases.FULL)}
     assert {"sconv prefill 8192, ATTN", "sconv mixed 255+2048, ATTN", "layer global tp8 decode 1",
-            "rel_attention decode 1 x 32k"} <= full
+            "layer+gather sliding tp8 prefill 8192", "rel_attention decode 1 x 32k"} <= full
+
+
+def test_the_peers_all_gather_copy_gives_the_rows_ours_reads_as_pieces(run: Any) -> None:
+    """The layer+gather cases' peer copies the all-gathered [tp, T, S] buffer into rows as
+    vLLM's all_gather(dim=-1) returns them: rank r's shard in columns r * S ..; ours reads
+    the same buffer as pieces (gathered_rms_norm), so both norm the same rows."""
+    pieces = torch.randn(4, 5, 3)
+    rows = run._cases._gathered_rows(pieces)
+    assert torch.equal(rows, torch.cat(list(pieces), dim=-1))
+    assert rows.data_ptr() != pieces.data_ptr()  # a copy, timed as the peer's
+    with pytest.raises(ValueError, match="tp > 1"):
+        run._cases._layer("global", 1, [(3, 1)], gather=True)
 
 
 def test_a_wrong_op_fails_the_run(run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
