@@ -106,14 +106,15 @@ def test_plugin_keeps_vllms_own_entries() -> None:
 
 
 @pytest.mark.parametrize("vllm_logging_first", [True, False], ids=["vllm-set-up-first", "vllm-set-up-later"])
-def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool) -> None:
-    """The plugin's records reach vLLM's handlers at vLLM's level, whether vLLM set its
-    logging up before the plugin loaded or after (vLLM 0.32: after), once each."""
+def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's records reach vLLM's handlers once each, at vLLM's level, whether
+    vLLM set its logging up before the plugin loaded or after (vLLM 0.32: after); a
+    handler of the root logger (an application's, pytest's caplog) also gets each once."""
     import logging
 
-    ours, theirs, root = logging.getLogger("inkling_vllm"), logging.getLogger("vllm"), logging.getLogger()
-    saved_ours = (list(ours.handlers), ours.level, ours.propagate)
-    saved_theirs = (list(theirs.handlers), theirs.level, theirs.propagate)
+    ours, theirs = logging.getLogger("inkling_vllm"), logging.getLogger("vllm")
+    saved_ours = (list(ours.handlers), ours.level)
+    saved_theirs = (list(theirs.handlers), theirs.level)
     seen: list[str] = []
     at_root: list[str] = []
 
@@ -126,19 +127,21 @@ def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool) -> None
             self.into.append(record.getMessage())
 
     probe, root_probe = Collect(seen), Collect(at_root)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    logging.getLogger().addHandler(root_probe)
     try:
         for h in list(ours.handlers) + list(theirs.handlers):
             ours.removeHandler(h)
             theirs.removeHandler(h)
-        root.addHandler(root_probe)
-        theirs.propagate = False  # as vLLM's logging set-up leaves it
+        theirs.setLevel(logging.NOTSET)
         if vllm_logging_first:
             theirs.addHandler(probe)
+            theirs.setLevel(logging.INFO)
         plugin.log_with_vllm()
         plugin.log_with_vllm()  # idempotent: no second route to vLLM's handlers
         if not vllm_logging_first:  # as vLLM 0.32 does, after loading its plugins
             theirs.addHandler(probe)
-        theirs.setLevel(logging.INFO)
+            theirs.setLevel(logging.INFO)
         warmup = logging.getLogger("inkling_vllm.warmup")
         warmup.info("warm-up line")
         warmup.debug("below vLLM's level")
@@ -147,17 +150,15 @@ def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool) -> None
         warmup.info("below vLLM's level")
         warmup.warning("a warning")
         assert seen == ["warm-up line", "a warning"]
-        assert at_root == [], "records reached the root logger beside vLLM's handlers"
+        assert at_root == ["warm-up line", "below vLLM's level", "a warning"]
     finally:
-        root.removeHandler(root_probe)
+        logging.getLogger().removeHandler(root_probe)
         theirs.removeHandler(probe)
         for h in list(ours.handlers):
             ours.removeHandler(h)
         for h in saved_ours[0]:
             ours.addHandler(h)
         ours.setLevel(saved_ours[1])
-        ours.propagate = saved_ours[2]
         for h in saved_theirs[0]:
             theirs.addHandler(h)
         theirs.setLevel(saved_theirs[1])
-        theirs.propagate = saved_theirs[2]

@@ -91,14 +91,18 @@ def register() -> None:
 
 
 class _ToVllm(logging.Handler):
-    """Hands the plugin's log records to vLLM's logger ``vllm`` when that logger takes
-    their level, so they meet the handlers vLLM (or the application) has set up by the
-    time a record is made, not those present when the plugin loaded."""
+    """Hands the plugin's log records to the handlers of vLLM's logger ``vllm`` when
+    that logger takes their level: the handlers present when a record is made, not
+    those present when the plugin loaded. Only that logger's own handlers: the record
+    goes on to the root logger's by the plugin's logger, as any record does."""
 
     def emit(self, record: logging.LogRecord) -> None:
         theirs = logging.getLogger("vllm")
-        if theirs.isEnabledFor(record.levelno):
-            theirs.handle(record)
+        if not theirs.isEnabledFor(record.levelno):
+            return
+        for handler in theirs.handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
 
 
 def log_with_vllm() -> None:
@@ -106,12 +110,17 @@ def log_with_vllm() -> None:
     vLLM's level and in its format, so the plugin's start-up lines (the kernel warm-up's
     progress, the one-row graphs, a changed graph mode) appear in the engine's log.
     vLLM 0.32 sets its logging up only after it has loaded the plugins, so the records
-    are handed over as they are made (a logger ``inkling_vllm`` that takes every level
-    and does not propagate: vLLM's logger decides, as for its own records). A logging
-    set-up of the application's own (handlers on ``inkling_vllm``) is left alone."""
+    are handed over as they are made, and the plugin's logger takes the level vLLM will
+    set (``VLLM_LOGGING_LEVEL``) until vLLM's own logger has one. A logging set-up of the
+    application's own (handlers on ``inkling_vllm``) is left alone."""
     ours = logging.getLogger("inkling_vllm")
     if ours.handlers:
         return
     ours.addHandler(_ToVllm())
-    ours.setLevel(logging.DEBUG)
-    ours.propagate = False
+    theirs = logging.getLogger("vllm")
+    if theirs.level != logging.NOTSET:
+        ours.setLevel(theirs.level)
+    else:
+        from vllm import envs
+
+        ours.setLevel(str(envs.VLLM_LOGGING_LEVEL).upper())
