@@ -105,8 +105,11 @@ def test_plugin_keeps_vllms_own_entries() -> None:
         assert arch in ModelRegistry.get_supported_archs()
 
 
-@pytest.mark.parametrize("vllm_logging_first", [True, False], ids=["vllm-set-up-first", "vllm-set-up-later"])
-def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("vllm_logging_first", "env_level"),
+                         [(True, "INFO"), (False, "INFO"), (False, "info"), (False, "chatty")],
+                         ids=["vllm-set-up-first", "vllm-set-up-later", "lower-case-level", "unknown-level"])
+def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool, env_level: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin's records reach vLLM's handlers once each, at vLLM's level, whether
     vLLM set its logging up before the plugin loaded or after (vLLM 0.32: after); a
     handler of the root logger (an application's, pytest's caplog) also gets each once."""
@@ -127,7 +130,7 @@ def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool, monkeyp
             self.into.append(record.getMessage())
 
     probe, root_probe = Collect(seen), Collect(at_root)
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", env_level)
     logging.getLogger().addHandler(root_probe)
     try:
         for h in list(ours.handlers) + list(theirs.handlers):

@@ -110,9 +110,10 @@ def log_with_vllm() -> None:
     vLLM's level and in its format, so the plugin's start-up lines (the kernel warm-up's
     progress, the one-row graphs, a changed graph mode) appear in the engine's log.
     vLLM 0.32 sets its logging up only after it has loaded the plugins, so the records
-    are handed over as they are made, and the plugin's logger takes the level vLLM will
-    set (``VLLM_LOGGING_LEVEL``) until vLLM's own logger has one. A logging set-up of the
-    application's own (handlers on ``inkling_vllm``) is left alone."""
+    are handed over as they are made, and the plugin's logger takes vLLM's level or,
+    where vLLM has not set one yet, the one it will set (``VLLM_LOGGING_LEVEL``; INFO
+    for a value logging does not know). A logging set-up of the application's own
+    (handlers on ``inkling_vllm``) is left alone."""
     ours = logging.getLogger("inkling_vllm")
     if ours.handlers:
         return
@@ -123,4 +124,7 @@ def log_with_vllm() -> None:
     else:
         from vllm import envs
 
-        ours.setLevel(str(envs.VLLM_LOGGING_LEVEL).upper())
+        try:
+            ours.setLevel(str(envs.VLLM_LOGGING_LEVEL).upper())
+        except ValueError:
+            ours.setLevel(logging.INFO)
