@@ -619,13 +619,9 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]], gather: bool = F
             _close(env, f"sublayer {j} normed", got[3 + 2 * j], normed)
         _same("cache", c_ours, c_ref)
         cache = lw.cache
-        amortised = [lambda s=s: sconv_tap_map(s.batch, s.tap_map) for s in lw.steps]
-        prep = Prepared([lambda i=i, s=s: ours(i, s.mapped, cache) for i, s in enumerate(lw.steps)], nbytes,
-                        amortised=amortised, amortise_over=GROUP_LAYERS)
-        if tp > 1 and env.compile_norm and not gather:  # the norm of the gathered rows: torch.compile'd
-            prep.ours_alt["compiled norm"] = [lambda i=i, s=s: ours(i, s.mapped, cache, _compiled_rms())
-                                              for i, s in enumerate(lw.steps)]
+        stand_in = [lambda i=i, s=s: ours(i, s.mapped, cache) for i, s in enumerate(lw.steps)]
         pieces: list[Optional[torch.Tensor]] = [None] * len(lw.steps)
+        served = stand_in
         if tp > 1:  # the model's path: the norm reads the pieces an all-gather along dim 0 leaves
             pieces = [env.randn(tp, _rows(requests), int(lw.layout.hidden_shard)) for _ in lw.steps]
             _close(env, "normed (pieces)", gathered_rms_norm(pieces[0], lw.nw_attn, EPS),
@@ -635,18 +631,24 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]], gather: bool = F
                 return lambda _rows, nw, eps: gathered_rms_norm(pieces[i], nw, eps)
 
             served = [lambda i=i, s=s: ours(i, s.mapped, cache, of_pieces(i)) for i, s in enumerate(lw.steps)]
-            if gather:
-                prep = Prepared(served, nbytes, amortised=amortised, amortise_over=GROUP_LAYERS)
-                # the peer's rows are those pieces, copied: the same norm input
-                _close(env, "normed (the peer's copied rows)",
-                       gathered_rms_norm_rows(_gathered_rows(pieces[0]), lw.nw_attn, EPS),
-                       gathered_rms_norm_ref(pieces[0], lw.nw_attn, EPS))
-            else:
-                prep.ours_alt["gathered_rms_norm"] = served
+        if gather:  # the peer's rows are those pieces, copied: the same norm input
+            _close(env, "normed (the peer's copied rows)",
+                   gathered_rms_norm_rows(_gathered_rows(pieces[0]), lw.nw_attn, EPS),
+                   gathered_rms_norm_ref(pieces[0], lw.nw_attn, EPS))
+        prep = Prepared(served if gather else stand_in, nbytes,
+                        amortised=[lambda s=s: sconv_tap_map(s.batch, s.tap_map) for s in lw.steps],
+                        amortise_over=GROUP_LAYERS)
+        if tp > 1 and not gather:
+            if env.compile_norm:  # the norm of the gathered rows: torch.compile'd
+                prep.ours_alt["compiled norm"] = [lambda i=i, s=s: ours(i, s.mapped, cache, _compiled_rms())
+                                                  for i, s in enumerate(lw.steps)]
+            prep.ours_alt["gathered_rms_norm"] = served
+        # what the peer's norms read: stand-in rows, or (gather) the pieces its all-gather copies
+        peer_pieces = pieces if gather else [None] * len(lw.steps)
         if env.peer is not None:
             def peer(i: int, fn: Callable[..., Any]) -> Any:
                 out = _peer_kv(env, lw, i, cache)
-                at = pieces[i] if gather else None
+                at = peer_pieces[i]
                 h1, n1 = _peer_sub(env, lw, i, lw.hidden[i] if tp == 1 else lw.full[i], False, cache, fn, at)
                 return out + [h1, n1, *_peer_sub(env, lw, i, h1, True, cache, fn, at)]
             copy = " + all-gather copy" if gather else ""
@@ -656,8 +658,7 @@ def _layer(kind: str, tp: int, requests: list[tuple[int, int]], gather: bool = F
             if tp > 1:  # the other arrangement: the add on the shard, then the norm of the gathered row
                 for name, norm in _row_norms(env).items():
                     prep.peer[f"vLLM fused_sconv x4 + add on the shard{copy} + {name} of the row"] = [
-                        lambda i=i, norm=norm: _peer_layer_shard_add(env, lw, i, cache, norm,
-                                                                     pieces[i] if gather else None)
+                        lambda i=i, norm=norm: _peer_layer_shard_add(env, lw, i, cache, norm, peer_pieces[i])
                         for i in range(len(lw.steps))]
         return prep
 
