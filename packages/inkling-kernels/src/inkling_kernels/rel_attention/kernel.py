@@ -23,8 +23,10 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
 * **Far and near tiles.** On global layers the key tiles more than ``extent``
   behind the query block, wholly seen by every row, run a plain flash-attention
   step (no bias, no mask); the rest ("near": the bias band, the diagonal, the
-  window, range ends) run a second loop, ``near_block_n`` keys at a time, with the
-  bias and masks. Sliding layers have only near tiles.
+  window, range ends) run after them, ``near_block_n`` keys at a time, with the
+  bias; of those, only the tiles holding a key that some row does not see (the
+  window's far end, the diagonal, the range ends) compute masks. Sliding layers
+  have only near tiles.
 * **Bias.** Only near tiles compute it. ``"band"``: the tile's distances span
   ``BLOCK_Q + near_block_n - 1`` consecutive values, so the program
   multiplies its rows' ``r`` [BLOCK_M, d_rel] by those columns of ``rel_proj`` (one
@@ -35,9 +37,13 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   ``r`` in columns ``qi * DR ..``, zeros elsewhere; ``DR``: d_rel rounded up to a
   power of two, at least 16); each near tile loads ``B`` [BLOCK_Q * DR, near_block_n]
   whose block ``qi`` holds the ``rel_proj`` columns at query ``qi``'s distances to
-  the tile's keys (zero outside ``0 <= d < extent``; ``rel_proj`` is small and stays
-  in cache), and ``A @ B`` is the bias (fp32 accumulation, exact products for
-  bf16/fp16 as in ``"band"``). The MMA is ``BLOCK_Q`` times deeper than the band's
+  the tile's keys (zero outside ``0 <= d < extent``), and ``A @ B`` is the bias (fp32
+  accumulation, exact products for bf16/fp16 as in ``"band"``). ``B`` depends only
+  on how far the tile's first key lies behind the block's first query, so a small
+  launch first writes every such ``B`` as rows of a shifted table (8 x BLOCK_Q * DR
+  rows of about ``extent + 2 * near_block_n`` entries, eight copies shifted by one
+  so that each tile's slice starts on 8 elements) and a near tile loads its ``B``
+  as one contiguous, aligned tile with no address arithmetic per element. The MMA is ``BLOCK_Q`` times deeper than the band's
   and ``A`` stays in registers. ``"row"`` (``block_q == 1``: a block holds one query
   position, so every row of the tile has the same distance to a key): the bias tile
   is the rows' ``r`` [BLOCK_M, DR] times the ``rel_proj`` columns at the tile's
@@ -113,9 +119,9 @@ def _mma(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _attend_tile(
     m_i, l_i, acc,
-    q, r_rows, qk_coef, b_coef, p_row,
+    q, r_rows, scale, qk_coef, b_coef, p_row,
     j0, k_lo, p_first, p_last, req, extent, window,
-    k_ptr, v_ptr, bt_ptr, rp_ptr,
+    k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off,
     max_blocks, stride_btr, stride_btc,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -125,16 +131,21 @@ def _attend_tile(
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
-    INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
+    INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
+    TAB_U: tl.constexpr,
 ):
     """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
 
-    ``NEAR=False``: a tile every row sees whole and beyond the extent (no bias, no
-    mask: the plain flash-attention step). ``NEAR=True``: bias and masks."""
+    ``NEAR``: add the bias (else the tile lies beyond the extent). ``MASK``: some
+    (row, key) pair of the tile is not seen (the diagonal, the window, range ends);
+    a tile without it is seen whole by every row."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, DP)
     j = j0 + offs_n
-    kv_ok = (j >= k_lo) & (j <= p_last)
+    if MASK:
+        kv_ok = (j >= k_lo) & (j <= p_last)
+    else:  # every key of the tile is in range: unmasked loads
+        kv_ok = offs_n < BLOCK_N
     if PAGE_TILE:  # the tile lies in one page: one block-table entry
         page0 = j0 // N
         blk = tl.load(bt_ptr + req.to(tl.int64) * stride_btr + page0 * stride_btc,
@@ -148,7 +159,6 @@ def _attend_tile(
     kt = tl.load(k_ptr + k_base[None, :] + offs_d[:, None] * stride_kd,
                  mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
     s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PREC, INTERPRET)
-    s = s * qk_coef[:, None]  # [BLOCK_M, BLOCK_N], log2 units
 
     if NEAR:
         if BIAS_ROW:
@@ -159,20 +169,21 @@ def _attend_tile(
             pm = (offs_c < D_REL)[:, None] & ((dcol >= 0) & (dcol < extent))[None, :]
             pcols = tl.load(rp_ptr + offs_c[:, None] * stride_rpc + dcol[None, :] * stride_rpe,
                             mask=pm, other=0.0)
-            bias = _mma(r_rows, pcols.to(r_rows.dtype), tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
-                        BAND_PREC, INTERPRET)
+            s = _mma(r_rows, pcols.to(r_rows.dtype), s * scale, BAND_PREC, INTERPRET)
         elif BIAS_DIAG:
             # r_rows is block-diagonal [BLOCK_M, BLOCK_Q * DR] (row of query qi holds its
             # r in columns qi * DR ..); B's block qi2 holds rel_proj's columns at the
-            # distances of query qi2 to this tile's keys, so A @ B is the bias itself
+            # distances of query qi2 to this tile's keys, so A @ B is the bias itself.
+            # B depends only on p_first - j0: it is one aligned tile of the shifted
+            # table (_bias_table_kernel), zeros already in place, nothing masked
+            # (a tile farther behind than tab_off sees only zeros; one starting past the
+            # block's last query has no key seen: any in-range slice will do)
+            a = tab_off - tl.minimum(tl.maximum(p_first - j0, 1 - BLOCK_Q), tab_off)
+            shift = a % 8
+            a8 = tl.multiple_of(a - shift, 8)
             offs_k = tl.arange(0, BLOCK_Q * DR)
-            kq = offs_k // DR
-            kc = offs_k % DR
-            dist = p_first + kq[:, None] - j[None, :]  # [BLOCK_Q * DR, BLOCK_N]
-            bm = (kc < D_REL)[:, None] & (dist >= 0) & (dist < extent)
-            bmat = tl.load(rp_ptr + kc[:, None] * stride_rpc + dist * stride_rpe, mask=bm, other=0.0)
-            bias = _mma(r_rows, bmat.to(r_rows.dtype), tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
-                        BAND_PREC, INTERPRET)
+            bmat = tl.load(tab_ptr + (shift * (BLOCK_Q * DR) + offs_k)[:, None] * TAB_U + a8 + offs_n[None, :])
+            s = _mma(r_rows, bmat.to(r_rows.dtype), s * scale, BAND_PREC, INTERPRET)
         else:
             # distances of this (rows, keys) tile: dbase .. dbase + BLOCK_Q + BLOCK_N - 2
             dbase = p_first - j0 - (BLOCK_N - 1)
@@ -186,8 +197,12 @@ def _attend_tile(
                         BAND_PREC, INTERPRET)  # [BLOCK_M, BAND]
             qi = tl.minimum(tl.arange(0, BLOCK_M) // GP, BLOCK_Q - 1)  # padding rows: any column
             idx = qi[:, None] + (BLOCK_N - 1) - offs_n[None, :]
-            bias = tl.gather(band, idx, axis=1)
-        s += bias * b_coef[:, None]
+            s = s * scale + tl.gather(band, idx, axis=1)
+        s = s * b_coef[:, None]  # scale * q.k + bias (the row and diag MMAs accumulate onto
+        # the scaled scores: one [BLOCK_M, BLOCK_N] accumulator), in log2 units
+    else:
+        s = s * qk_coef[:, None]  # [BLOCK_M, BLOCK_N], log2 units
+    if MASK:
         dist2 = p_row[:, None] - j[None, :]
         seen = (dist2 >= 0) & kv_ok[None, :]
         if HAS_WINDOW:
@@ -195,7 +210,10 @@ def _attend_tile(
         s = tl.where(seen, s, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
+    if MASK:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
+    else:  # every row saw this tile's keys
+        m_ref = m_new
     alpha = tl.math.exp2(m_i - m_ref)
     prob = tl.math.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(prob, axis=1)
@@ -210,9 +228,9 @@ def _attend_tile(
 def _key_loop(
     t0, t1, k_start,
     m_i, l_i, acc,
-    q, r_rows, qk_coef, b_coef, p_row,
+    q, r_rows, scale, qk_coef, b_coef, p_row,
     k_lo, p_first, p_last, req, extent, window,
-    k_ptr, v_ptr, bt_ptr, rp_ptr,
+    k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off,
     max_blocks, stride_btr, stride_btc,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -222,40 +240,41 @@ def _key_loop(
     BLOCK_N: tl.constexpr, DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr,
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
-    INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr,
+    INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
+    TAB_U: tl.constexpr,
 ):
     """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
     if INTERPRET:  # the interpreter cannot range() over runtime ints
         t = t0
         while t < t1:
             m_i, l_i, acc = _attend_tile(
-                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row,
+                m_i, l_i, acc, q, r_rows, scale, qk_coef, b_coef, p_row,
                 k_start + t * BLOCK_N, k_lo, p_first, p_last, req, extent, window,
-                k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+                k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
             )
             t += 1
     else:
         for t in range(t0, t1):
             m_i, l_i, acc = _attend_tile(
-                m_i, l_i, acc, q, r_rows, qk_coef, b_coef, p_row,
+                m_i, l_i, acc, q, r_rows, scale, qk_coef, b_coef, p_row,
                 k_start + t * BLOCK_N, k_lo, p_first, p_last, req, extent, window,
-                k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+                k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
             )
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_reqs", "max_blocks", "extent", "window"])
+@triton.jit(do_not_specialize=["num_rows", "num_reqs", "max_blocks", "extent", "window", "tab_off"])
 def _rel_attention_kernel(
-    q_ptr, r_ptr, rp_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr, nsp_ptr,
-    num_rows, num_reqs, max_blocks, extent, window,
+    q_ptr, r_ptr, rp_ptr, tab_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr, nsp_ptr,
+    num_rows, num_reqs, max_blocks, extent, window, tab_off,
     scale, ls_inv_floor, ls_alpha,
     stride_qt, stride_qh, stride_qd,
     stride_rt, stride_rh, stride_rc,
@@ -269,7 +288,7 @@ def _rel_attention_kernel(
     DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
-    MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr,
+    MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr, TAB_U: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -389,22 +408,50 @@ def _rel_attention_kernel(
     acc = tl.zeros([BLOCK_M, DP], tl.float32)
     m_i, l_i, acc = _key_loop(
         t_begin, tl.minimum(t_end, t_far), k_start, m_i, l_i, acc,
-        q, r_rows, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
-        k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+        q, r_rows, scale, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
         stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False,
+        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, False, False, TAB_U,
     )
-    # near tiles in steps of NEAR_BN keys (a narrower bias band: fewer registers)
+    # near tiles in steps of NEAR_BN keys (a narrower bias band: fewer registers):
+    # [n0, n1) and [n2, n3) hold a key some row does not see (the window's far end,
+    # the diagonal, the range ends), [n1, n2) is seen whole by every row (no mask)
+    n0 = tl.maximum(t_begin, t_far) * (BLOCK_N // NEAR_BN)
+    n3 = tl.maximum(t_end * (BLOCK_N // NEAR_BN), n0)
+    if HAS_WINDOW:
+        seen_lo = tl.maximum(k_lo, p_last - window + 1)
+    else:
+        seen_lo = k_lo
+    n1 = tl.minimum(tl.maximum((seen_lo - k_start + NEAR_BN - 1) // NEAR_BN, n0), n3)
+    n2 = tl.minimum(tl.maximum((p_first + 1 - k_start) // NEAR_BN, n1), n3)
     m_i, l_i, acc = _key_loop(
-        tl.maximum(t_begin, t_far) * (BLOCK_N // NEAR_BN), t_end * (BLOCK_N // NEAR_BN), k_start, m_i, l_i, acc,
-        q, r_rows, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
-        k_ptr, v_ptr, bt_ptr, rp_ptr, max_blocks, stride_btr, stride_btc,
+        n0, n1, k_start, m_i, l_i, acc,
+        q, r_rows, scale, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
         stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
         stride_rpc, stride_rpe, kvh,
         N, BLOCK_Q, GP, BLOCK_M, NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True,
+        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True, True, TAB_U,
+    )
+    m_i, l_i, acc = _key_loop(
+        n1, n2, k_start, m_i, l_i, acc,
+        q, r_rows, scale, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
+        stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
+        stride_rpc, stride_rpe, kvh,
+        N, BLOCK_Q, GP, BLOCK_M, NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
+        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True, False, TAB_U,
+    )
+    m_i, l_i, acc = _key_loop(
+        n2, n3, k_start, m_i, l_i, acc,
+        q, r_rows, scale, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
+        k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
+        stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
+        stride_rpc, stride_rpe, kvh,
+        N, BLOCK_Q, GP, BLOCK_M, NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
+        BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, True, True, TAB_U,
     )
 
     has = l_i > 0.0
@@ -465,6 +512,30 @@ def _combine_kernel(
     o = tl.where(has[:, None], o, 0.0)
     tl.store(out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
              o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def _bias_table_kernel(
+    rp_ptr, tab_ptr, extent, tab_off, stride_rpc, stride_rpe,
+    BLOCK_Q: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr, TAB_U: tl.constexpr,
+    BLOCK_U: tl.constexpr,
+):
+    """One row ``(shift, qi, c)`` of the shifted bias table of the ``"diag"`` bias:
+    ``tab[shift, qi * DR + c, u] = rel_proj[c, tab_off - shift + qi - u]``, zero where
+    that distance lies outside ``[0, extent)`` or ``c >= d_rel``. A near tile whose
+    first query lies ``delta`` after its first key needs ``rel_proj[c, delta + qi - n]``
+    at row ``qi * DR + c`` and key ``n``: with ``a = tab_off - delta`` that is
+    ``tab[a % 8, qi * DR + c, a - a % 8 + n]``, one tile load aligned to 8 elements."""
+    row = tl.program_id(0)
+    c = row % DR
+    qi = (row // DR) % BLOCK_Q
+    shift = row // (DR * BLOCK_Q)
+    for u0 in range(0, TAB_U, BLOCK_U):
+        u = u0 + tl.arange(0, BLOCK_U)
+        d = tab_off - shift + qi - u
+        ok = (u < TAB_U) & (d >= 0) & (d < extent) & (c < D_REL)
+        val = tl.load(rp_ptr + c * stride_rpc + d * stride_rpe, mask=ok, other=0.0)
+        tl.store(tab_ptr + row.to(tl.int64) * TAB_U + u, val, mask=u < TAB_U)
 
 
 @triton.jit
@@ -877,13 +948,28 @@ def paged_rel_attention_triton(
         grid = (num_blocks, prob.num_kv_heads, 1)
     inv_floor, alpha = (0.0, 0.0) if prob.log_scaling is None else (1.0 / prob.log_scaling[0], prob.log_scaling[1])
     kc, vc = key_cache, value_cache
+    if use_diag:
+        # the diag bias's shifted table: near tiles load their B from it as one aligned
+        # tile; a tile at most tab_off keys behind its query block reads every
+        # distance it needs, a farther one reads zeros (8 x block_q * dr rows of about
+        # extent + 2 * near_bn entries: 2.4 MB for Inkling's prefill tiling)
+        tab_off = prob.extent + near_bn - 1
+        tab_u = -(-(tab_off + block_q + near_bn) // 8) * 8
+        tab = torch.empty((8 * block_q * dr, tab_u), dtype=rel_proj.dtype, device=dev)
+        _bias_table_kernel[(tab.shape[0],)](
+            rel_proj, tab, prob.extent, tab_off, rel_proj.stride(0), rel_proj.stride(1),
+            BLOCK_Q=block_q, DR=dr, D_REL=prob.d_rel, TAB_U=tab_u, BLOCK_U=min(1024, _next_pow2(tab_u)),
+            num_warps=4,
+        )
+    else:
+        tab, tab_off, tab_u = rel_proj, 0, 8  # unused
     launch = pdl_launch(config.pdl, dev)
     main_launch = dict(launch)
     if config.max_registers is not None and dev.type == "cuda" and not is_interpreter():
         main_launch["maxnreg"] = config.max_registers
     _rel_attention_kernel[grid](
-        q, r, rel_proj, kc, vc, block_table, qsl, sl, result, ws, wml, nsp,
-        t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0,
+        q, r, rel_proj, tab, kc, vc, block_table, qsl, sl, result, ws, wml, nsp,
+        t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0, tab_off,
         prob.scale, inv_floor, alpha,
         q.stride(0), q.stride(1), q.stride(2),
         r.stride(0), r.stride(1), r.stride(2),
@@ -897,7 +983,7 @@ def paged_rel_attention_triton(
         DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
         LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, BIAS_ROW=use_row, NUM_SPLITS=splits,
         FLAT=config.flat_grid and splits > 1,
-        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost,
+        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, TAB_U=tab_u,
         INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
