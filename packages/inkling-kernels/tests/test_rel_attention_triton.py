@@ -481,13 +481,14 @@ def _problem(rows: int, reqs: int, hkv: int, d_rel: int = 16) -> RelAttentionPro
 @pytest.mark.parametrize("dev", ["cuda", "cpu"])
 def test_default_bias_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch, dev: str) -> None:
     """The default tiling takes the block-diagonal bias MMA only for prefill-like
-    batches where it is at most 128 deep (block_q x d_rel), on whole-width near tiles;
-    else the band (on the GPU, on half-width near tiles for prefill-like batches).
-    The GPU rule is checked without a GPU (only the SM count is read from it)."""
+    batches where it is at most 128 deep (block_q x d_rel), else the band; on the GPU
+    prefill-like batches take half-width near tiles with either bias. The GPU rule is
+    checked without a GPU (only the SM count is read from it)."""
     monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
     device = torch.device(dev)
     prefill = choose_rel_attention_config(_problem(8192, 1, 8), device)  # group 8: block_q 8, depth 128
-    assert (prefill.bias, prefill.block_q, prefill.near_block_n) == ("diag", 8, None)
+    assert (prefill.bias, prefill.block_q) == ("diag", 8)
+    assert prefill.near_block_n == (32 if dev == "cuda" else None)
     mixed = choose_rel_attention_config(_problem(2303, 256, 8), device)
     assert mixed.bias == "diag"
     for case in (_problem(8192, 1, 16), _problem(8192, 1, 32), _problem(8192, 1, 8, d_rel=32)):
