@@ -942,7 +942,7 @@ def paged_rel_attention_triton(
         # the diag bias's shifted table: near tiles load their B from it as one aligned
         # tile; a tile at most tab_off keys behind its query block reads every
         # distance it needs, a farther one reads zeros (8 x block_q * dr rows of about
-        # extent + 2 * near_bn entries: 2.4 MB for Inkling's prefill tiling)
+        # extent + 2 * near_bn entries: 2.2 MB for Inkling's prefill tiling)
         tab_off = prob.extent + near_bn - 1
         tab_u = -(-(tab_off + block_q + near_bn) // 8) * 8
         tab = torch.empty((8 * block_q * dr, tab_u), dtype=rel_proj.dtype, device=dev)
