@@ -43,8 +43,8 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   launch first writes every such ``B`` as rows of a shifted table (8 x BLOCK_Q * DR
   rows of about ``extent + 2 * near_block_n`` entries, eight copies shifted by one
   so that each tile's slice starts on 8 elements) and a near tile loads its ``B``
-  as one contiguous, aligned tile with no address arithmetic per element. The MMA is ``BLOCK_Q`` times deeper than the band's
-  and ``A`` stays in registers. ``"row"`` (``block_q == 1``: a block holds one query
+  as one contiguous, aligned tile with no address arithmetic per element. The MMA
+  is ``BLOCK_Q`` times deeper than the band's and ``A`` stays in registers. ``"row"`` (``block_q == 1``: a block holds one query
   position, so every row of the tile has the same distance to a key): the bias tile
   is the rows' ``r`` [BLOCK_M, DR] times the ``rel_proj`` columns at the tile's
   distances, one MMA of depth ``DR`` and nothing gathered. Tiles keep at least 16
