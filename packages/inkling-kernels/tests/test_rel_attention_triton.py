@@ -154,6 +154,27 @@ def test_row_bias_one_position_a_tile(dtype: torch.dtype, group: int, layer: str
     _check_close(got.cpu(), want, dtype, f"seed {seed} row {dtype} group {group} splits {splits}")
 
 
+@pytest.mark.parametrize(
+    ("scale", "log_scaling", "bias"),
+    [(-6.0, None, "diag"), (-6.0, None, "row"), (6.0, (1, -0.6), "band")],
+    ids=["negative-scale-diag", "negative-scale-row", "tau-below-zero-band"],
+)
+def test_scores_with_a_coefficient_at_or_below_zero(scale: float, log_scaling: Any, bias: str) -> None:
+    """Where every row's coefficient (scale x tau) is positive the kernel takes a row's
+    maximum before scaling it (exact then); a negative scale, or a log-scaling alpha
+    that takes tau below zero at later positions, must scale first. Scores here spread
+    over hundreds of log2 units, so a maximum taken on the wrong side overflows the
+    softmax."""
+    w = build_world(seed=2190, mix=MIX, layer="global_plain", group=2, n=8)
+    w = World(**{**w.__dict__, "scale": scale, "log_scaling": log_scaling})
+    want = w.reference()
+    assert torch.isfinite(want).all()
+    block_q = 1 if bias == "row" else 4
+    cfg = RelAttentionConfig(block_q=block_q, block_n=16, bias=bias, min_split_tiles=1)
+    got = _run(_on(w, DEV), cfg)
+    _check_close(got.cpu(), want, torch.float32, f"scale {scale} log_scaling {log_scaling} {bias}")
+
+
 @pytest.mark.parametrize("near_cost", [1, 3, 9])
 def test_cost_weighted_key_splits(near_cost: int) -> None:
     """Key splits share a block's cost with near tiles weighted: every split boundary

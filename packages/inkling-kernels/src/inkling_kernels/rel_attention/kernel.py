@@ -132,7 +132,7 @@ def _attend_tile(
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
-    TAB_U: tl.constexpr,
+    TAB_U: tl.constexpr, POS_COEF: tl.constexpr,
 ):
     """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
 
@@ -155,9 +155,17 @@ def _attend_tile(
         blk = tl.load(bt_ptr + req.to(tl.int64) * stride_btr + page * stride_btc,
                       mask=kv_ok & (page < max_blocks), other=0).to(tl.int64)
     d_ok = offs_d < HEAD_DIM
-    k_base = blk * stride_kb + (j % N).to(tl.int64) * stride_kn + kvh * stride_kh
-    kt = tl.load(k_ptr + k_base[None, :] + offs_d[:, None] * stride_kd,
-                 mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
+    if PAGE_TILE:
+        # one scalar offset a tile; the per-element part (key slot, channel) is the
+        # same for every tile and stays out of the loop
+        slot0 = (j0 % N).to(tl.int64)
+        kt = tl.load(k_ptr + (blk * stride_kb + slot0 * stride_kn + kvh * stride_kh)
+                     + (offs_n.to(tl.int64) * stride_kn)[None, :] + offs_d[:, None] * stride_kd,
+                     mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
+    else:
+        k_base = blk * stride_kb + (j % N).to(tl.int64) * stride_kn + kvh * stride_kh
+        kt = tl.load(k_ptr + k_base[None, :] + offs_d[:, None] * stride_kd,
+                     mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
     s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PREC, INTERPRET)
 
     if NEAR:
@@ -182,7 +190,8 @@ def _attend_tile(
             shift = a % 8
             a8 = tl.multiple_of(a - shift, 8)
             offs_k = tl.arange(0, BLOCK_Q * DR)
-            bmat = tl.load(tab_ptr + (shift * (BLOCK_Q * DR) + offs_k)[:, None] * TAB_U + a8 + offs_n[None, :])
+            bmat = tl.load(tab_ptr + (shift * (BLOCK_Q * DR * TAB_U) + a8)
+                           + (offs_k[:, None] * TAB_U + offs_n[None, :]))
             s = _mma(r_rows, bmat.to(r_rows.dtype), s * scale, BAND_PREC, INTERPRET)
         else:
             # distances of this (rows, keys) tile: dbase .. dbase + BLOCK_Q + BLOCK_N - 2
@@ -198,10 +207,13 @@ def _attend_tile(
             qi = tl.minimum(tl.arange(0, BLOCK_M) // GP, BLOCK_Q - 1)  # padding rows: any column
             idx = qi[:, None] + (BLOCK_N - 1) - offs_n[None, :]
             s = s * scale + tl.gather(band, idx, axis=1)
-        s = s * b_coef[:, None]  # scale * q.k + bias (the row and diag MMAs accumulate onto
-        # the scaled scores: one [BLOCK_M, BLOCK_N] accumulator), in log2 units
+        # s: scale * q.k + bias (the row and diag MMAs accumulate onto the scaled
+        # scores: one [BLOCK_M, BLOCK_N] accumulator); times coef: log2 units
+        coef = b_coef
     else:
-        s = s * qk_coef[:, None]  # [BLOCK_M, BLOCK_N], log2 units
+        coef = qk_coef  # s: q.k
+    if not POS_COEF:  # (a coefficient may be <= 0: the row max needs the products)
+        s = s * coef[:, None]
     if MASK:
         dist2 = p_row[:, None] - j[None, :]
         seen = (dist2 >= 0) & kv_ok[None, :]
@@ -209,17 +221,30 @@ def _attend_tile(
             seen = seen & (dist2 < window)
         s = tl.where(seen, s, float("-inf"))
 
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if POS_COEF:
+        # coef > 0: the row max of s * coef is coef times the row max of s (exactly:
+        # rounding is monotonic), and each s * coef - m is one fused multiply-add
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * coef)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
     if MASK:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
     else:  # every row saw this tile's keys
         m_ref = m_new
     alpha = tl.math.exp2(m_i - m_ref)
-    prob = tl.math.exp2(s - m_ref[:, None])
+    if POS_COEF:
+        prob = tl.math.exp2(s * coef[:, None] - m_ref[:, None])
+    else:
+        prob = tl.math.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(prob, axis=1)
-    v = tl.load(v_ptr + (blk * stride_vb + (j % N).to(tl.int64) * stride_vn + kvh * stride_vh)[:, None]
-                + offs_d[None, :] * stride_vd,
-                mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
+    if PAGE_TILE:
+        v = tl.load(v_ptr + (blk * stride_vb + slot0 * stride_vn + kvh * stride_vh)
+                    + (offs_n.to(tl.int64) * stride_vn)[:, None] + offs_d[None, :] * stride_vd,
+                    mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
+    else:
+        v = tl.load(v_ptr + (blk * stride_vb + (j % N).to(tl.int64) * stride_vn + kvh * stride_vh)[:, None]
+                    + offs_d[None, :] * stride_vd,
+                    mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
     acc = _mma(prob.to(v.dtype), v, acc * alpha[:, None], DOT_PREC, INTERPRET)
     return m_new, l_i, acc
 
@@ -241,7 +266,7 @@ def _key_loop(
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
-    TAB_U: tl.constexpr,
+    TAB_U: tl.constexpr, POS_COEF: tl.constexpr,
 ):
     """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
     if INTERPRET:  # the interpreter cannot range() over runtime ints
@@ -254,7 +279,7 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U, POS_COEF,
             )
             t += 1
     else:
@@ -266,7 +291,7 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U, POS_COEF,
             )
     return m_i, l_i, acc
 
@@ -288,7 +313,7 @@ def _rel_attention_kernel(
     DP: tl.constexpr, HEAD_DIM: tl.constexpr, DR: tl.constexpr, D_REL: tl.constexpr,
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
-    MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr, TAB_U: tl.constexpr,
+    MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr, TAB_U: tl.constexpr, POS_COEF: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -435,7 +460,7 @@ def _rel_attention_kernel(
             stride_rpc, stride_rpe, kvh,
             N, BLOCK_Q, GP, BLOCK_M, BLOCK_N if part == 0 else NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND,
             HAS_WINDOW, BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE,
-            part > 0, part == 1 or part == 3, TAB_U,
+            part > 0, part == 1 or part == 3, TAB_U, POS_COEF,
         )
 
     has = l_i > 0.0
@@ -974,6 +999,7 @@ def paged_rel_attention_triton(
         LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, BIAS_ROW=use_row, NUM_SPLITS=splits,
         FLAT=config.flat_grid and splits > 1,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, TAB_U=tab_u,
+        POS_COEF=prob.scale > 1e-30 and alpha >= 0,  # every row coefficient > 0 (tau >= 1)
         INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
