@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from inkling_kernels import gathered_rms_norm, gathered_rms_norm_ref
-from inkling_kernels.gathered_rmsnorm.kernel import GatheredNormConfig, launch_gathered_rms_norm
+from inkling_kernels.gathered_rmsnorm.kernel import (
+    TILE_ELEMENTS,
+    GatheredNormConfig,
+    choose_gathered_norm_config,
+    launch_gathered_rms_norm,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EPS = 1e-5
@@ -68,6 +73,23 @@ def test_reference_and_kernel(dtype: torch.dtype, tp: int, t: int, width: int) -
 def test_kernel_tiles(cfg: GatheredNormConfig) -> None:
     """Several chunks a piece, masked chunk tails (width 40) and masked rows (T 7)."""
     shards, weight = _pieces(3, 7, 40, torch.bfloat16)
+    got = launch_gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS, config=cfg).cpu()
+    assert _steps(got, _independent(shards, weight, EPS)) <= KERNEL_STEPS
+
+
+@pytest.mark.parametrize("tp,width", [(8, 768), (2, 3072), (4, 1536), (1, 6144), (3, 40), (8, 100), (2, 64)])
+def test_default_tiles_cover_the_row_exactly_where_they_can(tp: int, width: int) -> None:
+    """The default tile: pieces side by side, channels in a power of two that divides
+    the width when one of at least 64 fits the tile (no masked lanes at Inkling's TP
+    shards), else a masked power-of-two tail; never more than TILE_ELEMENTS."""
+    cfg = choose_gathered_norm_config(tp, width)
+    pieces = 1 << (tp - 1).bit_length()
+    assert cfg.block_t == 1 and pieces * cfg.block_s <= TILE_ELEMENTS
+    if width % 64 == 0:
+        assert width % cfg.block_s == 0 and cfg.block_s >= 64
+    else:
+        assert cfg.block_s >= min(width, TILE_ELEMENTS // pieces)
+    shards, weight = _pieces(tp, 2, width, torch.bfloat16)
     got = launch_gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS, config=cfg).cpu()
     assert _steps(got, _independent(shards, weight, EPS)) <= KERNEL_STEPS
 
