@@ -51,7 +51,14 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   rows (``tl.dot``'s minimum on the GPU): with fewer ``BLOCK_Q`` x group rows the
   rest are padding.
 * **Softmax.** Online (running max and sum) in fp32, base 2; ``tau(p)`` (log
-  scaling) multiplies each row's fp32 scores and bias, never the bf16 ``q``.
+  scaling) multiplies each row's fp32 scores and bias, never the bf16 ``q``. Where
+  every row's coefficient ``scale * tau * log2(e)`` is positive (a positive scale,
+  log-scaling ``alpha >= 0``), a tile's row maximum is taken on the unscaled scores
+  and scaled once (exact: rounding is monotonic), and each score's scale and shift
+  is one fused multiply-add inside ``exp2``; otherwise the scores are scaled first.
+* **Addresses.** A tile inside one page (``block_size % block_n == 0``) adds one
+  scalar offset (its page and first slot) to per-element offsets that are the same
+  for every tile, so the loop does no per-element division or 64-bit multiply.
 * **Split KV** (flash-decoding). With ``num_splits > 1`` a query block with many
   key tiles divides them among up to ``num_splits`` programs (each keeping at least
   ``min_split_tiles`` tiles) that write unnormalised partial results to an fp32
