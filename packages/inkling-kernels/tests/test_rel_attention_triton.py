@@ -156,15 +156,18 @@ def test_row_bias_one_position_a_tile(dtype: torch.dtype, group: int, layer: str
 
 @pytest.mark.parametrize(
     ("scale", "log_scaling", "bias"),
-    [(-6.0, None, "diag"), (-6.0, None, "row"), (6.0, (1, -0.6), "band")],
-    ids=["negative-scale-diag", "negative-scale-row", "tau-below-zero-band"],
+    [(-6.0, None, "diag"), (-6.0, None, "row"), (6.0, (1, -0.6), "band"),
+     (0.3, None, "diag"), (0.3, (4, 0.5), "row"), (0.3, (4, 0.5), "band")],
+    ids=["negative-scale-diag", "negative-scale-row", "tau-below-zero-band",
+         "scale-not-a-power-of-two-diag", "scale-not-a-power-of-two-row", "scale-not-a-power-of-two-band"],
 )
 def test_scores_with_a_coefficient_at_or_below_zero(scale: float, log_scaling: Any, bias: str) -> None:
     """Where every row's coefficient (scale x tau) is positive the kernel takes a row's
     maximum before scaling it (exact then); a negative scale, or a log-scaling alpha
     that takes tau below zero at later positions, must scale first. Scores here spread
     over hundreds of log2 units, so a maximum taken on the wrong side overflows the
-    softmax."""
+    softmax. A scale that is not a power of two keeps the bias MMA on the scaled
+    scores (the other worlds' 1 / head_dim divides ``r`` by it instead)."""
     w = build_world(seed=2190, mix=MIX, layer="global_plain", group=2, n=8)
     w = World(**{**w.__dict__, "scale": scale, "log_scaling": log_scaling})
     want = w.reference()
@@ -173,6 +176,32 @@ def test_scores_with_a_coefficient_at_or_below_zero(scale: float, log_scaling: A
     cfg = RelAttentionConfig(block_q=block_q, block_n=16, bias=bias, min_split_tiles=1)
     got = _run(_on(w, DEV), cfg)
     _check_close(got.cpu(), want, torch.float32, f"scale {scale} log_scaling {log_scaling} {bias}")
+
+
+@pytest.mark.parametrize("bias", ["diag", "row", "band"])
+def test_dividing_r_by_a_power_of_two_scale_changes_no_bit(monkeypatch: pytest.MonkeyPatch, bias: str) -> None:
+    """With ``scale`` a power of two the near tiles' bias MMAs accumulate onto the
+    unscaled scores and ``r`` comes divided by ``scale``: bit for bit the scores of
+    scaling first (every product and sum only moves by a power of two)."""
+    w = build_world(seed=2195, mix=MIX, layer="global_log", group=2, n=8, dtype=torch.bfloat16)
+    assert math.frexp(w.scale)[0] == 0.5
+    block_q = 1 if bias == "row" else 4
+    cfg = RelAttentionConfig(block_q=block_q, block_n=16, bias=bias, min_split_tiles=1)
+    d = _on(w, DEV)
+    folded = _run(d, cfg)
+    monkeypatch.setattr(rel_kernel, "_exact_inverse", lambda scale: False)
+    assert torch.equal(_run(d, cfg), folded)
+    _check_close(folded.cpu(), w.reference(), torch.bfloat16, f"folded scale, {bias}")
+
+
+def test_fp16_r_is_not_divided_by_the_scale() -> None:
+    """fp16 ``r`` of magnitude 100 divided by a scale of 2^-10 would overflow fp16
+    (inf, then NaN scores): the kernel scales the scores instead for fp16."""
+    w = build_world(seed=2196, mix=MIX, layer="global_plain", group=2, n=8, dtype=torch.float16)
+    w = World(**{**w.__dict__, "scale": 2.0 ** -10, "r": (w.r.float() * 100).to(torch.float16)})
+    want = w.reference()
+    got = _run(_on(w, DEV), RelAttentionConfig(block_q=4, block_n=16, bias="diag", min_split_tiles=1))
+    _check_close(got.cpu(), want, torch.float16, "fp16 r, scale 2^-10")
 
 
 @pytest.mark.parametrize("near_cost", [1, 3, 9])

@@ -56,6 +56,9 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   log-scaling ``alpha >= 0``), a tile's row maximum is taken on the unscaled scores
   and scaled once (exact: rounding is monotonic), and each score's scale and shift
   is one fused multiply-add inside ``exp2``; otherwise the scores are scaled first.
+  Where ``scale`` is a power of two (Inkling's ``1 / head_dim``) and ``r`` is not
+  fp16, the program divides its rows' ``r`` by ``scale`` once (exact), so the near
+  tiles' bias MMAs accumulate onto the unscaled ``q.k`` (bit for bit the same scores).
 * **Addresses.** A tile inside one page (``block_size % block_n == 0``) adds one
   scalar offset (its page and first slot) to per-element offsets that are the same
   for every tile, so the loop does no per-element division or 64-bit multiply.
@@ -77,6 +80,7 @@ the values of ``positions`` are not read.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +108,13 @@ __all__ = [
 ]
 
 BIAS_MODES = ("band", "diag", "row")
+def _exact_inverse(scale: float) -> bool:
+    """Whether ``r / scale`` is exact in any float dtype short of overflow: ``scale`` a
+    positive power of two within fp32's normal range (Inkling's ``1 / head_dim``)."""
+    mant, exp = math.frexp(scale)
+    return scale > 0 and mant == 0.5 and -120 <= exp <= 120
+
+
 #: the default tiling takes ``bias="diag"`` only up to this MMA depth (block_q x d_rel
 #: rounded up): deeper, the bias MMA outweighs the QK one (head dim 128)
 DIAG_MAX_DEPTH = 128
@@ -139,7 +150,7 @@ def _attend_tile(
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
-    TAB_U: tl.constexpr, POS_COEF: tl.constexpr,
+    TAB_U: tl.constexpr, POS_COEF: tl.constexpr, FOLD_SCALE: tl.constexpr,
 ):
     """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
 
@@ -184,7 +195,7 @@ def _attend_tile(
             pm = (offs_c < D_REL)[:, None] & ((dcol >= 0) & (dcol < extent))[None, :]
             pcols = tl.load(rp_ptr + offs_c[:, None] * stride_rpc + dcol[None, :] * stride_rpe,
                             mask=pm, other=0.0)
-            s = _mma(r_rows, pcols.to(r_rows.dtype), s * scale, BAND_PREC, INTERPRET)
+            s = _mma(r_rows, pcols.to(r_rows.dtype), s if FOLD_SCALE else s * scale, BAND_PREC, INTERPRET)
         elif BIAS_DIAG:
             # r_rows is block-diagonal [BLOCK_M, BLOCK_Q * DR] (row of query qi holds its
             # r in columns qi * DR ..); B's block qi2 holds rel_proj's columns at the
@@ -199,7 +210,7 @@ def _attend_tile(
             offs_k = tl.arange(0, BLOCK_Q * DR)
             bmat = tl.load(tab_ptr + (shift * (BLOCK_Q * DR * TAB_U) + a8)
                            + (offs_k[:, None] * TAB_U + offs_n[None, :]))
-            s = _mma(r_rows, bmat.to(r_rows.dtype), s * scale, BAND_PREC, INTERPRET)
+            s = _mma(r_rows, bmat.to(r_rows.dtype), s if FOLD_SCALE else s * scale, BAND_PREC, INTERPRET)
         else:
             # distances of this (rows, keys) tile: dbase .. dbase + BLOCK_Q + BLOCK_N - 2
             dbase = p_first - j0 - (BLOCK_N - 1)
@@ -213,10 +224,11 @@ def _attend_tile(
                         BAND_PREC, INTERPRET)  # [BLOCK_M, BAND]
             qi = tl.minimum(tl.arange(0, BLOCK_M) // GP, BLOCK_Q - 1)  # padding rows: any column
             idx = qi[:, None] + (BLOCK_N - 1) - offs_n[None, :]
-            s = s * scale + tl.gather(band, idx, axis=1)
+            s = (s if FOLD_SCALE else s * scale) + tl.gather(band, idx, axis=1)
         # s: scale * q.k + bias (the row and diag MMAs accumulate onto the scaled
-        # scores: one [BLOCK_M, BLOCK_N] accumulator); times coef: log2 units
-        coef = b_coef
+        # scores: one [BLOCK_M, BLOCK_N] accumulator); times coef: log2 units.
+        # FOLD_SCALE: r came divided by scale (exact), so s is q.k + bias / scale
+        coef = qk_coef if FOLD_SCALE else b_coef
     else:
         coef = qk_coef  # s: q.k
     if not POS_COEF:  # (a coefficient may be <= 0: the row max needs the products)
@@ -273,7 +285,7 @@ def _key_loop(
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
-    TAB_U: tl.constexpr, POS_COEF: tl.constexpr,
+    TAB_U: tl.constexpr, POS_COEF: tl.constexpr, FOLD_SCALE: tl.constexpr,
 ):
     """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
     if INTERPRET:  # the interpreter cannot range() over runtime ints
@@ -286,7 +298,8 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U, POS_COEF,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
+                POS_COEF, FOLD_SCALE,
             )
             t += 1
     else:
@@ -298,7 +311,8 @@ def _key_loop(
                 stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
-                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U, POS_COEF,
+                BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
+                POS_COEF, FOLD_SCALE,
             )
     return m_i, l_i, acc
 
@@ -321,6 +335,7 @@ def _rel_attention_kernel(
     BAND: tl.constexpr, HAS_WINDOW: tl.constexpr, LOG_SCALE: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, NUM_SPLITS: tl.constexpr, FLAT: tl.constexpr,
     MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr, TAB_U: tl.constexpr, POS_COEF: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -427,6 +442,10 @@ def _rel_attention_kernel(
                          mask=row_ok[:, None] & (offs_c < D_REL)[None, :], other=0.0)
         if BAND_PREC == "ieee":
             r_rows = r_rows.to(tl.float32)
+    if FOLD_SCALE:
+        # 1 / scale is a power of two: r / scale is exact, and the near tiles' bias
+        # MMAs accumulate onto the unscaled q.k (no multiply of the scores by scale)
+        r_rows = (r_rows.to(tl.float32) * (1.0 / scale)).to(r_rows.dtype)
     if LOG_SCALE:
         ratio = tl.maximum((p_row.to(tl.float32) + 1.0) * ls_inv_floor, 1.0)
         tau = 1.0 + ls_alpha * tl.log(ratio)
@@ -467,7 +486,7 @@ def _rel_attention_kernel(
             stride_rpc, stride_rpe, kvh,
             N, BLOCK_Q, GP, BLOCK_M, BLOCK_N if part == 0 else NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND,
             HAS_WINDOW, BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE,
-            part > 0, part == 1 or part == 3, TAB_U, POS_COEF,
+            part > 0, part == 1 or part == 3, TAB_U, POS_COEF, FOLD_SCALE,
         )
 
     has = l_i > 0.0
@@ -1007,6 +1026,7 @@ def paged_rel_attention_triton(
         FLAT=config.flat_grid and splits > 1,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, TAB_U=tab_u,
         POS_COEF=prob.scale > 1e-30 and alpha >= 0,  # every row coefficient > 0 (tau >= 1)
+        FOLD_SCALE=_exact_inverse(prob.scale) and r.dtype != torch.float16,  # (r / scale: no fp16 overflow)
         INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
