@@ -79,11 +79,11 @@ def choose_gathered_norm_config(tp: int, width: int) -> GatheredNormConfig:
     """One row a program; tiles of up to ``TILE_ELEMENTS`` elements across all pieces,
     ``BLOCK_S`` the largest power of two that divides ``width`` within that (a masked
     power-of-two tail where ``width`` has no such factor of at least 64), four warps."""
-    cap = max(1, TILE_ELEMENTS // pow2_ceil(tp))
+    pieces = pow2_ceil(tp)
+    cap = max(1, TILE_ELEMENTS // pieces)
     exact = width & -width  # the largest power of two dividing width
     block_s = min(cap, exact) if exact >= min(cap, 64) else min(cap, pow2_ceil(width))
-    tile = pow2_ceil(tp) * block_s
-    return GatheredNormConfig(1, block_s, max(1, min(TILE_WARPS, tile // 256)))
+    return GatheredNormConfig(1, block_s, max(1, min(TILE_WARPS, pieces * block_s // 256)))
 
 
 def launch_gathered_rms_norm(

@@ -44,12 +44,12 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   rows of about ``extent + 2 * near_block_n`` entries, eight copies shifted by one
   so that each tile's slice starts on 8 elements) and a near tile loads its ``B``
   as one contiguous, aligned tile with no address arithmetic per element. The MMA
-  is ``BLOCK_Q`` times deeper than the band's and ``A`` stays in registers. ``"row"`` (``block_q == 1``: a block holds one query
-  position, so every row of the tile has the same distance to a key): the bias tile
-  is the rows' ``r`` [BLOCK_M, DR] times the ``rel_proj`` columns at the tile's
-  distances, one MMA of depth ``DR`` and nothing gathered. Tiles keep at least 16
-  rows (``tl.dot``'s minimum on the GPU): with fewer ``BLOCK_Q`` x group rows the
-  rest are padding.
+  is ``BLOCK_Q`` times deeper than the band's and ``A`` stays in registers.
+  ``"row"`` (``block_q == 1``: a block holds one query position, so every row of
+  the tile has the same distance to a key): the bias tile is the rows' ``r``
+  [BLOCK_M, DR] times the ``rel_proj`` columns at the tile's distances, one MMA of
+  depth ``DR`` and nothing gathered. Tiles keep at least 16 rows (``tl.dot``'s
+  minimum on the GPU): with fewer ``BLOCK_Q`` x group rows the rest are padding.
 * **Softmax.** Online (running max and sum) in fp32, base 2; ``tau(p)`` (log
   scaling) multiplies each row's fp32 scores and bias, never the bf16 ``q``. Where
   every row's coefficient ``scale * tau * log2(e)`` is positive (a positive scale,
@@ -108,13 +108,6 @@ __all__ = [
 ]
 
 BIAS_MODES = ("band", "diag", "row")
-def _exact_inverse(scale: float) -> bool:
-    """Whether ``r / scale`` is exact in any float dtype short of overflow: ``scale`` a
-    positive power of two within fp32's normal range (Inkling's ``1 / head_dim``)."""
-    mant, exp = math.frexp(scale)
-    return scale > 0 and mant == 0.5 and -120 <= exp <= 120
-
-
 #: the default tiling takes ``bias="diag"`` only up to this MMA depth (block_q x d_rel
 #: rounded up): deeper, the bias MMA outweighs the QK one (head dim 128)
 DIAG_MAX_DEPTH = 128
@@ -132,6 +125,18 @@ def _mma(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     else:
         return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _key_rows(blk, j0, j, offs_n, kvh, stride_b, stride_n, stride_h, N: tl.constexpr, PAGE_TILE: tl.constexpr):
+    """[BLOCK_N] int64 offsets of a key tile's rows (one head) in a cache. ``PAGE_TILE``
+    (the tile lies in one page): one scalar offset of its page, first slot and head plus
+    ``offs_n * stride_n``, the same for every tile (kept out of the loop), instead of a
+    modulo and a 64-bit multiply per key."""
+    if PAGE_TILE:
+        return (blk * stride_b + (j0 % N).to(tl.int64) * stride_n + kvh * stride_h) + offs_n.to(tl.int64) * stride_n
+    else:
+        return blk * stride_b + (j % N).to(tl.int64) * stride_n + kvh * stride_h
 
 
 @triton.jit
@@ -173,20 +178,14 @@ def _attend_tile(
         blk = tl.load(bt_ptr + req.to(tl.int64) * stride_btr + page * stride_btc,
                       mask=kv_ok & (page < max_blocks), other=0).to(tl.int64)
     d_ok = offs_d < HEAD_DIM
-    if PAGE_TILE:
-        # one scalar offset a tile; the per-element part (key slot, channel) is the
-        # same for every tile and stays out of the loop
-        slot0 = (j0 % N).to(tl.int64)
-        kt = tl.load(k_ptr + (blk * stride_kb + slot0 * stride_kn + kvh * stride_kh)
-                     + (offs_n.to(tl.int64) * stride_kn)[None, :] + offs_d[:, None] * stride_kd,
-                     mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
-    else:
-        k_base = blk * stride_kb + (j % N).to(tl.int64) * stride_kn + kvh * stride_kh
-        kt = tl.load(k_ptr + k_base[None, :] + offs_d[:, None] * stride_kd,
-                     mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
+    k_rows = _key_rows(blk, j0, j, offs_n, kvh, stride_kb, stride_kn, stride_kh, N, PAGE_TILE)
+    kt = tl.load(k_ptr + k_rows[None, :] + offs_d[:, None] * stride_kd,
+                 mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
     s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PREC, INTERPRET)
 
     if NEAR:
+        if not FOLD_SCALE:  # (FOLD_SCALE: r came divided by scale, exactly)
+            s = s * scale
         if BIAS_ROW:
             # one query position per block: the tile's distances are p_first - j for
             # every row, so the bias is r [BLOCK_M, DR] @ rel_proj[:, p_first - j]
@@ -195,7 +194,7 @@ def _attend_tile(
             pm = (offs_c < D_REL)[:, None] & ((dcol >= 0) & (dcol < extent))[None, :]
             pcols = tl.load(rp_ptr + offs_c[:, None] * stride_rpc + dcol[None, :] * stride_rpe,
                             mask=pm, other=0.0)
-            s = _mma(r_rows, pcols.to(r_rows.dtype), s if FOLD_SCALE else s * scale, BAND_PREC, INTERPRET)
+            s = _mma(r_rows, pcols.to(r_rows.dtype), s, BAND_PREC, INTERPRET)
         elif BIAS_DIAG:
             # r_rows is block-diagonal [BLOCK_M, BLOCK_Q * DR] (row of query qi holds its
             # r in columns qi * DR ..); B's block qi2 holds rel_proj's columns at the
@@ -210,7 +209,7 @@ def _attend_tile(
             offs_k = tl.arange(0, BLOCK_Q * DR)
             bmat = tl.load(tab_ptr + (shift * (BLOCK_Q * DR * TAB_U) + a8)
                            + (offs_k[:, None] * TAB_U + offs_n[None, :]))
-            s = _mma(r_rows, bmat.to(r_rows.dtype), s if FOLD_SCALE else s * scale, BAND_PREC, INTERPRET)
+            s = _mma(r_rows, bmat.to(r_rows.dtype), s, BAND_PREC, INTERPRET)
         else:
             # distances of this (rows, keys) tile: dbase .. dbase + BLOCK_Q + BLOCK_N - 2
             dbase = p_first - j0 - (BLOCK_N - 1)
@@ -224,7 +223,7 @@ def _attend_tile(
                         BAND_PREC, INTERPRET)  # [BLOCK_M, BAND]
             qi = tl.minimum(tl.arange(0, BLOCK_M) // GP, BLOCK_Q - 1)  # padding rows: any column
             idx = qi[:, None] + (BLOCK_N - 1) - offs_n[None, :]
-            s = (s if FOLD_SCALE else s * scale) + tl.gather(band, idx, axis=1)
+            s = s + tl.gather(band, idx, axis=1)
         # s: scale * q.k + bias (the row and diag MMAs accumulate onto the scaled
         # scores: one [BLOCK_M, BLOCK_N] accumulator); times coef: log2 units.
         # FOLD_SCALE: r came divided by scale (exact), so s is q.k + bias / scale
@@ -256,14 +255,9 @@ def _attend_tile(
     else:
         prob = tl.math.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(prob, axis=1)
-    if PAGE_TILE:
-        v = tl.load(v_ptr + (blk * stride_vb + slot0 * stride_vn + kvh * stride_vh)
-                    + (offs_n.to(tl.int64) * stride_vn)[:, None] + offs_d[None, :] * stride_vd,
-                    mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
-    else:
-        v = tl.load(v_ptr + (blk * stride_vb + (j % N).to(tl.int64) * stride_vn + kvh * stride_vh)[:, None]
-                    + offs_d[None, :] * stride_vd,
-                    mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
+    v_rows = _key_rows(blk, j0, j, offs_n, kvh, stride_vb, stride_vn, stride_vh, N, PAGE_TILE)
+    v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :] * stride_vd,
+                mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
     acc = _mma(prob.to(v.dtype), v, acc * alpha[:, None], DOT_PREC, INTERPRET)
     return m_new, l_i, acc
 
@@ -899,6 +893,13 @@ def choose_rel_attention_config(
                               **few_kw)
 
 
+def _exact_inverse(scale: float) -> bool:
+    """Whether ``r / scale`` is exact in any float dtype short of overflow: ``scale`` a
+    positive power of two within fp32's normal range (Inkling's ``1 / head_dim``)."""
+    mant, exp = math.frexp(scale)
+    return scale > 0 and mant == 0.5 and -120 <= exp <= 120
+
+
 def paged_rel_attention_triton(
     q: torch.Tensor,
     r: torch.Tensor,
@@ -1025,7 +1026,8 @@ def paged_rel_attention_triton(
         LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, BIAS_ROW=use_row, NUM_SPLITS=splits,
         FLAT=config.flat_grid and splits > 1,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, TAB_U=tab_u,
-        POS_COEF=prob.scale > 1e-30 and alpha >= 0,  # every row coefficient > 0 (tau >= 1)
+        # every row coefficient > 0 (tau >= 1), and no product of a score underflows to 0
+        POS_COEF=prob.scale > 1e-30 and alpha >= 0,
         FOLD_SCALE=_exact_inverse(prob.scale) and r.dtype != torch.float16,  # (r / scale: no fp16 overflow)
         INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
         PAGE_TILE=prob.block_size % block_n == 0,
