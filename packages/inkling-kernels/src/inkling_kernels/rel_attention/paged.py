@@ -1,6 +1,6 @@
 """Paged relative-logit attention in PyTorch: the CPU path of the served model.
 
-Also the CUDA path until a Triton kernel exists. The math is that of
+The math is that of
 :func:`.reference.rel_attention_ref`, evaluated per request straight from the paged
 KV cache:
 
@@ -391,8 +391,8 @@ def paged_rel_attention(
 
     Args:
         q: [T, Hq, Dh] queries (RMS-normalised), bf16/fp16/fp32.
-        r: [T, Hq, d_rel] relative states of the query rows (any float dtype).
-        rel_proj: [d_rel, E] the layer's ``rel_logits_proj.proj`` (any float dtype).
+        r: [T, Hq, d_rel] relative states of the query rows (bf16, fp16 or fp32).
+        rel_proj: [d_rel, E] the layer's ``rel_logits_proj.proj`` (bf16, fp16 or fp32).
         key_cache, value_cache: [num_blocks, N, Hkv, Dh] in q's dtype, any strides
             (e.g. ``kv[0]``/``kv[1]`` of a ``[2, num_blocks, N, Hkv, Dh]`` tensor, or
             ``kv[:, 0]``/``kv[:, 1]`` of ``[num_blocks, 2, N, Hkv, Dh]``); any N >= 1.

@@ -359,8 +359,8 @@ class SconvConfig:
     tap_select: bool = False
     # mapped launches: the row-register kernel (rows_kernel.py; block_t rows as register
     # vectors, no tap reloads inside a prompt; K and V in one launch). The default of
-    # fused_sconv's and fused_sconv_kv's mapped launches of >= ROWS_MIN_TOKENS rows and
-    # >= ROWS_TOKENS_PER_REQUEST rows a request (choose_config)
+    # fused_sconv's and fused_sconv_kv's mapped launches of >= ROWS_MIN_TOKENS rows,
+    # mostly prompt rows (rows_batch)
     rows: bool = False
 
 
@@ -468,8 +468,9 @@ def _scan_chunk(cfg: SconvConfig, taps_p2: int) -> int:
 #: Launches moving at least this many elements (T * C) without a tap map build one
 #: for the call (see the module docstring).
 MAP_MIN_WORK = 2**20
-#: Mapped launches of at least this many rows, and this many rows per request, take the
-#: row-register kernel by default (choose_config).
+#: Mapped launches of at least this many rows take the row-register kernel by default
+#: when most rows are prompt rows: without the ``num_prefill_tokens`` hint, when they
+#: have at least ``ROWS_TOKENS_PER_REQUEST`` rows a request (rows_batch).
 ROWS_MIN_TOKENS = 1024
 ROWS_TOKENS_PER_REQUEST = 8
 #: With the batch's ``num_prefill_tokens`` hint, launches whose prompt rows are at least

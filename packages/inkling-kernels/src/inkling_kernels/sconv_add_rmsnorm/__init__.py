@@ -136,7 +136,7 @@ def fused_sconv_add_rmsnorm(
             :func:`inkling_kernels.fused_sconv`; ``cache`` is mutated (each valid
             slot's stream range receives its row of ``d``); the batch's tap map, when
             it has one, serves the CUDA kernel as it serves ``fused_sconv``.
-        norm_weight: [C] the following RMSNorm's weight (any float dtype), applied
+        norm_weight: [C] the following RMSNorm's weight (bf16, fp16 or fp32), applied
             as transformers' ``InklingRMSNorm`` does: ``w * dt(x * rsqrt(mean(x^2) + eps))``.
         eps: the norm's epsilon (``rms_norm_eps``).
         out: where to write the results: ``(new_hidden, normed)``, two distinct

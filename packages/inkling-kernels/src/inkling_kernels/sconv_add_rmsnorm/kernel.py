@@ -3,7 +3,8 @@
 
 Two kernels: the tile kernel below, and the row-register kernel of
 :mod:`.rows_kernel` (``NormConfig.rows``), the default for mapped prompt launches
-(:func:`rows_norm_config`: at least 1024 rows and 8 rows a request). This docstring
+(:func:`rows_norm_config`: at least 1024 rows, mostly prompt rows or at least 8 rows a
+request; ``sconv.kernel.rows_batch``). This docstring
 describes the tile kernel.
 
 Tiling: a row's ``C = H * stream_width`` channels are cut into ``NCH`` chunks of
@@ -417,8 +418,9 @@ def choose_norm_config(num_tokens: int, num_heads: int, stream_width: int, mappe
     the resulting times).
 
     - mapped prompt-heavy launches: the row-register kernel (:func:`rows_norm_config`);
-    - T <= 16: split rows, every ``BLOCK_J``-channel chunk (:func:`_block_j`) of one
-      head on its own program, two warps;
+    - T <= 16: split rows, every chunk of up to 256 channels on its own program (a
+      ``BLOCK_J``-channel piece of one head, :func:`_block_j`, or several whole narrow
+      heads), two warps;
     - 16 < T < 8192: the row loop (:func:`row_loop_config`);
     - T >= 8192: one row a program, the whole row in registers as 2048-element chunks,
       four warps.

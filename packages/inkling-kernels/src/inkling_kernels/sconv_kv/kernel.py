@@ -8,8 +8,8 @@ K tile and its V tile, each at its own offset in D and read through its own row
 stride. Grid, tiles and the tap-map decision are those of one stream of the launch's
 shape (``sconv.kernel.choose_config``, ``MAP_MIN_WORK``); nothing is allocated but the
 two outputs (and, for a large launch without a map, its map), nothing syncs with the
-host: the launch replays under CUDA graphs. Prefill-sized mapped launches (at least
-``ROWS_MIN_TOKENS`` rows and ``ROWS_TOKENS_PER_REQUEST`` rows a request) run the
+host: the launch replays under CUDA graphs. Prefill-sized mapped launches (``sconv.kernel.rows_batch``:
+at least ``ROWS_MIN_TOKENS`` rows, mostly prompt rows) run the
 row-register kernel instead (:mod:`inkling_kernels.sconv.rows_kernel`), one launch whose
 grid's third axis picks K or V (a launch each if their row strides or weight layouts
 differ).
