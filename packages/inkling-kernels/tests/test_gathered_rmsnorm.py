@@ -16,7 +16,7 @@ from inkling_kernels.gathered_rmsnorm.kernel import (
     TILE_ELEMENTS,
     GatheredNormConfig,
     choose_gathered_norm_config,
-    launch_gathered_rms_norm,
+    gathered_rms_norm_triton,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -61,7 +61,7 @@ def test_reference_and_kernel(dtype: torch.dtype, tp: int, t: int, width: int) -
     ref = gathered_rms_norm_ref(shards, weight, EPS)
     assert ref.shape == (t, tp * width) and ref.dtype == dtype
     assert _steps(ref, want) <= _tol(dtype, False)
-    got = launch_gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS).cpu()
+    got = gathered_rms_norm_triton(shards.to(DEVICE), weight.to(DEVICE), EPS).cpu()
     assert got.shape == (t, tp * width) and got.dtype == dtype
     assert _steps(got, want) <= _tol(dtype, True)
     assert _steps(got, ref) <= _tol(dtype, True)
@@ -73,7 +73,7 @@ def test_reference_and_kernel(dtype: torch.dtype, tp: int, t: int, width: int) -
 def test_kernel_tiles(cfg: GatheredNormConfig) -> None:
     """Several chunks a piece, masked chunk tails (width 40) and masked rows (T 7)."""
     shards, weight = _pieces(3, 7, 40, torch.bfloat16)
-    got = launch_gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS, config=cfg).cpu()
+    got = gathered_rms_norm_triton(shards.to(DEVICE), weight.to(DEVICE), EPS, config=cfg).cpu()
     assert _steps(got, _independent(shards, weight, EPS)) <= KERNEL_STEPS
 
 
@@ -90,7 +90,7 @@ def test_default_tiles_cover_the_row_exactly_where_they_can(tp: int, width: int)
     else:
         assert cfg.block_s >= min(width, TILE_ELEMENTS // pieces)
     shards, weight = _pieces(tp, 2, width, torch.bfloat16)
-    got = launch_gathered_rms_norm(shards.to(DEVICE), weight.to(DEVICE), EPS, config=cfg).cpu()
+    got = gathered_rms_norm_triton(shards.to(DEVICE), weight.to(DEVICE), EPS, config=cfg).cpu()
     assert _steps(got, _independent(shards, weight, EPS)) <= KERNEL_STEPS
 
 
@@ -123,9 +123,16 @@ def test_op_registration() -> None:
     ],
 )
 def test_bad_arguments(shards: object, weight: object, eps: object, err: type, match: str) -> None:
-    for fn in (gathered_rms_norm, gathered_rms_norm_ref):  # the exported reference checks as the op
+    # the exported reference and the direct launcher check as the op
+    for fn in (gathered_rms_norm, gathered_rms_norm_ref, gathered_rms_norm_triton):
         with pytest.raises(err, match=match):
             fn(shards, weight, eps)  # type: ignore[arg-type]
+
+
+def test_launcher_refuses_a_foreign_config() -> None:
+    shards, weight = _pieces(2, 3, 16, torch.float32)
+    with pytest.raises(TypeError, match="GatheredNormConfig"):
+        gathered_rms_norm_triton(shards.to(DEVICE), weight.to(DEVICE), EPS, config=(1, 16, 1))  # type: ignore[arg-type]
 
 
 def test_traces_under_torch_compile_with_dynamic_rows() -> None:

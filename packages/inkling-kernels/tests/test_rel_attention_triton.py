@@ -386,6 +386,16 @@ def test_validation_base_is_valid_and_config_checks() -> None:
     kw = _small_kw()
     with pytest.raises(TypeError, match="RelAttentionConfig"):
         paged_rel_attention_triton(*[kw.pop(k) for k in list(kw)[:9]], scale=0.1, config=(4, 16))
+    # max_seq_len: a host int or None, checked with or without an explicit config,
+    # before anything is written
+    for bad in ("5", 5.0, -1, True, torch.tensor(5)):
+        for cfg in (None, RelAttentionConfig(block_q=4, block_n=16)):
+            kw = _small_kw()
+            out = torch.full_like(kw["q"], float("nan"))
+            with pytest.raises(ValueError, match="max_seq_len"):
+                paged_rel_attention_triton(*[kw.pop(k) for k in list(kw)[:9]], scale=0.1, out=out,
+                                           max_seq_len=bad, config=cfg)
+            assert torch.isnan(out).all()
 
 
 def test_uses_triton(monkeypatch: pytest.MonkeyPatch) -> None:

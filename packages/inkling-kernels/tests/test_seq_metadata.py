@@ -113,6 +113,21 @@ def test_validation_errors() -> None:
         sconv_seq_metadata(qsl, 0, 5, ok, ok.clone(), 5)
     with pytest.raises(TypeError, match="num_reqs must be an int"):
         sconv_seq_metadata(qsl, 2.0, 5, ok, ok.clone(), 5)  # type: ignore[arg-type]
+    # outputs that share memory (with each other or with query_start_loc): refused,
+    # nothing written; halves of one buffer are fine
+    buf = torch.full((16,), -7, dtype=torch.int32)
+    qsl_in_buf = torch.cat([qsl, torch.zeros(5, dtype=torch.int32)])
+    for seq_out, start_out, match in ((buf[:8], buf[:8], "query_start_out overlaps seq_idx_out"),
+                                      (buf[:8], buf[4:12], "query_start_out overlaps seq_idx_out"),
+                                      (qsl_in_buf, buf[:8], "seq_idx_out overlaps query_start_loc")):
+        src = qsl_in_buf[:3] if seq_out is qsl_in_buf else qsl
+        with pytest.raises(ValueError, match=match):
+            sconv_seq_metadata(src, 2, 5, seq_out, start_out, 5)
+        assert (buf == -7).all()
+    want = torch.full((16,), -7, dtype=torch.int32)
+    sconv_seq_metadata_ref(qsl, 2, 5, want[:8], want[8:], 5)
+    sconv_seq_metadata(qsl, 2, 5, buf[:8], buf[8:], 5)
+    assert torch.equal(buf, want)
 
 
 

@@ -321,6 +321,16 @@ def test_cpu_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "cuda")
     with pytest.raises(ValueError, match="INKLING_KERNELS_CPU_BACKEND"):
         uses_triton(torch.device("cpu"))
+    # without the interpreter Triton has no CPU driver: refused before any launch
+    monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    calls.clear()
+    for op in (lambda: uses_triton(torch.device("cpu")),
+               lambda: fused_sconv(kw["x"], kw["weight"], kw["cache"].clone(), mapped, kw["stream_offset"],
+                                   kw["stream_width"])):
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            op()
+    assert calls == []
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])

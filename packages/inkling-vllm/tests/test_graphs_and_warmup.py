@@ -339,10 +339,14 @@ class LaunchKeys:
 
         from triton.runtime.jit import JITFunction
 
+        from inkling_kernels import _dispatch
         from inkling_vllm.warmup import triton_int_class
 
         monkeypatch.setenv("INKLING_KERNELS_CPU_BACKEND", "triton")
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        # nothing launches (JITFunction.run is replaced): CPU tensors may take the
+        # CUDA path without the interpreter
+        monkeypatch.setattr(_dispatch, "_interpreted", lambda: True)
         self.keys: list[Any] = []
 
         def run(kernel: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:

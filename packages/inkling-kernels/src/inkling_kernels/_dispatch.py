@@ -20,15 +20,27 @@ __all__ = ["CPU_BACKEND_ENV", "has_memory", "run_op", "traced", "uses_triton"]
 CPU_BACKEND_ENV = "INKLING_KERNELS_CPU_BACKEND"
 
 
+def _interpreted() -> bool:
+    """``TRITON_INTERPRET=1``: Triton runs kernels in its interpreter (the only way it
+    runs CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def uses_triton(device: torch.device) -> bool:
     """Whether the ops run the Triton kernels for tensors on ``device``: always off
     the CPU; on the CPU only with ``INKLING_KERNELS_CPU_BACKEND=triton`` (read at
-    each call). Builders use it to decide whether a tap map is worth building."""
+    each call), which needs ``TRITON_INTERPRET=1`` (Triton runs CPU tensors only in its
+    interpreter; set it before Triton is imported). Builders use it to decide whether a
+    tap map is worth building."""
     if torch.device(device).type != "cpu":
         return True
     value = os.environ.get(CPU_BACKEND_ENV, "reference")
     if value not in ("reference", "triton"):
         raise ValueError(f"{CPU_BACKEND_ENV} must be 'reference' or 'triton', got {value!r}")
+    if value == "triton" and not _interpreted():
+        raise ValueError(f"{CPU_BACKEND_ENV}=triton runs CPU tensors in Triton's interpreter: set "
+                         "TRITON_INTERPRET=1 before Triton is imported, or unset "
+                         f"{CPU_BACKEND_ENV} to run the PyTorch path")
     return value == "triton"
 
 

@@ -581,6 +581,9 @@ def check_seq_metadata_args(
             raise ValueError(f"{name} must be contiguous")
         if buf.device != qsl.device:
             raise ValueError(f"{name} is on {buf.device} but query_start_loc is on {qsl.device}")
+    # (one buffer for both outputs, or one that overlaps the input: rows overwrite each other)
+    _check_disjoint("seq_idx_out", seq_out, (("query_start_loc", qsl),))
+    _check_disjoint("query_start_out", qs_out, (("seq_idx_out", seq_out), ("query_start_loc", qsl)))
     if num_reqs > 0 and qsl.device.type == "cpu" and has_memory(qsl) and not traced():
         starts = qsl[: num_reqs + 1].tolist()
         if starts[0] != 0:

@@ -23,8 +23,9 @@ import triton
 import triton.language as tl
 
 from .._triton_common import INTERPRETER_ROWS, cdiv, is_interpreter, pow2_ceil
+from ..checks import check_gathered_rms_norm_args
 
-__all__ = ["GatheredNormConfig", "choose_gathered_norm_config", "launch_gathered_rms_norm"]
+__all__ = ["GatheredNormConfig", "choose_gathered_norm_config", "gathered_rms_norm_triton"]
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -104,3 +105,15 @@ def launch_gathered_rms_norm(
         TP=tp, S=width, BLOCK_T=cfg.block_t, BLOCK_P=pow2_ceil(tp), BLOCK_S=cfg.block_s, num_warps=cfg.num_warps,
     )
     return out
+
+
+def gathered_rms_norm_triton(
+    shards: torch.Tensor, norm_weight: torch.Tensor, eps: float, *, config: GatheredNormConfig | None = None
+) -> torch.Tensor:
+    """Check and launch directly, whatever the device (tests, benchmarks; CPU tensors
+    under ``TRITON_INTERPRET=1``). Same contract as
+    :func:`inkling_kernels.gathered_rms_norm`; ``config`` overrides the tile."""
+    check_gathered_rms_norm_args(shards, norm_weight, eps)
+    if config is not None and not isinstance(config, GatheredNormConfig):
+        raise TypeError(f"config must be a GatheredNormConfig, got {type(config).__name__}")
+    return launch_gathered_rms_norm(shards, norm_weight, eps, config)

@@ -9,12 +9,13 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   power of two). Every K/V tile is therefore read once for the whole group.
 * **Which request.** Request ``i`` owns the query blocks
   ``query_start_loc[i] // BLOCK_Q + i ..`` (at least ``cdiv(qlen_i, BLOCK_Q)`` of
-  them); a program finds its request with a binary search over ``query_start_loc``
-  on the device. Blocks past the last request cover the pad rows (they write
-  zeros). The grid, ``cdiv(T, BLOCK_Q) + R`` blocks x ``Hkv`` x ``num_splits``,
-  depends only on shapes, nothing syncs with the host, and the only allocations are
-  the output and (split mode) a workspace, so the launch can be captured in a CUDA
-  graph.
+  them; with ``BLOCK_Q = 1`` rows are blocks: ``query_start_loc[i] ..``); a program
+  finds its request with a binary search over ``query_start_loc`` on the device.
+  Blocks past the last request cover the pad rows (they write zeros). The grid,
+  ``cdiv(T, BLOCK_Q) + R`` blocks (``T`` with ``BLOCK_Q = 1``) x ``Hkv`` x
+  ``num_splits``, depends only on shapes and nothing syncs with the host; besides the
+  output the launch allocates only device buffers of fixed size (split mode's
+  workspace, the diag bias's table), so it can be captured in a CUDA graph.
 * **Keys.** A query block at positions ``p_first..p_last`` reads the keys
   ``[k_lo, p_last]`` (``k_lo = p_first - window + 1`` on sliding layers, else 0) in
   tiles of ``BLOCK_N`` positions, each key's page looked up in the block table (any
@@ -813,12 +814,20 @@ DECODE_FEW_PER_SM = 65536 // (DECODE_FEW_REGS * 4 * 32)  # 3
 MAX_SPLITS = 128
 
 
+def _check_max_seq_len(max_seq_len: object) -> None:
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                    or max_seq_len < 0):
+        raise ValueError(f"max_seq_len must be None or a host int >= 0 (the batch's longest sequence), "
+                         f"got {max_seq_len!r}")
+
+
 def choose_rel_attention_config(
     problem: RelAttentionProblem, device: torch.device, max_seq_len: int | None = None
 ) -> RelAttentionConfig:
     """Default tiling from shapes only (stable under CUDA graphs: the same padded
     batch always gets the same config). ``max_seq_len`` (a host int, when the caller
     knows it) caps the key splits so that each split keeps a few tiles."""
+    _check_max_seq_len(max_seq_len)
     t, reqs, hkv = problem.num_rows, max(problem.num_reqs, 1), problem.num_kv_heads
     gp = _next_pow2(problem.num_q_heads // hkv)
     decode = one_row_window = False
@@ -854,8 +863,8 @@ def choose_rel_attention_config(
         while splits > 1 and -(-max_seq_len // block_n) < 4 * splits:
             splits //= 2
     # Near tiles' bias: batches with many rows per request (prefill, chunked prefill,
-    # mixed) get the block-diagonal MMA when it is at most as deep as the QK one
-    # (block_q * d_rel <= 128); otherwise, and for decode-like batches, the band
+    # mixed) get the block-diagonal MMA when it is at most DIAG_MAX_DEPTH deep
+    # (block_q * d_rel, rounded up); otherwise, and for decode-like batches, the band
     # (deeper, the diag MMA outweighs the gather it saves). On the GPU their near
     # tiles are half as wide as the far ones.
     # The interpreter follows the same rule, so CPU runs take the GPU's code paths.
@@ -945,7 +954,9 @@ def paged_rel_attention_triton(
     )
     if config is None:
         config = choose_rel_attention_config(prob, q.device, max_seq_len)
-    elif not isinstance(config, RelAttentionConfig):
+    else:
+        _check_max_seq_len(max_seq_len)
+    if not isinstance(config, RelAttentionConfig):
         raise TypeError(f"config must be a RelAttentionConfig, got {type(config).__name__}")
     result = torch.empty_like(q) if out is None else out
     t_rows = prob.num_rows
