@@ -146,11 +146,27 @@ def _bad_folders(root: Path, good: Path) -> dict[str, tuple[Path, str]]:
     shutil.copytree(good, shape)
     key = "model.layers.1.self_attn.rel_logits_proj.proj"
     _edit_tensors(shape, lambda t: t.update({key: torch.zeros(t[key].shape[0], t[key].shape[1] + 3)}))
+
+    def copy(name: str, change_config: Any = None, drop: tuple[str, ...] = ()) -> Path:
+        folder = root / name
+        if folder.exists():
+            shutil.rmtree(folder)
+        shutil.copytree(good, folder, ignore=shutil.ignore_patterns(*drop) if drop else None)
+        if change_config is not None:
+            config = json.loads((folder / "config.json").read_text())
+            change_config(config)
+            (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
     return {
         "missing": (root / "missing", "does not exist"),
         "empty": (root / "empty", "is empty"),
         "llama": (llama, "model_type 'llama'"),
         "shape": (shape, f"tensor {key} has shape [4, 67], config.json implies [4, 64]"),
+        # a setting of the plugin's own, refused naming the key (not inside the engine)
+        "padding": (copy("padding", lambda c: c.update(inkling_conv_state_padding="bogus")),
+                    "the config key 'inkling_conv_state_padding' is 'bogus'"),
+        "tokenizer": (copy("tokenizer", drop=("tokenizer*",)), "has no tokenizer"),
     }
 
 
@@ -160,7 +176,17 @@ def test_commands_refuse_a_bad_folder_in_a_few_lines(
 ) -> None:
     root = scratch / f"bad-folders-{module}"
     root.mkdir(exist_ok=True)
-    for name, (folder, fragment) in _bad_folders(root, checkpoints["default"]).items():
+    cases = _bad_folders(root, checkpoints["default"])
+    if module == "main":  # (float32 only: quantised weights are vLLM's own Inkling's, on a GPU)
+        quantised = root / "quantised"
+        if quantised.exists():
+            shutil.rmtree(quantised)
+        shutil.copytree(checkpoints["default"], quantised)
+        config = json.loads((quantised / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        (quantised / "config.json").write_text(json.dumps(config))
+        cases["quantised"] = (quantised, "holds quantised weights")
+    for name, (folder, fragment) in cases.items():
         args = ["--model", str(folder)] if module == "main" else [str(folder), "--port", "1"]
         proc = subprocess.run([sys.executable, "-m", f"inkling_vllm.demo.{module}", *args],
                               env=vllm_env, capture_output=True, text=True, timeout=300)

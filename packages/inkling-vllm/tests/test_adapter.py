@@ -345,8 +345,26 @@ def test_fused_tails_switch_refuses_non_booleans(value: Any) -> None:
     from inkling_vllm.model import _fused_tails
 
     config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace()))
-    with pytest.raises(UnsupportedCheckpoint, match="inkling_fused_conv_norm must be true or false"):
+    with pytest.raises(UnsupportedCheckpoint, match="'inkling_fused_conv_norm' must be true or false"):
         _fused_tails(config, {"inkling_fused_conv_norm": value})
+
+
+@pytest.mark.parametrize("value,padding", [(None, "pow2"), ("none", "none"), (8, "8"), ("multiple:4", "multiple:4")])
+def test_conv_padding_key(value: Any, padding: str) -> None:
+    from inkling_vllm.model import _conv_padding
+
+    config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace()))
+    assert _conv_padding(config, {"inkling_conv_state_padding": value}) == padding
+
+
+@pytest.mark.parametrize("value", ["bogus", 0, False, "", -8])
+def test_conv_padding_key_refuses_what_the_layers_cannot_parse(value: Any) -> None:
+    """Refused when the model is built, naming the key (not first inside a layer)."""
+    from inkling_vllm.model import _conv_padding
+
+    config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace()))
+    with pytest.raises(UnsupportedCheckpoint, match="'inkling_conv_state_padding' is"):
+        _conv_padding(config, {"inkling_conv_state_padding": value})
 
 
 @pytest.fixture

@@ -65,7 +65,8 @@ def test_retention_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cm.RETENTION_ENV, "512")
     assert cm.conv_retention_tokens() == 512
     assert cm.conv_retention_tokens(_Cfg(inkling_conv_retention_tokens=64)) == 64
-    for bad in ("-4", "lots", 2.5, True):
+    assert cm.conv_retention_tokens(_Cfg(inkling_conv_retention_tokens=512.0)) == 512  # (a JSON float)
+    for bad in ("-4", "lots", 2.5, -16.0, True, "512.0"):
         with pytest.raises(ValueError, match="non-negative whole number"):
             cm.conv_retention_tokens(_Cfg(inkling_conv_retention_tokens=bad))
 

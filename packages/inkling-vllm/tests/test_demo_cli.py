@@ -28,6 +28,14 @@ def test_main_help_names_the_command_and_is_plain_text() -> None:
     assert DESCRIPTION.splitlines()[0] in out
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_main_refuses_a_bad_token_count_before_anything_starts(value: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "inkling_vllm.demo.main", "--max-tokens", value],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--max-tokens: expected a whole number >= 1" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""  # not even the first step began
+
+
 @pytest.mark.parametrize("args, model", [
     (["/m", "--port", "8000"], "/m"),
     (["--port", "8000", "--model", "/m"], "/m"),

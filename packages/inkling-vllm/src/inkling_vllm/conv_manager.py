@@ -69,7 +69,6 @@ itself lazily only while empty, so a plugin registering first would leave
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +78,16 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+from .options import (
+    MANAGER_CHOICES,
+    MANAGER_ENV,
+    MANAGER_KEY,
+    RETENTION_ENV,
+    RETENTION_KEY,
+    conv_retention_tokens,
+    conv_state_manager,
+)
 
 __all__ = [
     "MANAGER_CHOICES",
@@ -94,18 +103,6 @@ __all__ = [
     "tail_block_size",
 ]
 
-#: Environment variable choosing the conv-state manager (``tail`` or ``window``).
-MANAGER_ENV = "INKLING_CONV_STATE"
-#: Config key (``hf_overrides={"inkling_conv_state": "window"}``); wins over the env var.
-MANAGER_KEY = "inkling_conv_state"
-#: ``tail``: :class:`ConvStateManager` (default); ``window``: vLLM's plain sliding window.
-MANAGER_CHOICES = ("tail", "window")
-#: Environment variable: prefix-cache checkpoint interval in tokens (0: prompt end only).
-RETENTION_ENV = "INKLING_CONV_RETENTION_TOKENS"
-#: Config key for the retention interval; wins over the env var.
-RETENTION_KEY = "inkling_conv_retention_tokens"
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -120,61 +117,6 @@ def tail_block_size(kernel_size: int) -> int:
     if kernel_size < 2:
         raise ValueError(f"conv kernel size must be >= 2, got {kernel_size}")
     return 1 << (kernel_size - 2).bit_length()
-
-
-def _config_value(hf_config: Any, key: str) -> Any:
-    if hf_config is None:
-        return None
-    value = getattr(hf_config, key, None)
-    text = getattr(hf_config, "text_config", None)
-    if value is None and text is not None:
-        value = getattr(text, key, None)
-    return value
-
-
-def conv_state_manager(hf_config: Any = None) -> str:
-    """Which manager holds the conv state: the config key :data:`MANAGER_KEY`, else
-    the environment variable :data:`MANAGER_ENV`, else ``tail``. Raises
-    ``ValueError`` naming the choices for any other value."""
-    value = _config_value(hf_config, MANAGER_KEY)
-    where = f"the config key {MANAGER_KEY!r}"
-    if value is None:
-        value, where = os.environ.get(MANAGER_ENV) or None, f"the environment variable {MANAGER_ENV}"
-    if value is None:
-        return "tail"
-    text = str(value).strip().lower()
-    if text not in MANAGER_CHOICES:
-        raise ValueError(
-            f"{where} is {value!r}: choose 'tail' (conv state holds only the rows later "
-            "steps read) or 'window' (vLLM's plain sliding-window manager)"
-        )
-    return text
-
-
-def conv_retention_tokens(hf_config: Any = None) -> int:
-    """The prefix-cache checkpoint interval ``R`` in tokens: the config key
-    :data:`RETENTION_KEY`, else :data:`RETENTION_ENV`, else 0 (checkpoint only the
-    prompt's last hit-aligned boundary; decode rows are cached anyway). Each
-    checkpoint holds ``cdiv(W - 1, N)`` blocks while its chunk runs, then stays
-    cached in the free queue. Must be a non-negative integer (a multiple of the
-    engine's hit alignment, checked when the manager is built)."""
-    value = _config_value(hf_config, RETENTION_KEY)
-    where = f"the config key {RETENTION_KEY!r}"
-    if value is None:
-        value, where = os.environ.get(RETENTION_ENV) or None, f"the environment variable {RETENTION_ENV}"
-    if value is None:
-        return 0
-    try:
-        tokens = int(str(value).strip())
-    except ValueError:
-        tokens = -1
-    if tokens < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError(
-            f"{where} is {value!r}: give a non-negative whole number of tokens (0 keeps "
-            "checkpoints only at the prompt's last hit-aligned boundary; R > 0 also every "
-            "R tokens, R a multiple of the prefix-cache hit alignment)"
-        )
-    return tokens
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -92,6 +92,7 @@ from .attention import InklingAttentionLayer
 from .compat import check_vllm_version
 from .conv_state import InklingConvStateLayer, share_pages_without_padding
 from .moe import InklingMoE
+from .options import FUSED_KEY, PADDING_KEY, conv_padding, fused_tails
 
 __all__ = [
     "InklingForCausalLM",
@@ -104,12 +105,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SLIDING = "hybrid_sliding"
-#: The hf config key (also settable with ``hf_overrides``) choosing how the packed
-#: conv head size ``D`` is padded: ``"pow2"`` (default, vLLM's choice), ``"none"``, ``k``.
-PADDING_KEY = "inkling_conv_state_padding"
-#: The hf config key (also settable with ``hf_overrides``) turning the fused sublayer
-#: tails (conv + residual add [+ RMSNorm]) off: ``false`` runs the plain sequence.
-FUSED_KEY = "inkling_fused_conv_norm"
 
 
 class UnsupportedCheckpoint(ValueError):
@@ -142,7 +137,7 @@ def served_spec(vllm_config: VllmConfig, raw: dict[str, Any] | None = None) -> I
         raw = _raw_config(model_config)
     try:
         return text_spec(raw if raw is not None else model_config.hf_config)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise UnsupportedCheckpoint(f"{getattr(model_config, 'model', '')}: {exc}") from None
 
 
@@ -426,16 +421,17 @@ def _config_value(vllm_config: VllmConfig, raw: dict[str, Any] | None, key: str)
 
 
 def _conv_padding(vllm_config: VllmConfig, raw: dict[str, Any] | None) -> str:
-    return str(_config_value(vllm_config, raw, PADDING_KEY) or "pow2")
+    try:
+        return conv_padding(_config_value(vllm_config, raw, PADDING_KEY))
+    except ValueError as exc:
+        raise UnsupportedCheckpoint(str(exc)) from None
 
 
 def _fused_tails(vllm_config: VllmConfig, raw: dict[str, Any] | None) -> bool:
-    value = _config_value(vllm_config, raw, FUSED_KEY)
-    if value is None:
-        return True
-    if not isinstance(value, bool):
-        raise UnsupportedCheckpoint(f"{FUSED_KEY} must be true or false, got {value!r}")
-    return value
+    try:
+        return fused_tails(_config_value(vllm_config, raw, FUSED_KEY))
+    except ValueError as exc:
+        raise UnsupportedCheckpoint(str(exc)) from None
 
 
 # checkpoint (transformers) name fragment -> (vLLM parameter fragment, shard id)

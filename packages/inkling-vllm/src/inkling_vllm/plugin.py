@@ -21,6 +21,7 @@ ARCHITECTURES = (ARCHITECTURE, "InklingForConditionalGeneration")
 MODEL_CLASS = "inkling_vllm.model:InklingForCausalLM"
 
 _registered = False
+logger = logging.getLogger(__name__)
 
 
 def register() -> None:
@@ -56,7 +57,13 @@ def register() -> None:
 
     log_with_vllm()
 
-    if os.environ.get(SWITCH_ENV) and switch() == "builtin":
+    try:
+        builtin_only = bool(os.environ.get(SWITCH_ENV)) and switch() == "builtin"
+    except ValueError as exc:
+        # (refused when an Inkling model is built, which reads the switch again)
+        logger.warning("%s; registering the plugin's model as for 'auto'", exc)
+        builtin_only = False
+    if builtin_only:
         _registered = True
         return
     # The conv-state spec -> manager mapping must exist in every process that

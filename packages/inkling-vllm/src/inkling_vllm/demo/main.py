@@ -38,10 +38,11 @@ vocabulary; release layout), built on first run into the cache folder below. Its
 completions are noise: the weights are random; the parity verdict is the point.
 
 --model DIR serves your own checkpoint: a local folder holding config.json (model_type
-inkling_mm_model or inkling_model: release layout; inkling_text: transformers' layout)
-and *.safetensors weights. The folder is checked first (config fields, tensor names and
-shapes from the safetensors headers) and refused with a short message if it cannot be
-served. Nothing is written into it: for a release-layout folder, the transformers-format
+inkling_mm_model or inkling_model: release layout; inkling_text: transformers' layout),
+*.safetensors weights (not quantised: this runs float32) and their tokenizer
+(tokenizer.json or tokenizer.model). The folder is checked first (config fields, the
+plugin's settings, tensor names and shapes from the safetensors headers) and refused
+with a short message if it cannot be served. Nothing is written into it: for a release-layout folder, the transformers-format
 copy that the parity check loads goes to the cache folder.
 
 Cache folder: ~/.cache/inkling-sconv ($INKLING_CACHE_DIR overrides it; $XDG_CACHE_HOME
@@ -80,6 +81,16 @@ def _step(n: int, text: str) -> float:
     return time.time()
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -88,7 +99,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--model", type=Path, default=None, metavar="DIR",
         help="local checkpoint folder (config.json + *.safetensors); default: the tiny model",
     )
-    parser.add_argument("--max-tokens", type=int, default=16, metavar="N",
+    parser.add_argument("--max-tokens", type=_positive_int, default=16, metavar="N",
                         help="tokens generated per prompt (default 16)")
     parser.add_argument("--eager", action="store_true", help="skip torch.compile (vLLM's enforce_eager)")
     parser.add_argument("--verbose", action="store_true",
@@ -128,7 +139,11 @@ def _refuse(path: Path) -> int | None:
     """Exit status 2 with the folder's problems printed, or None when it can be served."""
     from .preflight import check_checkpoint_dir, format_problems
 
-    problems = check_checkpoint_dir(path)
+    problems = check_checkpoint_dir(
+        path, quantised=False,
+        absent_hint="--model takes a local checkpoint folder (config.json + *.safetensors); leave --model "
+                    "out to run the built-in tiny model",
+    )
     if not problems:
         return None
     print(format_problems(path, problems), file=sys.stderr, flush=True)

@@ -8,12 +8,16 @@ stops at the first of: the folder is missing or a file; it has no config.json (a
 empty folder, say); config.json is not JSON; its ``model_type`` is not Inkling's
 (``inkling_mm_model`` / ``inkling_model``: release layout; ``inkling_text``:
 transformers' layout); the config is not a valid Inkling config
-(``inkling_cache.text_spec`` says which field); there are no ``*.safetensors`` files,
-or one's header cannot be read. Then every text-model tensor the config implies is
-compared, by name and shape, with the headers (``inkling_model.checkpoint.
-check_text_shapes``): missing tensors, tensors of another shape, and tensors the text
-model has no place for. Quantised checkpoints (a ``quantization_config``) skip the
-tensor comparison: the plugin hands them to vLLM's own Inkling.
+(``inkling_cache.text_spec`` says which field); a setting of the plugin's own (config
+key or environment variable, :mod:`inkling_vllm.options`) has a value the engine
+would refuse (every such setting is named); the folder has no tokenizer (unless the
+caller brings one); there are no ``*.safetensors`` files, or one's header cannot be
+read. Then every text-model tensor the config implies is compared, by name and shape,
+with the headers (``inkling_model.checkpoint.check_text_shapes``): missing tensors,
+tensors of another shape, and tensors the text model has no place for. Quantised
+checkpoints (a ``quantization_config``) skip the tensor comparison (on CUDA, vLLM's
+own Inkling serves them: :mod:`inkling_vllm.dispatch`), or are refused where the
+caller cannot serve them (``quantised=False``: the main job runs float32).
 
 Imports nothing heavy until the tensor comparison (which imports ``inkling_model``,
 hence torch): a bad folder or config is answered in well under a second.
@@ -29,6 +33,7 @@ from typing import Any
 
 __all__ = [
     "INKLING_MODEL_TYPES",
+    "TOKENIZER_FILES",
     "check_checkpoint_dir",
     "format_problems",
     "read_safetensors_shapes",
@@ -41,6 +46,9 @@ INKLING_MODEL_TYPES = {
     "inkling_text": "transformers' layout",
 }
 _FOLDER_HINT = "pass the folder that holds config.json and the *.safetensors files"
+#: Any one of these files gives the folder a tokenizer (transformers' fast or
+#: sentencepiece tokenizer, or a tiktoken file).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "tokenizer.tiktoken")
 #: safetensors header sizes above this are not a header (a truncated or foreign file)
 _MAX_HEADER_BYTES = 1 << 28
 
@@ -75,7 +83,9 @@ def read_safetensors_shapes(file: str | os.PathLike[str]) -> dict[str, list[int]
             continue
         if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
             raise ValueError(f"header entry {name!r} has no shape")
-        shapes[name] = [int(n) for n in entry["shape"]]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"]):
+            raise ValueError(f"header entry {name!r} has shape {entry['shape']!r}, not a list of sizes")
+        shapes[name] = list(entry["shape"])
     return shapes
 
 
@@ -87,12 +97,9 @@ def _more(count: int) -> str:
     return f" (and {count - 1} more)" if count > 1 else ""
 
 
-def _config_problems(path: Path) -> tuple[list[str], dict[str, Any] | None]:
+def _config_problems(path: Path, absent_hint: str) -> tuple[list[str], dict[str, Any] | None]:
     if not path.exists():
-        return [
-            f"{path} does not exist. --model takes a local checkpoint folder (config.json + "
-            "*.safetensors); leave --model out to run the built-in tiny model."
-        ], None
+        return [f"{path} does not exist: {absent_hint}."], None
     if not path.is_dir():
         return [f"{path} is a file, not a folder: {_FOLDER_HINT}."], None
     config_file = path / "config.json"
@@ -120,6 +127,11 @@ def _config_problems(path: Path) -> tuple[list[str], dict[str, Any] | None]:
     except (ValueError, TypeError) as exc:
         message = " ".join(str(exc).split())
         return [f"config.json is not a valid Inkling config: {message}"], None
+    from ..options import option_problems
+
+    settings = option_problems(config)
+    if settings:
+        return [f"{problem}." for problem in settings], None
     return [], config
 
 
@@ -130,15 +142,28 @@ def _quantised(config: dict[str, Any]) -> bool:
     )
 
 
-def check_checkpoint_dir(path: str | os.PathLike[str]) -> list[str]:
+def check_checkpoint_dir(
+    path: str | os.PathLike[str], *, absent_hint: str = _FOLDER_HINT, tokenizer: bool = True,
+    quantised: bool = True,
+) -> list[str]:
     """The problems that keep inkling-vllm from serving the checkpoint folder ``path``,
     one line each (problem, then what to do); ``[]`` when there are none. Reads
     config.json and the ``*.safetensors`` headers only; see the module docstring for
-    the checks and their order."""
+    the checks and their order.
+
+    ``absent_hint``: what to do when ``path`` does not exist (the caller's options);
+    ``tokenizer``: the folder must hold a tokenizer (False: the caller brings one);
+    ``quantised``: the caller can serve quantised checkpoints."""
     path = Path(path).expanduser()
-    problems, config = _config_problems(path)
+    problems, config = _config_problems(path, absent_hint)
     if problems or config is None:
         return problems
+    if not quantised and _quantised(config):
+        return [f"{path} holds quantised weights (a quantization_config): this runs float32 weights; "
+                "serve a quantised checkpoint with vllm serve on a GPU (vLLM's own Inkling)."]
+    if tokenizer and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return [f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the tokenizer "
+                "files saved with the checkpoint into it."]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
@@ -151,7 +176,7 @@ def check_checkpoint_dir(path: str | os.PathLike[str]) -> list[str]:
     if index.is_file():
         try:
             shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
-        except (OSError, ValueError, AttributeError) as exc:
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
             return [f"{index} cannot be read ({exc}): restore it or remove it."]
         absent = sorted(s for s in shards if not (path / s).is_file())
         if absent:

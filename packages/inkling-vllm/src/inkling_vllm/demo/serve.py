@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> None:
     if model is not None and _is_local(model):
         from .preflight import check_checkpoint_dir, format_problems
 
-        problems = check_checkpoint_dir(model)
+        brings_tokenizer = any(a == "--tokenizer" or a.startswith("--tokenizer=") for a in args)
+        problems = check_checkpoint_dir(
+            model, tokenizer=not brings_tokenizer,
+            absent_hint="MODEL is a local checkpoint folder (config.json + *.safetensors) or a model "
+                        "name vLLM can fetch",
+        )
         if problems:
             print(format_problems(model, problems), file=sys.stderr, flush=True)
             raise SystemExit(2)
