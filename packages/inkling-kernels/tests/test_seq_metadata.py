@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from inkling_kernels import sconv_seq_metadata, sconv_seq_metadata_ref
 
 SENTINEL = 12345
+#: where the Triton kernel runs: the GPU when there is one, else the interpreter
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _run(impl: str, qsl: torch.Tensor, num_reqs: int, num_actual: int, num_padded: int, capacity: int):
@@ -27,7 +29,10 @@ def _run(impl: str, qsl: torch.Tensor, num_reqs: int, num_actual: int, num_padde
 
         # "triton": the heuristic tiles; "triton-small-block": 16-row programs.
         block = 16 if impl == "triton-small-block" else None
-        seq_metadata.sconv_seq_metadata_triton(qsl, num_reqs, num_actual, seq, start, num_padded, block=block)
+        outs = seq.to(KERNEL_DEVICE), start.to(KERNEL_DEVICE)
+        seq_metadata.sconv_seq_metadata_triton(qsl.to(KERNEL_DEVICE), num_reqs, num_actual, *outs, num_padded,
+                                               block=block)
+        seq, start = (t.cpu() for t in outs)
     return seq, start
 
 
