@@ -368,3 +368,19 @@ def test_a_pad_to_of_another_type_is_refused_before_any_allocation(pad_to):
     assert torch.equal(runtime.positions_buffer, positions)
     step = runtime.step([("a", 0, 3)], pad_to=4)  # the same step, pad_to an int
     assert step.num_padded_tokens == 4 and runtime.num_written("a") == 3
+
+
+def test_runtime_window_must_be_the_layers_kernel_size(unique_name):
+    """A runtime whose window is smaller than the layers' conv would free blocks the
+    conv still reads (wrong outputs, no error): refused when the caches are bound."""
+    owner = ConvStateOwner(make_layout(), unique_name())  # W = 4
+    for bad in (1, 0, True, 4.0):
+        with pytest.raises(ValueError, match="sliding_window must be the layers' conv kernel size"):
+            PagedConvRuntime(8, 4, bad, max_num_tokens=16)
+    for window in (2, 3, 5):
+        with pytest.raises(ValueError, match=f"conv kernel size 4 but this runtime was built with sliding_window={window}"):
+            PagedConvRuntime(8, 4, window, max_num_tokens=16).allocate_caches([owner], torch.float32)
+    assert not owner.is_bound  # nothing bound
+    with pytest.raises(TypeError, match="ConvStateOwner objects"):
+        PagedConvRuntime(8, 4, 4, max_num_tokens=16).allocate_caches(owner, torch.float32)  # type: ignore[arg-type]
+    assert len(PagedConvRuntime(8, 4, 4, max_num_tokens=16).allocate_caches([owner], torch.float32)) == 1

@@ -101,6 +101,9 @@ class PagedConvRuntime:
         for name, value in (("max_num_tokens", max_num_tokens), ("max_num_reqs", max_num_reqs)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(sliding_window, int) or isinstance(sliding_window, bool) or sliding_window < 2:
+            raise ValueError(f"sliding_window must be the layers' conv kernel size W (an int >= 2), "
+                             f"got {sliding_window!r}")
         self.tables = BlockTables(
             num_blocks, block_size, sliding_window, max_blocks_per_req=max_blocks_per_req, null_block=null_block
         )
@@ -113,11 +116,11 @@ class PagedConvRuntime:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"device {device!r} is not a torch device: pass e.g. 'cpu' or 'cuda' ({exc})") from None
-        # The conv window W is the layers' kernel size (a W = 1 conv has no taps).
+        # The conv window W is the layers' kernel size.
         self.builder = SconvMetadataBuilder(
             max_num_tokens,
             self.device,
-            kernel_size=sliding_window if sliding_window >= 2 else None,
+            kernel_size=sliding_window,
             tap_map=tap_map,
         )
         # Persistent buffers: step tensors keep their addresses (graph capture).
@@ -142,7 +145,22 @@ class PagedConvRuntime:
         fill: float = 0.0,
     ) -> list[torch.Tensor]:
         """Allocate a ``[num_blocks, H, block_size, D]`` cache for every owner
-        (filled with ``fill``; NaN is a useful poison in tests) and bind it."""
+        (filled with ``fill``; NaN is a useful poison in tests) and bind it. Every
+        owner's conv kernel size must be this runtime's ``sliding_window`` (a smaller
+        window would free blocks the conv still reads)."""
+        if isinstance(owners, ConvStateOwner):
+            raise TypeError("owners must be an iterable of ConvStateOwner objects: pass [owner] for one")
+        owners = list(owners)
+        for owner in owners:
+            if not isinstance(owner, ConvStateOwner):
+                raise TypeError(f"owners must be ConvStateOwner objects (an iterable of them), "
+                                f"got {type(owner).__name__}")
+            if owner.layout.kernel_size != self.sliding_window:
+                raise ValueError(
+                    f"{owner.name}: conv kernel size {owner.layout.kernel_size} but this runtime was built "
+                    f"with sliding_window={self.sliding_window}: build it with sliding_window="
+                    f"{owner.layout.kernel_size}"
+                )
         caches = []
         for owner in owners:
             cache = torch.full(
