@@ -143,6 +143,8 @@ def test_attention_layout() -> None:
         ({"tp_size": 16}, "exceeds num_kv_heads"),
         ({"block_size": 0}, "block_size"),
         ({"max_model_len": 100, "request_len": 200}, "request_len 200 exceeds"),
+        ({"max_model_len": 100, "prompt_len": 8192}, "prompt_len 8192 exceeds max_model_len 100"),
+        ({"prompt_len": 0}, "prompt_len"),
         ({"budgets_gib": (0.0,)}, "budget"),
         ({"budgets_gib": (float("inf"),)}, "budget"),
         ({"dtype": "int4"}, "unknown dtype"),
@@ -157,6 +159,9 @@ def test_plan_errors(kwargs: dict[str, object], words: str) -> None:
 def test_plan_defaults_follow_config() -> None:
     plan = plan_capacity(load_config("inkling-975b"))
     assert plan.max_model_len == plan.request_len == 131072
+    assert plan.prompt_len == 8192
+    # a context limit below the default prompt caps the admission figure's prompt
+    assert plan_capacity("inkling-975b", max_model_len=100).prompt_len == 100
     assert plan.tp_size == 1 and plan.dtype == "bfloat16" and plan.block_size == 16
 
 

