@@ -123,6 +123,7 @@ BASE = dict(num_kv_heads=8, head_dim=128, hidden_size=6144, kernel_size=4)
         ({"block_size": 0}, "block_size"),
         ({"sliding_window": 3}, "sliding_window"),
         ({"padding": "pow3"}, "unknown padding"),
+        ({"padding": "\u00b2"}, "unknown padding"),  # a digit to str.isdigit, not a number
         ({"padding": 0}, "padding multiple"),
         ({"padding": ("multiple", 0)}, "padding multiple"),
         ({"padding": ("pad", 4)}, "padding tuple"),

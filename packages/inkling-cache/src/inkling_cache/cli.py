@@ -306,7 +306,7 @@ def _check_required(source: str) -> None:
 def _run_plan(args: argparse.Namespace) -> str:
     _check_required(args.config)
     budgets = _DEFAULT_BUDGETS_GIB if args.gpu_memory is None else (args.gpu_memory,)
-    padding: str | int = int(args.padding) if args.padding.isdigit() else args.padding
+    padding: str | int = int(args.padding) if args.padding.isdecimal() and args.padding.isascii() else args.padding
     plan = plan_capacity(
         args.config,
         tp_size=args.tp,

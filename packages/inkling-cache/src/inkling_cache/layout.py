@@ -95,7 +95,7 @@ class PaddingPolicy:
                 return cls(text)  # type: ignore[arg-type]
             if text.startswith("multiple:"):
                 text = text[len("multiple:") :]
-            if text.isdigit():
+            if text.isascii() and text.isdecimal():
                 return cls("multiple", _check_int("padding multiple", int(text), 1))
         raise ValueError(
             f"unknown padding {spec!r}: use 'pow2', 'none', an int k (pad to a multiple of k) "
