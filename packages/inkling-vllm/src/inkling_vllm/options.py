@@ -19,6 +19,7 @@ The engine reads them when it builds the model and its KV-cache managers;
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,14 +58,20 @@ PADDING_KEY = "inkling_conv_state_padding"
 FUSED_KEY = "inkling_fused_conv_norm"
 
 
+def _field(config: Any, key: str) -> Any:
+    """``key`` of a config.json dict or of a parsed config object; None if absent."""
+    return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+
+
 def _config_value(hf_config: Any, key: str) -> Any:
-    """``key`` of a parsed config object, else of its ``text_config``; None if neither."""
+    """``key`` of a config (dict or parsed object), else of its ``text_config``; None
+    if neither has it."""
     if hf_config is None:
         return None
-    value = getattr(hf_config, key, None)
-    text = getattr(hf_config, "text_config", None)
+    value = _field(hf_config, key)
+    text = _field(hf_config, "text_config")
     if value is None and text is not None:
-        value = getattr(text, key, None)
+        value = _field(text, key)
     return value
 
 
@@ -141,24 +148,15 @@ def fused_tails(value: Any) -> bool:
     return value
 
 
-def _namespace(config: dict[str, Any]) -> SimpleNamespace:
-    text = config.get("text_config")
-    fields = {k: v for k, v in config.items() if isinstance(k, str) and k.isidentifier()}
-    if isinstance(text, dict):
-        fields["text_config"] = _namespace(text)
-    return SimpleNamespace(**fields)
-
-
 def option_problems(config: dict[str, Any]) -> list[str]:
     """Every plugin setting of the config.json ``config`` (and the environment) that
     the engine would refuse, one line each naming the key or variable, its value and
     the accepted values; ``[]`` when all are valid."""
     from .dispatch import SWITCH_KEY, switch
 
-    parsed = _namespace(config)
     checks = (
-        lambda: conv_state_manager(parsed),
-        lambda: conv_retention_tokens(parsed),
+        lambda: conv_state_manager(config),
+        lambda: conv_retention_tokens(config),
         lambda: conv_padding(config.get(PADDING_KEY)),
         lambda: fused_tails(config.get(FUSED_KEY)),
         lambda: switch(SimpleNamespace(**{SWITCH_KEY: config.get(SWITCH_KEY)})),
