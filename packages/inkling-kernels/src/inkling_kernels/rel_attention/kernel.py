@@ -639,8 +639,8 @@ class RelAttentionConfig:
     keys before a query block, the diagonal, the window) are processed
     ``near_block_n`` keys at a time (default ``block_n``). Key splits divide a query
     block's work counting a near tile as ``near_cost`` far tiles; in split mode a
-    second launch merges the partial results. ``flat_grid``: a 1-D grid, split fastest, then the
-    KV head, query block slowest (else ``(blocks, kv heads, splits)``). ``num_splits`` need not be a power
+    second launch merges the partial results. ``flat_grid`` (split mode): a 1-D grid, split fastest, query block
+    slowest (else ``(blocks, kv heads, splits)``). ``num_splits`` need not be a power
     of two. ``pdl`` (CUDA, SM 9.0+): programmatic dependent launch; each launch may
     start while the kernel before it in the stream finishes, and waits for it
     (``griddepcontrol.wait``) before touching memory, so only launch latency
@@ -992,12 +992,13 @@ def paged_rel_attention_triton(
         ws = torch.empty((splits, t_rows, prob.num_q_heads, dp), dtype=torch.float32, device=dev)
         wml = torch.empty((splits, t_rows, prob.num_q_heads, 2), dtype=torch.float32, device=dev)
         nsp = torch.empty((t_rows,), dtype=torch.int32, device=dev)
+        if config.flat_grid:
+            grid: tuple[int, ...] = (num_blocks * prob.num_kv_heads * splits,)
+        else:
+            grid = (num_blocks, prob.num_kv_heads, splits)
     else:
         ws = wml = nsp = result  # unused
-    if config.flat_grid:
-        grid: tuple[int, ...] = (num_blocks * prob.num_kv_heads * splits,)
-    else:
-        grid = (num_blocks, prob.num_kv_heads, splits)
+        grid = (num_blocks, prob.num_kv_heads, 1)
     inv_floor, alpha = (0.0, 0.0) if prob.log_scaling is None else (1.0 / prob.log_scaling[0], prob.log_scaling[1])
     kc, vc = key_cache, value_cache
     if use_diag:
@@ -1034,7 +1035,7 @@ def paged_rel_attention_triton(
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
         DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
         LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, BIAS_ROW=use_row, NUM_SPLITS=splits,
-        FLAT=config.flat_grid,
+        FLAT=config.flat_grid and splits > 1,
         MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, TAB_U=tab_u,
         # every row coefficient > 0 (tau >= 1), and no product of a score underflows to 0
         POS_COEF=prob.scale > 1e-30 and alpha >= 0,
