@@ -256,6 +256,9 @@ def test_kinds_and_unknown_names() -> None:
         transformers_to_release({"model.layers.0.mlp.fc1.weight": t})
     with pytest.raises(ValueError, match="no matching"):
         transformers_to_release({"model.layers.0.mlp.gate_proj.weight": t})
+    for release_name in ("model.visual.layers.linear_0.weight", "model.audio.final_norm.weight"):
+        with pytest.raises(ValueError, match="tower tensor in the release layout"):
+            transformers_to_release({"model.vision_tower.patch_embed.weight": t, release_name: t})
 
 
 def test_iter_text_weights_counts_what_it_skips(release_tensors: dict[str, torch.Tensor],
@@ -414,6 +417,9 @@ def test_check_text_shapes_names_missing_wrong_and_unknown(release_tensors: dict
     shapes["model.llm.layers.0.mlp.w13_dn.weight"] = [48, 32]  # gate and up: 2 * 48 rows
     shapes["model.llm.layers.0.attn.wq_du.weight_scale"] = [1]
     check = check_text_shapes(shapes, spec)
+    # tensors count by their shapes (not by iterating their values)
+    as_tensors = {n: torch.zeros(s) for n, s in shapes.items() if weight_kind(n) == "text"}
+    assert check_text_shapes(as_tensors, spec) == check
     assert check.missing == [("model.llm.layers.2.attn.wr_du.weight", (16, 32))]
     assert check.wrong == [("model.llm.layers.0.mlp.w13_dn.weight", (48, 32), (96, 32))]
     assert check.unknown == ["model.llm.layers.0.attn.wq_du.weight_scale"]

@@ -69,6 +69,7 @@ def test_mtp_block_read_back_computes_what_was_written(layout: str) -> None:
     original = _block(0)
     tensors = _head(original, layout)
     read = list(iter_mtp_weights(tensors.items()))
+    assert [(d, n) for d, n, _ in iter_mtp_weights(tensors)] == [(d, n) for d, n, _ in read]  # a mapping too
     assert {d for d, _, _ in read} == {0}
     parts = {n: t for _, n, t in read}
     assert all(p in parts for p in MTP_HEAD_PARTS)

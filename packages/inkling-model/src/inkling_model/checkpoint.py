@@ -274,6 +274,9 @@ def transformers_to_release(state_dict: Mapping[str, torch.Tensor]) -> dict[str,
                 if pattern.match(name):
                     out[pattern.sub(replacement, name)] = tensor
                     break
+            else:  # (a release name such as model.visual.*: dropping it would lose the tensor)
+                raise ValueError(f"{name!r} is not an Inkling transformers tensor name (a {kind} tower "
+                                 f"tensor in the release layout?)")
             continue
         text = _transformers_text_name(name)
         if text is None:
@@ -530,12 +533,12 @@ class TextShapeCheck:
         return not (self.missing or self.wrong or self.unknown)
 
 
-def check_text_shapes(stored: Mapping[str, Sequence[int]], spec: InklingTextSpec) -> TextShapeCheck:
+def check_text_shapes(stored: Mapping[str, Sequence[int] | torch.Tensor], spec: InklingTextSpec) -> TextShapeCheck:
     """Compare a checkpoint's tensor shapes (``name -> shape``, e.g. read from
-    safetensors headers; no tensor data needed) with those ``spec`` implies, in the
-    layout of ``spec`` (:func:`expected_text_shapes`). transformers-layout names of
-    ``InklingForConditionalGeneration`` (``model.language_model.*``) count as their
-    ``InklingForCausalLM`` names."""
+    safetensors headers; no tensor data needed; a tensor value counts by its shape)
+    with those ``spec`` implies, in the layout of ``spec`` (:func:`expected_text_shapes`).
+    transformers-layout names of ``InklingForConditionalGeneration``
+    (``model.language_model.*``) count as their ``InklingForCausalLM`` names."""
     expected = expected_text_shapes(spec)  # checks spec
     result = TextShapeCheck(layout=spec.layout)
     seen: set[str] = set()
@@ -549,7 +552,8 @@ def check_text_shapes(stored: Mapping[str, Sequence[int]], spec: InklingTextSpec
             result.unknown.append(name)
             continue
         seen.add(key)
-        shape = tuple(int(n) for n in stored[name])
+        value = stored[name]
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(int(n) for n in value)
         if shape != expected[key]:
             result.wrong.append((name, shape, expected[key]))
     result.missing = [(name, shape) for name, shape in sorted(expected.items()) if name not in seen]
@@ -592,7 +596,7 @@ def _mtp_block_tensors(name: str, inner: str, tensor: torch.Tensor) -> list[tupl
 
 
 def iter_mtp_weights(
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
 ) -> Iterator[tuple[int | None, str, torch.Tensor]]:
     """The multi-token-prediction head's tensors of a checkpoint (either layout), as
     ``(depth, name, tensor)`` with ``name`` in transformers' terms: one of
@@ -600,11 +604,14 @@ def iter_mtp_weights(
     name (``self_attn.q_proj.weight``, ``mlp.gate_proj.weight``, ...; a release
     ``mlp.w13_dn.weight`` comes back as its gate and up halves). The shared
     ``model.mtp.chain_norm.weight`` comes as ``(None, "chain_norm.weight", t)``. Every
-    other tensor (text model, towers) is passed over.
+    other tensor (text model, towers) is passed over. ``weights``: ``(name, tensor)``
+    pairs, or a mapping ``name -> tensor`` (its items are iterated).
 
     Raises:
         ValueError (while iterating): a ``model.mtp.*`` name no rule maps.
     """
+    if isinstance(weights, Mapping):
+        weights = weights.items()
     for name, tensor in weights:
         if weight_kind(name) != "mtp":
             continue
