@@ -14,6 +14,7 @@ from inkling_model import (
     BlockAllocator,
     ConvStateOwner,
     InklingShortConv,
+    InklingShortConvAddRMSNorm,
     OutOfBlocksError,
     PagedConvRuntime,
     ScheduledChunk,
@@ -84,6 +85,13 @@ def test_constructor_checks_dim_kernel_and_stream(unique_name):
         InklingShortConv(16, 4, owner, 7)
     with pytest.raises(TypeError, match="ConvStateOwner"):
         InklingShortConv(16, 4, "layer", Stream.K)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dim must be an int, got str '16'"):
+        InklingShortConv("16", 4, owner, Stream.K)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="kernel_size must be an int, got float 4.0"):
+        InklingShortConv(16, 4.0, owner, Stream.K)  # type: ignore[arg-type]
+    fused_owner = ConvStateOwner(make_layout(1), unique_name())
+    with pytest.raises(TypeError, match="dim must be an int, got bool"):
+        InklingShortConvAddRMSNorm(True, 4, fused_owner, Stream.MLP)  # type: ignore[arg-type]
 
 
 def test_identity_without_metadata_or_cache_returns_a_copy(unique_name):

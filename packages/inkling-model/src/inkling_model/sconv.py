@@ -122,6 +122,9 @@ class InklingShortConv(nn.Module):
             stream = Stream(stream)
         except ValueError:
             raise ValueError(f"stream must be one of {[s.name for s in Stream]}, got {stream!r}") from None
+        for name, value in (("dim", dim), ("kernel_size", kernel_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         layout = owner.layout
         if kernel_size != layout.kernel_size:
             raise ValueError(
