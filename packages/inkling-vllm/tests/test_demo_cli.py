@@ -93,3 +93,24 @@ def test_quiet_exit_drops_only_what_comes_after_the_program(tmp_path: Path) -> N
     calm = subprocess.run([sys.executable, "-c", code, "quiet"], capture_output=True, text=True, timeout=60)
     assert loud.stderr == "program output\nteardown noise\n"
     assert calm.stderr == "program output\n"
+
+
+def test_main_reports_an_engine_that_does_not_start(release: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine that fails to start: one line naming the error and exit status 3 (with
+    --verbose the traceback as well), after the checkpoint check passed."""
+    import vllm
+
+    from inkling_vllm.demo import main as demo_main
+
+    def no_engine(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no device for the engine")
+
+    for name, value in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_CACHE_ROOT", str(release.parent / "vllm")),
+                        ("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(vllm, "LLM", no_engine)
+    assert demo_main.main(["--model", str(release), "--verbose"]) == demo_main.ENGINE_FAILED == 3
+    err = capsys.readouterr().err
+    assert "the vLLM engine did not start: RuntimeError: no device for the engine" in err, err
+    assert "Traceback" in err  # --verbose

@@ -6,7 +6,8 @@ and check it against transformers.
 (``hatch run main [options]`` runs it in the vllm environment.) Steps, each announced
 as it starts: check the checkpoint folder (or build the tiny one), start vLLM, generate,
 compare with transformers. Exit status 0 when parity holds, 1 when it does not, 2 when
-the checkpoint folder cannot be served (one short message, before any engine starts).
+the checkpoint folder cannot be served (one short message, before any engine starts), 3
+when the vLLM engine does not start (one line; ``--verbose`` adds the traceback).
 The ``--help`` text is :data:`DESCRIPTION`; the quiet default is :mod:`.quiet`.
 """
 
@@ -16,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,8 @@ Cache folder: ~/.cache/inkling-sconv ($INKLING_CACHE_DIR overrides it; $XDG_CACH
 moves ~/.cache). It holds the tiny checkpoint, transformers-format copies of release
 checkpoints (transformers-reference/), and vLLM's compile cache (vllm/).
 
-Exit status: 0 parity holds, 1 it does not, 2 the checkpoint cannot be served.
+Exit status: 0 parity holds, 1 it does not, 2 the checkpoint cannot be served, 3 the
+vLLM engine did not start.
 """
 
 PROMPTS = [
@@ -61,6 +64,8 @@ PROMPTS = [
 ]
 LOGPROB_ATOL = 1e-4
 STEPS = 4
+#: exit status when the vLLM engine does not start
+ENGINE_FAILED = 3
 
 # Re-exported for scripts that import them from here.
 QUIET_ENV = quiet.QUIET_ENV
@@ -185,10 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     from .diagnostics import describe_served_model, shutdown_llm
     from .parity import HfReference, compare_greedy, compare_logprobs
 
-    llm = LLM(
-        model=str(model_path), dtype="float32", max_model_len=512, seed=0, enforce_eager=args.eager,
-        use_tqdm_on_load=args.verbose,
-    )
+    try:
+        llm = LLM(
+            model=str(model_path), dtype="float32", max_model_len=512, seed=0, enforce_eager=args.eager,
+            use_tqdm_on_load=args.verbose,
+        )
+    except Exception as exc:  # noqa: BLE001 - one line and exit status 3 (--verbose: the traceback too)
+        if args.verbose:
+            traceback.print_exc()
+        print(f"the vLLM engine did not start: {type(exc).__name__}: {exc}"
+              + ("" if args.verbose else " (--verbose shows vLLM's logs and the traceback)"),
+              file=sys.stderr, flush=True)
+        return ENGINE_FAILED
     served = llm.apply_model(describe_served_model)[0]
     print(f"      engine up [{time.time() - started:.1f} s]", flush=True)
 
