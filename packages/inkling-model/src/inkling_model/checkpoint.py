@@ -314,6 +314,19 @@ def transformers_to_release(state_dict: Mapping[str, torch.Tensor]) -> dict[str,
     return out
 
 
+def _weight_pairs(
+    weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs as given, or a mapping's (a state dict's) items."""
+    if isinstance(weights, Mapping):
+        return weights.items()
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
+        raise TypeError(
+            f"weights must be (name, tensor) pairs or a mapping name -> tensor, got {type(weights).__name__}"
+        )
+    return weights
+
+
 class TextWeights:
     """Iterates a checkpoint's text-model tensors under transformers' names (see
     :func:`iter_text_weights`); after the iteration :attr:`skipped` counts what was left
@@ -323,12 +336,7 @@ class TextWeights:
     def __init__(
         self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], layout: str
     ) -> None:
-        if isinstance(weights, Mapping):  # a state dict: its (name, tensor) items
-            weights = weights.items()
-        elif isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
-            raise TypeError(
-                f"weights must be (name, tensor) pairs or a mapping name -> tensor, got {type(weights).__name__}"
-            )
+        weights = _weight_pairs(weights)
         if layout not in ("release", "transformers", "auto"):
             raise ValueError(f"layout must be 'release', 'transformers' or 'auto', got {layout!r}")
         self._weights = weights
@@ -610,9 +618,7 @@ def iter_mtp_weights(
     Raises:
         ValueError (while iterating): a ``model.mtp.*`` name no rule maps.
     """
-    if isinstance(weights, Mapping):
-        weights = weights.items()
-    for name, tensor in weights:
+    for name, tensor in _weight_pairs(weights):
         if weight_kind(name) != "mtp":
             continue
         if name == _MTP_CHAIN_NORM:
