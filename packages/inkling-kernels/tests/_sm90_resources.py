@@ -4,10 +4,14 @@ print its resources as JSON: ``python _sm90_resources.py '<case json>'``.
 The case gives the batch (``mix``: ``[context, new rows]`` per request), the layer
 (``hkv``, ``window``, ``pad``) and optionally ``config`` (``RelAttentionConfig`` fields;
 default: the tiling :func:`choose_rel_attention_config` picks on a 132-SM GPU). The
-launcher runs on empty host tensors with its kernel launches recorded instead of made;
-the main kernel's recorded arguments then go through Triton's own argument
-specialisation (alignment, unit strides) and compiler for the ``cuda:90`` target, with
-Triton's bundled ``ptxas``; ``cuobjdump -res-usage`` reads the cubin.
+launcher runs on empty host tensors with its kernel launches recorded instead of made
+(and TMA descriptors built as on an SM 9.0 GPU); each recorded launch of the
+attention kernel (the far launch, where the tiling has one, and the main launch) then
+goes through Triton's own argument specialisation (alignment, unit strides) and
+compiler for the ``cuda:90`` target, with Triton's bundled ``ptxas``;
+``cuobjdump -res-usage`` reads each cubin. Printed: the config and, per launch in
+order, its pass (0: the only launch, 1: far tiles, 2: the main launch after them),
+registers, stack, local memory and shared memory.
 
 Run it in a process without ``TRITON_INTERPRET`` (the interpreter replaces the
 kernels' JIT functions).
@@ -73,6 +77,7 @@ def resources(case: dict[str, Any]) -> dict[str, Any]:
     main_kernel = rel_kernel._rel_attention_kernel
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     rel_kernel._num_sms = lambda device: SMS
+    rel_kernel._tma_ok = lambda *args: True  # as on an SM 9.0 GPU with aligned 16-bit caches
     for name in ("_rel_attention_kernel", "_bias_table_kernel", "_combine_kernel"):
         setattr(rel_kernel, name, _Recorder(calls))
     args, kw = _inputs([tuple(m) for m in case["mix"]], **case.get("layer", {}))
@@ -83,15 +88,19 @@ def resources(case: dict[str, Any]) -> dict[str, Any]:
     else:
         config = rel_kernel.choose_rel_attention_config(prob, torch.device("cuda"), kw["max_seq_len"])
     rel_kernel.paged_rel_attention_triton(*args, **kw, config=config)
-    (main_args, main_kw), = [c for c in calls if "NEAR_BN" in c[1]]
-    main_kw = dict(main_kw)
+    launches = [_compile(main_kernel, args, kw, config) for args, kw in calls if "NEAR_BN" in kw]
+    return dict(config=config.__dict__, launches=launches)
+
+
+def _compile(kernel: Any, args: tuple[Any, ...], kw: dict[str, Any], config: Any) -> dict[str, int]:
+    kw = dict(kw)
     if config.max_registers is not None:  # (passed on CUDA devices only)
-        main_kw["maxnreg"] = config.max_registers
+        kw["maxnreg"] = config.max_registers
     backend = make_backend(TARGET)
-    binder = create_function_from_signature(main_kernel.signature, main_kernel.params, backend)
-    bound, spec, options = binder(*main_args, **main_kw)
-    options, signature, constexprs, attrs = main_kernel._pack_args(backend, main_kw, bound, spec, options)
-    compiled = triton_compile(ASTSource(main_kernel, signature, constexprs, attrs), target=TARGET,
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, spec, options = binder(*args, **kw)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, spec, options)
+    compiled = triton_compile(ASTSource(kernel, signature, constexprs, attrs), target=TARGET,
                               options=options.__dict__)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")
@@ -100,8 +109,8 @@ def resources(case: dict[str, Any]) -> dict[str, Any]:
         tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
         usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
     fields = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    return dict(config=config.__dict__, registers=int(fields["REG"]), stack=int(fields["STACK"]),
-                local=int(fields["LOCAL"]), shared=int(compiled.metadata.shared))
+    return dict(pass_=int(kw["PASS"]), tma=bool(kw["TMA"]), registers=int(fields["REG"]),
+                stack=int(fields["STACK"]), local=int(fields["LOCAL"]), shared=int(compiled.metadata.shared))
 
 
 if __name__ == "__main__":

@@ -249,6 +249,60 @@ def test_split_combine(flat: bool, splits: int, group: int, layer: str) -> None:
         _check_close(got.cpu(), want, torch.float32, f"seed {seed + step} splits {splits}")
 
 
+@pytest.mark.parametrize(
+    ("layer", "bias", "far_q", "dtype", "tma"),
+    [("global_log", "diag", 16, torch.float32, False), ("global_plain", "band", 32, torch.float32, False),
+     ("global_log", "diag", 8, torch.bfloat16, False), ("global_log", "diag", 16, torch.bfloat16, True),
+     ("sliding_small", "diag", 16, torch.float32, False)],
+    ids=["log-diag-2x", "plain-band-4x", "log-diag-1x-bf16", "log-diag-2x-bf16-tma", "sliding-no-far-pass"],
+)
+def test_far_tiles_in_their_own_launch(layer: str, bias: str, far_q: int, dtype: torch.dtype, tma: bool) -> None:
+    """``far_block_q``: the far tiles run in a second launch of larger query blocks,
+    merged with the first launch's result (the near tiles, and the far tiles of the
+    smaller blocks that the larger block leaves). Against the reference on prefill,
+    chunked prefill, decode and empty requests with pad rows, the output buffer
+    starting as NaN. ``tma``: the far tiles through TMA descriptors on an SM 9.0+ GPU."""
+    group = 2
+    block_q = 16 // _gp(group)
+    cfg = RelAttentionConfig(block_q=block_q, block_n=8 if DEV.type == "cpu" else 16, bias=bias,
+                             min_split_tiles=1, far_block_q=far_q, tma=tma)
+    mixes = ([(40, 1), (0, 37), (25, 20), (3, 12), (12, 0), (6, 5)], [(7, 33), (51, 9), (0, 1), (30, 2)])
+    for step, mix in enumerate(mixes):
+        seed = 2230 + far_q + step
+        w = build_world(seed=seed, mix=mix, layer=layer, group=group, n=16, dtype=dtype)
+        want = w.reference()
+        d = _on(w, DEV)
+        got = _run(d, cfg, out=torch.full_like(d.q, float("nan")))
+        assert torch.equal(got[w.num_rows:].cpu(), torch.zeros_like(want[w.num_rows:])), f"seed {seed}: pad rows"
+        _check_close(got.cpu(), want, dtype, f"seed {seed} {layer} {bias} far_block_q {far_q}")
+
+
+@pytest.mark.parametrize(("layer", "bias", "splits", "dtype"),
+                         [("global_log", "diag", 1, torch.bfloat16), ("global_plain", "band", 3, torch.float16)],
+                         ids=["diag-bf16", "band-split-fp16"])
+def test_far_tiles_through_tma(layer: str, bias: str, splits: int, dtype: torch.dtype) -> None:
+    """``tma``: on an SM 9.0+ GPU the far tiles load K and V through TMA descriptors of
+    the caches (elsewhere the pointer path); page-sized key tiles, against the reference."""
+    group = 2
+    cfg = RelAttentionConfig(block_q=16 // _gp(group), block_n=16, bias=bias, num_splits=splits,
+                             min_split_tiles=1, tma=True)
+    for step, mix in enumerate(([(40, 1), (0, 37), (25, 20), (3, 12), (12, 0), (6, 5)], [(70, 3), (51, 9)])):
+        seed = 2260 + splits + step
+        w = build_world(seed=seed, mix=mix, layer=layer, group=group, n=16, dtype=dtype)
+        got = _run(_on(w, DEV), cfg)
+        _check_close(got.cpu(), w.reference(), dtype, f"seed {seed} {layer} tma")
+
+
+def test_far_block_q_is_checked() -> None:
+    with pytest.raises(ValueError, match="far_block_q .* must be >= block_q"):
+        RelAttentionConfig(block_q=8, block_n=16, far_block_q=4)
+    with pytest.raises(ValueError, match="power of two"):
+        RelAttentionConfig(block_q=8, block_n=16, far_block_q=24)
+    w = build_world(seed=2240, mix=MIX, layer="global_log", group=2, n=8)
+    with pytest.raises(ValueError, match="far_block_q needs num_splits=1"):
+        _run(_on(w, DEV), RelAttentionConfig(block_q=8, block_n=8, num_splits=2, far_block_q=16))
+
+
 @pytest.mark.parametrize("n", [1, 64], ids=["N1", "N64"])
 def test_block_sizes(n: int) -> None:
     seed = 2200 + n
@@ -557,6 +611,35 @@ def test_default_bias_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch,
         assert cfg.near_block_n == (cfg.block_n // 2 if dev == "cuda" else None), cfg
     for case in (_problem(256, 256, 8), _problem(1, 1, 8), _problem(256, 64, 8)):  # decode, spec verify
         assert choose_rel_attention_config(case, device).bias == "band", case
+
+
+@pytest.mark.parametrize("dev", ["cuda", "cpu"])
+def test_default_far_launch_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch, dev: str) -> None:
+    """Batches of >= 512 rows a request whose rows reach on average >= 3 extents back
+    (max_seq_len - rows / 2) take the far launch of twice the query rows: prefill 8k
+    and 16k, chunks of 512 rows or more after 8k; prefill 2k-4k, a mixed batch of
+    decodes, a sliding layer and an unknown max_seq_len do not. Global-layer batches
+    that are not decode load far tiles through TMA; decode and sliding layers do not."""
+    import dataclasses
+
+    monkeypatch.setattr(rel_kernel, "_num_sms", lambda device: 132)
+    device = torch.device(dev)
+    takes = [(_problem(8192, 1, 8), 16384), (_problem(8192, 1, 8), 8192), (_problem(16384, 1, 8), 16384),
+             (_problem(512, 1, 8), 8704), (_problem(1024, 1, 8), 9216), (_problem(1024, 2, 8), 8192)]
+    for case, max_seq_len in takes:
+        config = choose_rel_attention_config(case, device, max_seq_len)
+        assert config.far_block_q == 2 * config.block_q and config.num_splits == 1, (case, max_seq_len, config)
+        assert config.tma, config
+    sliding = dataclasses.replace(_problem(8192, 1, 16), window=512, extent=512)
+    for case, max_seq_len in ((_problem(4096, 1, 8), 4096), (_problem(8192, 4, 8), 2048),
+                              (_problem(8192, 1, 8), None), (_problem(2303, 256, 8), 4096),
+                              (_problem(256, 1, 8), 8448), (_problem(2046, 2, 8), 3069), (sliding, 16384)):
+        config = choose_rel_attention_config(case, device, max_seq_len)
+        assert config.far_block_q is None, (case, max_seq_len, config)
+        assert config.tma == (case.window is None), config
+    decodes = (_problem(256, 256, 8), _problem(256, 64, 8), dataclasses.replace(sliding, num_rows=256, num_reqs=256))
+    for case in decodes if dev == "cuda" else ():  # (the interpreter's tiling has no decode kind)
+        assert not choose_rel_attention_config(case, device, 8192).tma, case
 
 
 def test_default_decode_tiling_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,8 @@
 """Triton kernel and typed launcher for paged relative-logit attention (the GPU path).
 
 Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one launch
-(plus a small combine launch when the keys are split):
+(plus a small combine launch when the keys are split, or a far-tile launch before it
+on long prefills):
 
 * **Tiles.** A program owns ``BLOCK_Q`` consecutive query rows of *one* request times
   the query heads of *one* KV head (GQA): its ``BLOCK_M = max(BLOCK_Q * GP, 16)`` tile rows are
@@ -15,7 +16,8 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   ``cdiv(T, BLOCK_Q) + R`` blocks (``T`` with ``BLOCK_Q = 1``) x ``Hkv`` x
   ``num_splits``, depends only on shapes and nothing syncs with the host; besides the
   output the launch allocates only device buffers of fixed size (split mode's
-  workspace, the diag bias's table), so it can be captured in a CUDA graph.
+  workspace, the far launch's buffer, the diag bias's table), so it can be captured
+  in a CUDA graph.
 * **Keys.** A query block at positions ``p_first..p_last`` reads the keys
   ``[k_lo, p_last]`` (``k_lo = p_first - window + 1`` on sliding layers, else 0) in
   tiles of ``BLOCK_N`` positions, each key's page looked up in the block table (any
@@ -27,7 +29,15 @@ Same math as :func:`.paged.paged_rel_attention` (see :mod:`.reference`), one lau
   window, range ends) run after them, ``near_block_n`` keys at a time, with the
   bias; of those, only the tiles holding a key that some row does not see (the
   window's far end, the diagonal, the range ends) compute masks. Sliding layers
-  have only near tiles.
+  have only near tiles. With ``tma`` (SM 9.0+, 16-bit caches, tiles inside a page)
+  far tiles load K and V through TMA descriptors of the caches: no per-thread
+  addresses.
+* **Far launch** (``far_block_q``; prefill and chunks whose far tiles carry most of
+  the work). A first launch runs only the far tiles, of ``far_block_q`` query rows a
+  program (twice the rows share each K/V tile), and writes each row's normalised
+  output in fp32 with its running max and sum; the main launch then runs each
+  ``block_q`` block's near tiles (and the far tiles its larger block did not cover)
+  and merges the two partial softmaxes on a common max into ``out``.
 * **Bias.** Only near tiles compute it. ``"band"``: the tile's distances span
   ``BLOCK_Q + near_block_n - 1`` consecutive values, so the program
   multiplies its rows' ``r`` [BLOCK_M, d_rel] by those columns of ``rel_proj`` (one
@@ -87,6 +97,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._triton_common import is_interpreter, pdl_launch
 from .paged import (
@@ -156,7 +167,7 @@ def _attend_tile(
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
-    TAB_U: tl.constexpr, POS_COEF: tl.constexpr, FOLD_SCALE: tl.constexpr,
+    TAB_U: tl.constexpr, POS_COEF: tl.constexpr, FOLD_SCALE: tl.constexpr, TMA: tl.constexpr,
 ):
     """One key tile (positions ``j0 .. j0 + BLOCK_N - 1``) of the online softmax.
 
@@ -179,9 +190,13 @@ def _attend_tile(
         blk = tl.load(bt_ptr + req.to(tl.int64) * stride_btr + page * stride_btc,
                       mask=kv_ok & (page < max_blocks), other=0).to(tl.int64)
     d_ok = offs_d < HEAD_DIM
-    k_rows = _key_rows(blk, j0, j, offs_n, kvh, stride_kb, stride_kn, stride_kh, N, PAGE_TILE)
-    kt = tl.load(k_ptr + k_rows[None, :] + offs_d[:, None] * stride_kd,
-                 mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
+    if TMA:  # k_ptr, v_ptr: descriptors of [blocks, N, Hkv, head_dim] (a page-tile, unmasked)
+        coord = [blk.to(tl.int32), j0 % N, kvh, 0]
+        kt = tl.trans(tl.reshape(k_ptr.load(coord), [BLOCK_N, DP]))
+    else:
+        k_rows = _key_rows(blk, j0, j, offs_n, kvh, stride_kb, stride_kn, stride_kh, N, PAGE_TILE)
+        kt = tl.load(k_ptr + k_rows[None, :] + offs_d[:, None] * stride_kd,
+                     mask=kv_ok[None, :] & d_ok[:, None], other=0.0)  # [DP, BLOCK_N]
     s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PREC, INTERPRET)
 
     if NEAR:
@@ -256,9 +271,12 @@ def _attend_tile(
     else:
         prob = tl.math.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(prob, axis=1)
-    v_rows = _key_rows(blk, j0, j, offs_n, kvh, stride_vb, stride_vn, stride_vh, N, PAGE_TILE)
-    v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :] * stride_vd,
-                mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
+    if TMA:
+        v = tl.reshape(v_ptr.load(coord), [BLOCK_N, DP])
+    else:
+        v_rows = _key_rows(blk, j0, j, offs_n, kvh, stride_vb, stride_vn, stride_vh, N, PAGE_TILE)
+        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :] * stride_vd,
+                    mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DP]
     acc = _mma(prob.to(v.dtype), v, acc * alpha[:, None], DOT_PREC, INTERPRET)
     return m_new, l_i, acc
 
@@ -280,7 +298,7 @@ def _key_loop(
     D_REL: tl.constexpr, BAND: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BIAS_DIAG: tl.constexpr, BIAS_ROW: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr,
     INTERPRET: tl.constexpr, PAGE_TILE: tl.constexpr, NEAR: tl.constexpr, MASK: tl.constexpr,
-    TAB_U: tl.constexpr, POS_COEF: tl.constexpr, FOLD_SCALE: tl.constexpr,
+    TAB_U: tl.constexpr, POS_COEF: tl.constexpr, FOLD_SCALE: tl.constexpr, TMA: tl.constexpr,
 ):
     """Key tiles ``t0 .. t1 - 1`` (tile ``t`` starts at ``k_start + t * BLOCK_N``)."""
     if INTERPRET:  # the interpreter cannot range() over runtime ints
@@ -294,7 +312,7 @@ def _key_loop(
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
                 BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
-                POS_COEF, FOLD_SCALE,
+                POS_COEF, FOLD_SCALE, TMA,
             )
             t += 1
     else:
@@ -307,14 +325,15 @@ def _key_loop(
                 stride_rpc, stride_rpe, kvh,
                 N, BLOCK_Q, GP, BLOCK_M, BLOCK_N, DP, HEAD_DIM, DR, D_REL, BAND, HAS_WINDOW,
                 BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE, NEAR, MASK, TAB_U,
-                POS_COEF, FOLD_SCALE,
+                POS_COEF, FOLD_SCALE, TMA,
             )
     return m_i, l_i, acc
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_reqs", "max_blocks", "extent", "window", "tab_off"])
 def _rel_attention_kernel(
-    q_ptr, r_ptr, rp_ptr, tab_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr, nsp_ptr,
+    q_ptr, r_ptr, rp_ptr, tab_ptr, k_ptr, v_ptr, kd_ptr, vd_ptr, bt_ptr, qsl_ptr, sl_ptr, out_ptr, ws_ptr, wml_ptr,
+    nsp_ptr,
     num_rows, num_reqs, max_blocks, extent, window, tab_off,
     scale, ls_inv_floor, ls_alpha,
     stride_qt, stride_qh, stride_qd,
@@ -332,8 +351,13 @@ def _rel_attention_kernel(
     MIN_SPLIT_TILES: tl.constexpr, NEAR_COST: tl.constexpr, TAB_U: tl.constexpr, POS_COEF: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, BAND_PREC: tl.constexpr, PAGE_TILE: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PASS: tl.constexpr, FAR_Q: tl.constexpr, TMA: tl.constexpr,
 ):
+    # PASS 0: every key tile. With far tiles in a launch of their own (FAR_Q query
+    # rows a program): PASS 1 (first) the far tiles of FAR_Q-row blocks, writing each
+    # row's normalised output (fp32) and (max, sum) to `ws` / `wml`; PASS 2 the rest
+    # (the near tiles, and far tiles of this block that its FAR_Q block leaves), merged
+    # with those into `out`
     if USE_PDL:
         # launched early (programmatic dependent launch): wait for the kernel before
         # this one in the stream (it may produce our inputs or still read `ws`),
@@ -396,8 +420,14 @@ def _rel_attention_kernel(
         t_far = n_tiles * 0
     else:
         t_far = tl.maximum((p_first - extent + 1 - k_start) // BLOCK_N, 0)
+    if PASS == 2:
+        # far tiles of the FAR_Q-row block holding this one are the far pass's
+        p_far = ctx + ((row0 - q_start) // FAR_Q) * FAR_Q
+        t_skip = tl.minimum(tl.maximum((p_far - extent + 1 - k_start) // BLOCK_N, 0), t_far)
+    else:
+        t_skip = t_far * 0
     if NUM_SPLITS == 1:
-        t_begin = n_tiles * 0
+        t_begin = t_skip
         t_end = n_tiles
     else:
         # only blocks with many tiles split (at most NUM_SPLITS ways, at least
@@ -419,7 +449,9 @@ def _rel_attention_kernel(
     d_ok = offs_d < HEAD_DIM
     q = tl.load(q_ptr + rows64[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if BIAS_DIAG:
+    if PASS == 1:  # far tiles only: no bias
+        r_rows = tl.zeros([16, 16], r_ptr.dtype.element_ty)
+    elif BIAS_DIAG:
         # block-diagonal [BLOCK_M, BLOCK_Q * DR]: row (qi, hg) holds r[row, head] in the
         # columns qi * DR .. qi * DR + D_REL - 1, zeros elsewhere (built once, kept)
         offs_k = tl.arange(0, BLOCK_Q * DR)
@@ -437,7 +469,7 @@ def _rel_attention_kernel(
                          mask=row_ok[:, None] & (offs_c < D_REL)[None, :], other=0.0)
         if BAND_PREC == "ieee":
             r_rows = r_rows.to(tl.float32)
-    if FOLD_SCALE:
+    if FOLD_SCALE and PASS != 1:
         # 1 / scale is a power of two: r / scale is exact, and the near tiles' bias
         # MMAs accumulate onto the unscaled q.k (no multiply of the scores by scale)
         r_rows = (r_rows.to(tl.float32) * (1.0 / scale)).to(r_rows.dtype)
@@ -464,7 +496,7 @@ def _rel_attention_kernel(
         seen_lo = k_lo
     n1 = tl.minimum(tl.maximum((seen_lo - k_start + NEAR_BN - 1) // NEAR_BN, n0), n3)
     n2 = tl.minimum(tl.maximum((p_first + 1 - k_start) // NEAR_BN, n1), n3)
-    for part in tl.static_range(4):
+    for part in tl.static_range(1 if PASS == 1 else 4):
         if part == 0:
             lo, hi = t_begin, tl.minimum(t_end, t_far)
         elif part == 1:
@@ -476,22 +508,48 @@ def _rel_attention_kernel(
         m_i, l_i, acc = _key_loop(
             lo, hi, k_start, m_i, l_i, acc,
             q, r_rows, scale, qk_coef, b_coef, p_row, k_lo, p_first, p_last, req, extent, window,
-            k_ptr, v_ptr, bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
+            kd_ptr if TMA and part == 0 else k_ptr, vd_ptr if TMA and part == 0 else v_ptr,
+            bt_ptr, rp_ptr, tab_ptr, tab_off, max_blocks, stride_btr, stride_btc,
             stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
             stride_rpc, stride_rpe, kvh,
             N, BLOCK_Q, GP, BLOCK_M, BLOCK_N if part == 0 else NEAR_BN, DP, HEAD_DIM, DR, D_REL, BAND,
             HAS_WINDOW, BIAS_DIAG, BIAS_ROW, DOT_PREC, BAND_PREC, INTERPRET, PAGE_TILE,
-            part > 0, part == 1 or part == 3, TAB_U, POS_COEF, FOLD_SCALE,
+            part > 0, part == 1 or part == 3, TAB_U, POS_COEF, FOLD_SCALE, TMA and part == 0,
         )
 
-    has = l_i > 0.0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
-    o = tl.where(has[:, None], o, 0.0)
     o_ptrs = out_ptr + rows64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
     o_mask = row_ok[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
+    if PASS == 2:
+        # merge with the far pass's normalised output o_n and (max, sum): out = (acc
+        # * w_f + o_n * w_n) / (l * w_f + w_n) on a common max (o_n = 0, l_n = 0 where
+        # a row had no far tile)
+        slot = rows64 * NUM_Q_HEADS + heads
+        m_n = tl.load(wml_ptr + slot * 2, mask=row_ok, other=0.0)
+        l_n = tl.load(wml_ptr + slot * 2 + 1, mask=row_ok, other=1.0)
+        m_t = tl.maximum(m_i, m_n)
+        m_t = tl.where(m_t == float("-inf"), 0.0, m_t)  # pad rows: no key seen
+        w_f = tl.math.exp2(m_i - m_t)
+        w_n = l_n * tl.math.exp2(m_n - m_t)
+        l_t = l_i * w_f + w_n
+        inv = tl.where(l_t > 0.0, 1.0 / tl.where(l_t > 0.0, l_t, 1.0), 0.0)
+        o_n = tl.load(ws_ptr + slot[:, None] * DP + offs_d[None, :], mask=o_mask, other=0.0)
+        o = acc * (w_f * inv)[:, None] + o_n * (w_n * inv)[:, None]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+    elif NUM_SPLITS == 1:
+        has = l_i > 0.0
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        o = tl.where(has[:, None], o, 0.0)
+        if PASS == 1:  # the far tiles' normalised output in fp32 and its (max, sum)
+            slot = rows64 * NUM_Q_HEADS + heads
+            tl.store(wml_ptr + slot * 2, m_i, mask=row_ok)
+            tl.store(wml_ptr + slot * 2 + 1, l_i, mask=row_ok)
+            tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], o, mask=o_mask)
+        else:
+            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
+        has = l_i > 0.0
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        o = tl.where(has[:, None], o, 0.0)
         # the scalars as per-row blocks: Triton 3.9's interpreter turns a bool
         # scalar `&` a bool block into an int32 mask, which its store refuses
         used_m = used + rows * 0
@@ -646,7 +704,13 @@ class RelAttentionConfig:
     (``griddepcontrol.wait``) before touching memory, so only launch latency
     overlaps; ignored under the interpreter and on older GPUs. ``max_registers``
     (CUDA): a cap on the main kernel's registers per thread (ptxas ``maxnreg``), so
-    that more programs fit on an SM."""
+    that more programs fit on an SM. ``far_block_q`` (``num_splits`` 1; global layers):
+    the far tiles run first in a launch of their own, ``far_block_q`` query rows a
+    program, and the main launch (``block_q`` rows a program: the near tiles' bias
+    keeps its smaller tile) merges their result into its own; it costs an fp32
+    buffer of the output's rows and heads. ``tma`` (CUDA, SM 9.0+): far tiles load K
+    and V through TMA descriptors where the caches allow (16-bit, page-sized tiles,
+    16-byte aligned strides), else through pointers as without it."""
 
     block_q: int
     block_n: int
@@ -660,14 +724,21 @@ class RelAttentionConfig:
     flat_grid: bool = False
     pdl: bool = False
     max_registers: int | None = None
+    far_block_q: int | None = None
+    tma: bool = False
 
     def __post_init__(self) -> None:
         mr = self.max_registers
         if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or not 24 <= mr <= 255):
             raise ValueError(f"RelAttentionConfig.max_registers must be None or an int in [24, 255], got {mr!r}")
-        for name in ("flat_grid", "pdl"):
+        for name in ("flat_grid", "pdl", "tma"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RelAttentionConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        fq = self.far_block_q
+        if fq is not None and (isinstance(fq, bool) or not isinstance(fq, int) or fq < 1 or fq & (fq - 1)):
+            raise ValueError(f"RelAttentionConfig.far_block_q must be None or a power of two >= 1, got {fq!r}")
+        if fq is not None and isinstance(self.block_q, int) and fq < self.block_q:
+            raise ValueError(f"RelAttentionConfig.far_block_q ({fq}) must be >= block_q ({self.block_q})")
         nb = self.near_block_n
         if nb is not None and (isinstance(nb, bool) or not isinstance(nb, int) or nb < 1 or nb & (nb - 1)
                                or nb > self.block_n):
@@ -812,6 +883,10 @@ def _num_sms(device: torch.device) -> int:
 DECODE_FEW_REGS = 160
 DECODE_FEW_PER_SM = 65536 // (DECODE_FEW_REGS * 4 * 32)  # 3
 MAX_SPLITS = 128
+#: the far launch (``far_block_q``): at least this many rows a request, reaching on
+#: average at least FAR_MIN_REACH extents back
+FAR_MIN_ROWS = 512
+FAR_MIN_REACH = 3
 
 
 def _check_max_seq_len(max_seq_len: object) -> None:
@@ -896,10 +971,37 @@ def choose_rel_attention_config(
                 block_n = 128
     # few long requests: near tiles weigh 3 far ones in the split, launches overlap
     # (pdl), registers capped
-    few_kw = dict(near_cost=3, pdl=True, max_registers=DECODE_FEW_REGS) if few else {}
+    extra: dict[str, object] = dict(near_cost=3, pdl=True, max_registers=DECODE_FEW_REGS) if few else {}
+    if not decode and problem.window is None:
+        # global-layer prefill, chunks, mixed: far tiles through TMA descriptors (H100:
+        # 0-4.6 % faster on every such case, none slower)
+        extra["tma"] = True
+        # where far tiles carry most of the work, they run in a launch of their own
+        # with twice the query rows. A request's rows reach on average
+        # max_seq_len - rows / 2 keys back, of which `extent` are near; from
+        # FAR_MIN_REACH extents on (about 2/3 of the keys far) and FAR_MIN_ROWS rows a
+        # request the far launch wins over TMA alone (H100: prefill 8k 1-2 %, 16k 9 %,
+        # chunks of 512 / 1k / 8k rows after 8k 8-10 %); prefill 2k-4k and mixed
+        # batches of decodes lose 7-17 % (the fp32 merge, padded 16-row blocks)
+        rows_per_req = -(-t // reqs)
+        if (splits == 1 and max_seq_len is not None and rows_per_req >= FAR_MIN_ROWS
+                and max_seq_len - rows_per_req // 2 >= FAR_MIN_REACH * problem.extent):
+            extra["far_block_q"] = 2 * block_q
     return RelAttentionConfig(block_q=block_q, block_n=block_n, num_splits=splits, bias=bias,
                               num_warps=warps, num_stages=stages, near_block_n=near_bn, flat_grid=few,
-                              **few_kw)
+                              **extra)
+
+
+def _tma_ok(kc: torch.Tensor, vc: torch.Tensor, prob: RelAttentionProblem, block_n: int, dp: int) -> bool:
+    """Whether far tiles can load K and V through TMA descriptors of the caches:
+    an SM 9.0+ GPU, 16-bit caches, tiles inside one page, the head dim a power of two
+    and the caches' strides and base addresses 16-byte aligned."""
+    if kc.device.type != "cuda" or is_interpreter() or torch.cuda.get_device_capability(kc.device)[0] < 9:
+        return False
+    if kc.dtype not in (torch.bfloat16, torch.float16) or prob.block_size % block_n or prob.head_dim != dp:
+        return False
+    return all(c.stride(3) == 1 and all(st * 2 % 16 == 0 for st in c.stride()[:3]) and c.data_ptr() % 16 == 0
+               for c in (kc, vc))
 
 
 def _exact_inverse(scale: float) -> bool:
@@ -969,6 +1071,9 @@ def paged_rel_attention_triton(
     group = prob.num_q_heads // prob.num_kv_heads
     gp = _next_pow2(group)
     block_q, block_n, splits = config.block_q, config.block_n, config.num_splits
+    far_q = config.far_block_q if prob.window is None else None  # (sliding layers: no far tiles)
+    if far_q is not None and splits > 1:
+        raise ValueError(f"RelAttentionConfig.far_block_q needs num_splits=1, got num_splits={splits}")
     # tile rows: block_q x the group's heads, padded to 16 (tl.dot's minimum on the GPU)
     block_m = max(block_q * gp, 16)
     near_bn = config.near_block_n or block_n
@@ -1020,30 +1125,46 @@ def paged_rel_attention_triton(
     main_launch = dict(launch)
     if config.max_registers is not None and dev.type == "cuda" and not is_interpreter():
         main_launch["maxnreg"] = config.max_registers
-    _rel_attention_kernel[grid](
-        q, r, rel_proj, tab, kc, vc, block_table, qsl, sl, result, ws, wml, nsp,
-        t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0, tab_off,
-        prob.scale, inv_floor, alpha,
-        q.stride(0), q.stride(1), q.stride(2),
-        r.stride(0), r.stride(1), r.stride(2),
-        rel_proj.stride(0), rel_proj.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
-        vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
-        block_table.stride(0), block_table.stride(1),
-        result.stride(0), result.stride(1), result.stride(2),
-        NUM_Q_HEADS=prob.num_q_heads, GROUP=group, GP=gp, N=prob.block_size,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
-        DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
-        LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=use_diag, BIAS_ROW=use_row, NUM_SPLITS=splits,
-        FLAT=config.flat_grid and splits > 1,
-        MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, TAB_U=tab_u,
-        # every row coefficient > 0 (tau >= 1), and no product of a score underflows to 0
-        POS_COEF=prob.scale > 1e-30 and alpha >= 0,
-        FOLD_SCALE=_exact_inverse(prob.scale) and r.dtype != torch.float16,  # (r / scale: no fp16 overflow)
-        INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
-        PAGE_TILE=prob.block_size % block_n == 0,
-        num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
-    )
+    if far_q is not None:
+        # the far pass's normalised output (fp32) and its (max, sum) per row and head
+        ws = torch.empty((t_rows, prob.num_q_heads, dp), dtype=torch.float32, device=dev)
+        wml = torch.empty((t_rows, prob.num_q_heads, 2), dtype=torch.float32, device=dev)
+    kd, vd = kc, vc  # the far tiles' K/V: TMA descriptors where the GPU and caches allow
+    if config.tma and _tma_ok(kc, vc, prob, block_n, dp):
+        kd, vd = (TensorDescriptor(c, list(c.shape), list(c.stride()), [1, block_n, 1, dp]) for c in (kc, vc))
+
+    def main(grid: tuple[int, ...], bq: int, bm: int, pass_: int, diag: bool, row: bool) -> None:
+        _rel_attention_kernel[grid](
+            q, r, rel_proj, tab, kc, vc, kd, vd, block_table, qsl, sl, result, ws, wml, nsp,
+            t_rows, prob.num_reqs, block_table.shape[1], prob.extent, prob.window or 0, tab_off,
+            prob.scale, inv_floor, alpha,
+            q.stride(0), q.stride(1), q.stride(2),
+            r.stride(0), r.stride(1), r.stride(2),
+            rel_proj.stride(0), rel_proj.stride(1),
+            kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
+            vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
+            block_table.stride(0), block_table.stride(1),
+            result.stride(0), result.stride(1), result.stride(2),
+            NUM_Q_HEADS=prob.num_q_heads, GROUP=group, GP=gp, N=prob.block_size,
+            BLOCK_Q=bq, BLOCK_M=bm, BLOCK_N=block_n, NEAR_BN=near_bn, DP=dp, HEAD_DIM=prob.head_dim,
+            DR=dr, D_REL=prob.d_rel, BAND=band, HAS_WINDOW=prob.window is not None,
+            LOG_SCALE=prob.log_scaling is not None, BIAS_DIAG=diag, BIAS_ROW=row, NUM_SPLITS=splits,
+            FLAT=config.flat_grid and splits > 1,
+            MIN_SPLIT_TILES=config.min_split_tiles, NEAR_COST=config.near_cost, TAB_U=tab_u,
+            # every row coefficient > 0 (tau >= 1), and no product of a score underflows to 0
+            POS_COEF=prob.scale > 1e-30 and alpha >= 0,
+            FOLD_SCALE=_exact_inverse(prob.scale) and r.dtype != torch.float16,  # (r / scale: no fp16 overflow)
+            INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
+            PAGE_TILE=prob.block_size % block_n == 0, PASS=pass_, FAR_Q=far_q or 1,
+            TMA=kd is not kc,
+            num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
+        )
+
+    if far_q is not None:
+        # first the far tiles of far_q-row blocks, then the rest merged with them
+        far_blocks = -(-t_rows // far_q) + (prob.num_reqs if far_q > 1 else 0)
+        main((far_blocks, prob.num_kv_heads, 1), far_q, max(far_q * gp, 16), 1, False, False)
+    main(grid, block_q, block_m, 0 if far_q is None else 2, use_diag, use_row)
     if splits > 1:
         sp = _next_pow2(splits)
         hb = 1  # heads per program: about 8K partial values in registers
