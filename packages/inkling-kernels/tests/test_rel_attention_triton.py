@@ -293,6 +293,22 @@ def test_far_tiles_through_tma(layer: str, bias: str, splits: int, dtype: torch.
         _check_close(got.cpu(), w.reference(), dtype, f"seed {seed} {layer} tma")
 
 
+@pytest.mark.parametrize(("far_q", "splits"), [(16, 1), (None, 3)], ids=["far-launch", "single-split"])
+def test_tma_descriptor_loads_on_any_device(monkeypatch: pytest.MonkeyPatch, far_q: int | None, splits: int) -> None:
+    """The TMA path's descriptors, coordinates and tile reshapes against the reference
+    on any device: the interpreter runs descriptor loads too once the launcher is told
+    the caches allow them (on a GPU this is the real TMA path)."""
+    monkeypatch.setattr(rel_kernel, "_tma_ok", lambda *args: True)
+    group = 2
+    cfg = RelAttentionConfig(block_q=16 // _gp(group), block_n=8 if DEV.type == "cpu" else 16, bias="diag",
+                             num_splits=splits, min_split_tiles=1, far_block_q=far_q, tma=True)
+    for step, mix in enumerate(([(40, 1), (0, 37), (25, 20), (3, 12), (6, 5)], [(70, 3), (51, 9)])):
+        seed = 2270 + splits + step
+        w = build_world(seed=seed, mix=mix, layer="global_log", group=group, n=16, dtype=torch.bfloat16)
+        got = _run(_on(w, DEV), cfg)
+        _check_close(got.cpu(), w.reference(), torch.bfloat16, f"seed {seed} tma far_block_q {far_q}")
+
+
 def test_far_block_q_is_checked() -> None:
     with pytest.raises(ValueError, match="far_block_q .* must be >= block_q"):
         RelAttentionConfig(block_q=8, block_n=16, far_block_q=4)

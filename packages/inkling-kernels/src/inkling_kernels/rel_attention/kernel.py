@@ -97,7 +97,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # host-side TMA descriptors (Triton >= 3.3); without them far tiles use pointers
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton
+    TensorDescriptor = None
 
 from .._triton_common import is_interpreter, pdl_launch
 from .paged import (
@@ -994,9 +998,10 @@ def choose_rel_attention_config(
 
 def _tma_ok(kc: torch.Tensor, vc: torch.Tensor, prob: RelAttentionProblem, block_n: int, dp: int) -> bool:
     """Whether far tiles can load K and V through TMA descriptors of the caches:
-    an SM 9.0+ GPU, 16-bit caches, tiles inside one page, the head dim a power of two
+    an SM 9.0+ NVIDIA GPU (and a Triton with host descriptors), 16-bit caches, tiles inside one page, the head dim a power of two
     and the caches' strides and base addresses 16-byte aligned."""
-    if kc.device.type != "cuda" or is_interpreter() or torch.cuda.get_device_capability(kc.device)[0] < 9:
+    if (TensorDescriptor is None or kc.device.type != "cuda" or is_interpreter() or torch.version.hip is not None
+            or torch.cuda.get_device_capability(kc.device)[0] < 9):
         return False
     if kc.dtype not in (torch.bfloat16, torch.float16) or prob.block_size % block_n or prob.head_dim != dp:
         return False
@@ -1157,7 +1162,8 @@ def paged_rel_attention_triton(
             INTERPRET=is_interpreter(), DOT_PREC=dot_prec, BAND_PREC=band_prec,
             PAGE_TILE=prob.block_size % block_n == 0, PASS=pass_, FAR_Q=far_q or 1,
             TMA=kd is not kc,
-            num_warps=config.num_warps, num_stages=config.num_stages, **main_launch,
+            # (the register cap is the main launch's: the far launch's 128-row tiles need theirs)
+            num_warps=config.num_warps, num_stages=config.num_stages, **(launch if pass_ == 1 else main_launch),
         )
 
     if far_q is not None:
