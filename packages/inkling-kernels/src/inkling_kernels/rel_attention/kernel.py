@@ -523,11 +523,11 @@ def _rel_attention_kernel(
 
     o_ptrs = out_ptr + rows64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
     o_mask = row_ok[:, None] & d_ok[None, :]
+    slot = rows64 * NUM_Q_HEADS + heads  # (row, head) in ws / wml (of split 0)
     if PASS == 2:
         # merge with the far pass's normalised output o_n and (max, sum): out = (acc
         # * w_f + o_n * w_n) / (l * w_f + w_n) on a common max (o_n = 0, l_n = 0 where
         # a row had no far tile)
-        slot = rows64 * NUM_Q_HEADS + heads
         m_n = tl.load(wml_ptr + slot * 2, mask=row_ok, other=0.0)
         l_n = tl.load(wml_ptr + slot * 2 + 1, mask=row_ok, other=1.0)
         m_t = tl.maximum(m_i, m_n)
@@ -539,36 +539,32 @@ def _rel_attention_kernel(
         o_n = tl.load(ws_ptr + slot[:, None] * DP + offs_d[None, :], mask=o_mask, other=0.0)
         o = acc * (w_f * inv)[:, None] + o_n * (w_n * inv)[:, None]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
-    elif NUM_SPLITS == 1:
-        has = l_i > 0.0
-        o = acc / tl.where(has, l_i, 1.0)[:, None]
-        o = tl.where(has[:, None], o, 0.0)
-        if PASS == 1:  # the far tiles' normalised output in fp32 and its (max, sum)
-            slot = rows64 * NUM_Q_HEADS + heads
-            tl.store(wml_ptr + slot * 2, m_i, mask=row_ok)
-            tl.store(wml_ptr + slot * 2 + 1, l_i, mask=row_ok)
-            tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], o, mask=o_mask)
-        else:
-            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         has = l_i > 0.0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
         o = tl.where(has[:, None], o, 0.0)
-        # the scalars as per-row blocks: Triton 3.9's interpreter turns a bool
-        # scalar `&` a bool block into an int32 mask, which its store refuses
-        used_m = used + rows * 0
-        split_m = split + rows * 0
-        direct = (used_m == 1) & (split_m == 0)
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask & direct[:, None])
-        # how many splits the combine merges for these rows (1: none, out is final)
-        tl.store(nsp_ptr + rows64, used_m,
-                 mask=row_ok & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
-        # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
-        part = row_ok & (split_m < used_m) & (used_m > 1)
-        slot = (split.to(tl.int64) * num_rows + rows64) * NUM_Q_HEADS + heads
-        tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], acc, mask=part[:, None])
-        tl.store(wml_ptr + slot * 2, m_i, mask=part)
-        tl.store(wml_ptr + slot * 2 + 1, l_i, mask=part)
+        if PASS == 1:  # the far tiles' normalised output in fp32 and its (max, sum)
+            tl.store(wml_ptr + slot * 2, m_i, mask=row_ok)
+            tl.store(wml_ptr + slot * 2 + 1, l_i, mask=row_ok)
+            tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], o, mask=o_mask)
+        elif NUM_SPLITS == 1:
+            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            # the scalars as per-row blocks: Triton 3.9's interpreter turns a bool
+            # scalar `&` a bool block into an int32 mask, which its store refuses
+            used_m = used + rows * 0
+            split_m = split + rows * 0
+            direct = (used_m == 1) & (split_m == 0)
+            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask & direct[:, None])
+            # how many splits the combine merges for these rows (1: none, out is final)
+            tl.store(nsp_ptr + rows64, used_m,
+                     mask=row_ok & (hg == 0) & (split_m == 0) & ((kvh + rows * 0) == 0))
+            # partial state of a split: [S, T, Hq, DP] unnormalised acc, [S, T, Hq, 2] (max, sum)
+            part = row_ok & (split_m < used_m) & (used_m > 1)
+            slot += split.to(tl.int64) * num_rows * NUM_Q_HEADS
+            tl.store(ws_ptr + slot[:, None] * DP + offs_d[None, :], acc, mask=part[:, None])
+            tl.store(wml_ptr + slot * 2, m_i, mask=part)
+            tl.store(wml_ptr + slot * 2 + 1, l_i, mask=part)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -996,10 +992,17 @@ def choose_rel_attention_config(
                               **extra)
 
 
+def _query_blocks(t_rows: int, num_reqs: int, block_q: int) -> int:
+    """Query blocks of ``block_q`` rows for ``t_rows`` rows of ``num_reqs`` requests:
+    each request starts a block (at most one partial block each), pad rows included."""
+    return -(-t_rows // block_q) + (num_reqs if block_q > 1 else 0)
+
+
 def _tma_ok(kc: torch.Tensor, vc: torch.Tensor, prob: RelAttentionProblem, block_n: int, dp: int) -> bool:
-    """Whether far tiles can load K and V through TMA descriptors of the caches:
-    an SM 9.0+ NVIDIA GPU (and a Triton with host descriptors), 16-bit caches, tiles inside one page, the head dim a power of two
-    and the caches' strides and base addresses 16-byte aligned."""
+    """Whether far tiles can load K and V through TMA descriptors of the caches: an
+    SM 9.0+ NVIDIA GPU (and a Triton with host descriptors), 16-bit caches, tiles
+    inside one page, the head dim a power of two and the caches' strides and base
+    addresses 16-byte aligned."""
     if (TensorDescriptor is None or kc.device.type != "cuda" or is_interpreter() or torch.version.hip is not None
             or torch.cuda.get_device_capability(kc.device)[0] < 9):
         return False
@@ -1097,7 +1100,7 @@ def paged_rel_attention_triton(
         band_prec = "tf32"  # 16-bit x 16-bit products are exact in fp32: any precision
     else:
         band_prec = "ieee"
-    num_blocks = -(-t_rows // block_q) + (prob.num_reqs if block_q > 1 else 0)
+    num_blocks = _query_blocks(t_rows, prob.num_reqs, block_q)
     if splits > 1:
         ws = torch.empty((splits, t_rows, prob.num_q_heads, dp), dtype=torch.float32, device=dev)
         wml = torch.empty((splits, t_rows, prob.num_q_heads, 2), dtype=torch.float32, device=dev)
@@ -1168,8 +1171,7 @@ def paged_rel_attention_triton(
 
     if far_q is not None:
         # first the far tiles of far_q-row blocks, then the rest merged with them
-        far_blocks = -(-t_rows // far_q) + (prob.num_reqs if far_q > 1 else 0)
-        main((far_blocks, prob.num_kv_heads, 1), far_q, max(far_q * gp, 16), 1, False, False)
+        main((_query_blocks(t_rows, prob.num_reqs, far_q), prob.num_kv_heads, 1), far_q, max(far_q * gp, 16), 1, False, False)
     main(grid, block_q, block_m, 0 if far_q is None else 2, use_diag, use_row)
     if splits > 1:
         sp = _next_pow2(splits)
